@@ -1,0 +1,294 @@
+"""VINDEX3 text → Module objects, with line:col positions kept.
+
+Uses the LALR parser generated from ``grammar/vxir.lark`` (real-geometry IRs
+have thousands of lines). Every error — lexical, syntactic or a value the
+grammar admits but the schema does not (an unknown role, dtype or
+placement) — is an :class:`IRSyntaxError` naming file:line:col with a caret.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+from .diagnostics import IRSyntaxError
+from .module import (
+    DTYPES, BankPart, Fact, FileEntry, IndexEntry, Layer, Loc, Module, Op, Operand, Region,
+    Source, Tensor, Transform,
+)
+from .operators import GROWTHS, PRECISIONS, REGION_KINDS
+from .roles import Placement, Role
+
+GRAMMAR = Path(__file__).resolve().parents[2] / "grammar" / "vxir.lark"
+
+
+@lru_cache(maxsize=1)
+def _parser() -> Lark:
+    return Lark(GRAMMAR.read_text(), parser="lalr", propagate_positions=True, maybe_placeholders=True)
+
+
+class _Semantic(Exception):
+    def __init__(self, tok, message: str):
+        self.line = getattr(tok, "line", 0) or 0
+        self.col = getattr(tok, "column", 0) or 0
+        self.message = message
+
+
+def _role(tok: Token) -> Role:
+    try:
+        return Role(str(tok))
+    except ValueError:
+        raise _Semantic(tok, f"unknown role {tok}") from None
+
+
+def _dtype(tok: Token) -> str:
+    if str(tok) not in DTYPES:
+        raise _Semantic(tok, f"unknown dtype {tok} (known: {', '.join(DTYPES)})")
+    return str(tok)
+
+
+def _str(tok: Token) -> str:
+    return json.loads(str(tok))
+
+
+class _Build(Transformer):
+    def __init__(self, filename: str):
+        super().__init__()
+        self.filename = filename
+
+    def _loc(self, tok) -> Loc:
+        return Loc(self.filename, getattr(tok, "line", 0) or 0, getattr(tok, "column", 0) or 0)
+
+    # values
+    def int_value(self, c):
+        return int(c[0])
+
+    def float_value(self, c):
+        return float(c[0])
+
+    def str_value(self, c):
+        return _str(c[0])
+
+    def name_value(self, c):
+        s = str(c[0])
+        return {"true": True, "false": False}.get(s, s)
+
+    def list_value(self, c):
+        return [int(x) for x in c if x is not None]
+
+    def shape(self, c):
+        return tuple(int(x) for x in c if x is not None)
+
+    def typed(self, c):
+        return (_dtype(c[0]), c[1], c[0])
+
+    def attr(self, c):
+        name, value, default = c
+        return (str(name), value, default is not None)
+
+    # header / provenance
+    def header(self, c):
+        return ("schema", int(c[0]), c[0])
+
+    def source(self, c):
+        return ("source", Source(*(_str(x) for x in c)))
+
+    def fact(self, c):
+        return ("fact", Fact(str(c[0]), c[1], _str(c[2])))
+
+    def compute(self, c):
+        return ("compute", _dtype(c[0]))
+
+    def index(self, c):
+        return ("index", IndexEntry(_str(c[0]), int(c[1]), _str(c[2])))
+
+    def file(self, c):
+        return ("file", FileEntry(str(c[0])[1:], _str(c[1]), int(c[2]), _str(c[3])))
+
+    def tensor_single(self, c):
+        sym, (dtype, shape, _), fsym, key = c
+        return ("tensor", Tensor(str(sym)[1:], dtype, shape, _str(key), file=str(fsym)[1:], loc=self._loc(sym)))
+
+    def bank_part(self, c):
+        return BankPart(str(c[0])[1:], int(c[1]), int(c[2]))
+
+    def tensor_bank(self, c):
+        sym, (dtype, shape, _), key, experts, *parts = c
+        return ("tensor", Tensor(str(sym)[1:], dtype, shape, _str(key), experts=int(experts), parts=parts, loc=self._loc(sym)))
+
+    # operands
+    def plain_source(self, c):
+        return (None, [], [str(c[0])[1:]])
+
+    def enc_part(self, c):
+        return (str(c[0]), str(c[1])[1:])
+
+    def encoded_source(self, c):
+        parts = c[1:]
+        return (str(c[0]), [p[0] for p in parts], [p[1] for p in parts])
+
+    def slice(self, c):
+        return Transform("slice", dim=int(c[0]), start=int(c[1]), stop=int(c[2]))
+
+    def take(self, c):
+        return (int(c[0]), int(c[1]))
+
+    def gather(self, c):
+        return Transform("gather", dim=int(c[0]), groups=int(c[1]), takes=list(c[2:]))
+
+    def reshape(self, c):
+        return Transform("reshape", shape=c[0])
+
+    def transpose(self, c):
+        return Transform("transpose", dim=int(c[0]), dim2=int(c[1]))
+
+    def layer_ref(self, c):
+        return int(c[0])
+
+    def operand(self, c):
+        sym, (dtype, shape, _), (enc, names, sources), *rest = c
+        role_tok = rest[-1]
+        layer = rest[-2]
+        transforms = rest[:-2]
+        return ("operand", Operand(
+            str(sym)[1:], dtype, shape, sources, _role(role_tok), layer=layer, encoding=enc,
+            part_names=names, transforms=list(transforms), loc=self._loc(sym),
+        ))
+
+    # operators
+    def _op(self, kind_tok, attrs, role=None) -> Op:
+        a, d = {}, set()
+        for name, value, is_default in attrs:
+            if name in a:
+                raise _Semantic(kind_tok, f"attribute {name} given twice")
+            a[name] = value
+            if is_default:
+                d.add(name)
+        return Op(str(kind_tok), a, d, role=role, loc=self._loc(kind_tok))
+
+    def embedding(self, c):
+        return ("embedding", self._op(c[0], c[1:]))
+
+    def final_norm(self, c):
+        return ("final_norm", self._op(c[1], c[2:], role=_role(c[0])))
+
+    def head(self, c):
+        return ("head", self._op(c[0], c[1:]))
+
+    def residual(self, c):
+        if str(c[0]) not in ("fp32", "compute"):
+            raise _Semantic(c[0], f"residual must be fp32 or compute, not {c[0]}")
+        return ("residual", str(c[0]))
+
+    def placement(self, c):
+        try:
+            return ("placement", Placement(str(c[0])))
+        except ValueError:
+            raise _Semantic(c[0], f"unknown placement {c[0]} (known: {', '.join(p.value for p in Placement)})") from None
+
+    def norm(self, c):
+        return ("norm", self._op(c[1], c[2:], role=_role(c[0])))
+
+    def mixer(self, c):
+        return ("mixer", self._op(c[0], c[1:]))
+
+    def ffn(self, c):
+        return ("ffn", self._op(c[0], c[1:]))
+
+    def window(self, c):
+        return int(c[0])
+
+    def region(self, c):
+        name, kind, shape, precision, growth, window = c
+        for tok, allowed, what in ((kind, REGION_KINDS, "region kind"), (precision, PRECISIONS, "precision"), (growth, GROWTHS, "growth")):
+            if str(tok) not in allowed:
+                raise _Semantic(tok, f"unknown {what} {tok} (known: {', '.join(allowed)})")
+        return ("region", Region(str(name), str(kind), shape, str(precision), str(growth), window or 0, loc=self._loc(name)))
+
+    def layer(self, c):
+        idx_tok, *items = c
+        fields = {"residual": None, "placement": None, "mixer": None, "ffn": None}
+        norms, regions = [], []
+        for tag, val in items:
+            if tag == "norm":
+                norms.append(val)
+            elif tag == "region":
+                regions.append(val)
+            else:
+                if fields[tag] is not None:
+                    raise _Semantic(idx_tok, f"layer {idx_tok}: {tag} given twice")
+                fields[tag] = val
+        for tag in ("residual", "placement", "mixer"):
+            if fields[tag] is None:
+                raise _Semantic(idx_tok, f"layer {idx_tok}: missing {tag}")
+        return ("layer", Layer(int(idx_tok), fields["residual"], fields["placement"], norms, fields["mixer"],
+                               fields["ffn"], regions if regions else None, loc=self._loc(idx_tok)))
+
+    def module(self, c):
+        name_tok, *items = c
+        got: dict = {"files": [], "tensors": [], "operands": [], "layers": [], "facts": []}
+        single = {"source": None, "compute": None, "index": None, "embedding": None, "final_norm": None, "head": None}
+        plural = {"file": "files", "tensor": "tensors", "operand": "operands", "layer": "layers", "fact": "facts"}
+        for tag, val in items:
+            if tag in plural:
+                got[plural[tag]].append(val)
+            else:
+                if single[tag] is not None:
+                    raise _Semantic(name_tok, f"module: {tag} given twice")
+                single[tag] = val
+        for tag in ("source", "compute", "embedding", "final_norm", "head"):
+            if single[tag] is None:
+                raise _Semantic(name_tok, f"module: missing {tag}")
+        return Module(
+            _str(name_tok), single["source"], single["compute"], got["files"], got["tensors"],
+            got["operands"], single["embedding"], got["layers"], single["final_norm"], single["head"],
+            facts=got["facts"], index=single["index"], loc=self._loc(name_tok),
+        )
+
+    def start(self, c):
+        (_, schema, tok), module = c
+        module.schema = schema
+        return module
+
+
+def _describe_unexpected(e: UnexpectedInput) -> str:
+    if isinstance(e, UnexpectedCharacters):
+        return f"unexpected character {e.char!r}"
+    if isinstance(e, UnexpectedEOF):
+        return "unexpected end of input"
+    if isinstance(e, UnexpectedToken):
+        tok = e.token
+        if tok.type == "$END":
+            return "unexpected end of input"
+        exp = sorted(x for x in e.expected if not x.startswith("__"))
+        exp_txt = f" (expected one of: {', '.join(exp[:8])}{', …' if len(exp) > 8 else ''})" if exp else ""
+        return f"unexpected {tok.type} {str(tok)!r}{exp_txt}"
+    return str(e)
+
+
+def parse(text: str, filename: str = "<input>") -> Module:
+    try:
+        tree = _parser().parse(text)
+    except UnexpectedInput as e:
+        line = getattr(e, "line", 0)
+        col = getattr(e, "column", 0)
+        if isinstance(e, (UnexpectedEOF,)) or line in (-1, 0, None):
+            lines = text.splitlines() or [""]
+            line, col = len(lines), len(lines[-1]) + 1
+        raise IRSyntaxError(filename, text, line, col, _describe_unexpected(e)) from None
+    try:
+        return _Build(filename).transform(tree)
+    except VisitError as e:
+        orig = e.orig_exc
+        if isinstance(orig, _Semantic):
+            raise IRSyntaxError(filename, text, orig.line, orig.col, orig.message) from None
+        raise
+
+
+def parse_file(path: str | Path) -> Module:
+    p = Path(path)
+    return parse(p.read_text(), str(p))
