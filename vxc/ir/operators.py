@@ -96,6 +96,7 @@ class OperatorDecl:
     regions: tuple[RegionSpec, ...] = ()
     # consistency rules between attributes: (message, predicate)
     rules: tuple[tuple[str, Callable[[Attrs], bool]], ...] = ()
+    surfaces: tuple[str, ...] = ()  # what a layer running it reports: "attention", "ffn", "moe"
     doc: str = ""
 
     def attr(self, name: str) -> Attr | None:
@@ -206,6 +207,7 @@ def _qkv_rows(a: Attrs) -> int:
 CONV_QKV = OperatorDecl(
     kind="conv_qkv",
     slot="mixer",
+    surfaces=("attention",),
     doc="fused QKV projection, causal depthwise conv over the fused QKV (no activation), rotary, causal GQA softmax",
     attrs=(
         _a("d_model", "int"),
@@ -244,6 +246,7 @@ CONV_QKV = OperatorDecl(
 SOFTMAX = OperatorDecl(
     kind="softmax",
     slot="mixer",
+    surfaces=("attention",),
     doc="softmax attention: q/k/v projections (+biases), optional per-head q/k RMSNorm, rotary, causal GQA softmax, o projection",
     attrs=(
         _a("d_model", "int"),
@@ -296,6 +299,7 @@ SOFTMAX = OperatorDecl(
 SWIGLU = OperatorDecl(
     kind="swiglu",
     slot="ffn",
+    surfaces=("ffn",),
     doc="dense gated FFN: down(act(x·gateᵀ) * (x·upᵀ))",
     attrs=(_a("d_model", "int"), _a("intermediate", "int"), _a("act", "enum", "silu")),
     roles=(

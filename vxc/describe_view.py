@@ -1,0 +1,60 @@
+"""Human rendering of ``vxc describe`` (rich): the same facts as the JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _ranges(layers: list[int]) -> str:
+    out, i = [], 0
+    while i < len(layers):
+        j = i
+        while j + 1 < len(layers) and layers[j + 1] == layers[j] + 1:
+            j += 1
+        out.append(str(layers[i]) if i == j else f"{layers[i]}–{layers[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def render(d: dict[str, Any], console: Console | None = None) -> None:
+    c = console or Console(width=120)
+    s = d["state"]
+    c.print(f"[bold]{d['name']}[/bold]  schema {d['schema']}  ·  {d['layers']} layers  ·  vocab {d['vocab']['logical']} "
+            f"(padded {d['vocab']['padded']})  ·  compute {d['compute']}")
+    t = Table(title="operators", show_edge=False)
+    t.add_column("operator")
+    t.add_column("count", justify="right")
+    t.add_column("layers")
+    for kind, e in d["operators"].items():
+        t.add_row(kind, str(e["count"]), _ranges(e["layers"]))
+    c.print(t)
+    su = d["surfaces"]
+    c.print(f"surfaces: attention {su['attention']} · ffn {su['ffn']} · moe {su['moe']}")
+    c.print(f"state: {s['recurrent_layers']} recurrent layers (all regions fixed) · {s['growing_layers']} growing layers "
+            f"(a per-token region)")
+    c.print(f"  fixed: {s['fixed_elements']:,} elements = {s['fixed_bytes']:,} bytes ({_bytes(s['fixed_bytes'])})")
+    c.print(f"  per token: {s['per_token_elements']:,} elements = {s['per_token_bytes']:,} bytes")
+    if "at_context" in s:
+        a = s["at_context"]
+        c.print(f"  at {a['tokens']:,} tokens: {a['bytes']:,} bytes ({_bytes(a['bytes'])})")
+    rt = Table(title="state regions", show_edge=False)
+    for col in ("layers", "operator", "region", "kind", "shape", "dtype", "growth"):
+        rt.add_column(col)
+    groups: dict[tuple, list[int]] = {}
+    for r in s["regions"]:
+        key = (r["operator"], r["name"], r["kind"], "×".join(map(str, r["shape"])), r["dtype"], r["growth"])
+        groups.setdefault(key, []).append(r["layer"])
+    for key, layers in groups.items():
+        rt.add_row(_ranges(layers), *key)
+    c.print(rt)

@@ -1,0 +1,59 @@
+"""Glue between inputs and the pass manager: load a .vxir or lower a model
+directory in memory, run a pipeline, write IR atomically."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from .ir.module import Module
+from .ir.parser import parse_file
+from .ir.printer import print_module
+from .passes.context import Context
+from .passes.manager import PassManager, parse_pipeline
+
+
+def model_dir_of(m: Module, ir_path: Path | None, override: Path | None = None) -> Path:
+    if override is not None:
+        return Path(override)
+    base = ir_path.parent if ir_path is not None else Path.cwd()
+    return (base / m.source.model_dir).resolve()
+
+
+def load(input_path: str | Path, model_dir: Path | None = None) -> Context:
+    """A .vxir file is parsed; a directory is lowered by its frontend."""
+    p = Path(input_path)
+    if p.is_dir() or not p.exists():
+        from .frontends import lower
+
+        m = lower(p)
+        return Context(m, model_dir=Path(model_dir) if model_dir else p)
+    m = parse_file(p)
+    return Context(m, model_dir=model_dir_of(m, p, model_dir))
+
+
+def run(ctx: Context, pipeline: str, **kw) -> Context:
+    return PassManager(parse_pipeline(pipeline), **kw).run(ctx)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def lower_to_file(model_dir: Path, out: Path, pipeline: str = "verify,bind,closure,state") -> Context:
+    from .frontends import lower
+
+    m = lower(model_dir, relative_to=out.resolve().parent)
+    ctx = run(Context(m, model_dir=Path(model_dir)), pipeline, emit=lambda s: None)
+    write_atomic(out, print_module(ctx.module))
+    return ctx

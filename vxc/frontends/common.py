@@ -1,0 +1,269 @@
+"""What every frontend shares: config and safetensors-header reading, the
+builder that turns classified tensors into IR tables, and frontend errors.
+
+Reads only JSON: config.json, safetensors headers, the shard index. Never
+imports torch and never touches tensor data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..ir.diagnostics import VxcError
+from ..ir.module import (
+    SAFETENSORS_DTYPES, BankPart, Fact, FileEntry, IndexEntry, Layer, Module, Op, Operand, Source,
+    Tensor, Transform,
+)
+from ..ir.roles import Role
+from ..ir.views import ViewError, view_shape
+
+INDEX_NAME = "model.safetensors.index.json"
+MAX_HEADER = 100 * 1024 * 1024
+
+
+class FrontendError(VxcError):
+    """The model directory cannot be lowered: one clear message."""
+
+
+@dataclass
+class Stored:
+    file: str  # file symbol
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass
+class Checkpoint:
+    files: list[FileEntry]
+    tensors: dict[str, Stored]  # key -> stored tensor
+    index: IndexEntry | None = None
+
+
+def read_config(model_dir: Path) -> tuple[dict[str, Any], str]:
+    if not model_dir.exists():
+        raise FrontendError(f"model directory {model_dir} does not exist")
+    if not model_dir.is_dir():
+        raise FrontendError(f"{model_dir} is not a directory")
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise FrontendError(f"{model_dir}: no config.json")
+    raw = path.read_bytes()
+    try:
+        cfg = json.loads(raw)  # accepts bare Infinity / NaN, as some dialects write them
+    except (ValueError, UnicodeDecodeError) as e:
+        raise FrontendError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise FrontendError(f"{path}: expected a JSON object")
+    return cfg, hashlib.sha256(raw).hexdigest()
+
+
+def _read_header(path: Path, rel: str) -> tuple[dict[str, Any], int, str]:
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise FrontendError(f"{rel}: truncated safetensors file ({size} bytes, no header length)")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER or 8 + n > size:
+                raise FrontendError(f"{rel}: truncated or corrupt safetensors header (declares {n} header bytes, file has {size})")
+            blob = f.read(n)
+    except OSError as e:
+        raise FrontendError(f"{rel}: cannot read: {e.strerror}") from None
+    try:
+        header = json.loads(blob)
+    except (ValueError, UnicodeDecodeError):
+        raise FrontendError(f"{rel}: safetensors header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise FrontendError(f"{rel}: safetensors header is not a JSON object")
+    data_len = size - 8 - n
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            dtype, shape, (a, b) = entry["dtype"], entry["shape"], entry["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise FrontendError(f"{rel}: header entry {key!r} is malformed") from None
+        if dtype not in SAFETENSORS_DTYPES:
+            raise FrontendError(f"{rel}: tensor {key!r} has unsupported dtype {dtype}")
+        if not (0 <= a <= b <= data_len):
+            raise FrontendError(f"{rel}: tensor {key!r} lies outside the file (offsets {a}..{b}, data region {data_len} bytes): truncated file")
+        nbytes = math.prod(shape) * _ITEMSIZE[SAFETENSORS_DTYPES[dtype]]
+        if b - a != nbytes:
+            raise FrontendError(f"{rel}: tensor {key!r} {dtype}{list(shape)} needs {nbytes} bytes, header gives {b - a}")
+    return header, size, hashlib.sha256(blob).hexdigest()
+
+
+from ..ir.module import DTYPES as _ITEMSIZE  # noqa: E402
+
+
+def _inside(model_dir: Path, rel: str) -> Path:
+    p = (model_dir / rel).resolve()
+    root = model_dir.resolve()
+    if root != p and root not in p.parents:
+        raise FrontendError(f"{INDEX_NAME} names {rel!r}, a path outside the model directory")
+    return p
+
+
+def read_checkpoint(model_dir: Path) -> Checkpoint:
+    index_path = model_dir / INDEX_NAME
+    index = None
+    if index_path.is_file():
+        raw = index_path.read_bytes()
+        try:
+            wm = json.loads(raw)["weight_map"]
+            assert isinstance(wm, dict)
+        except Exception:
+            raise FrontendError(f"{INDEX_NAME}: not a valid index (no weight_map object)") from None
+        index = IndexEntry(INDEX_NAME, len(raw), hashlib.sha256(raw).hexdigest())
+        names = sorted(set(wm.values()), key=natural_key)
+        for n in names:
+            if not _inside(model_dir, n).is_file():
+                raise FrontendError(f"{INDEX_NAME} names shard {n!r}, which does not exist")
+    else:
+        names = sorted((p.name for p in model_dir.glob("*.safetensors")), key=natural_key)
+        wm = None
+        if not names:
+            raise FrontendError(f"{model_dir}: no *.safetensors file and no {INDEX_NAME}")
+    files, tensors = [], {}
+    for i, name in enumerate(names):
+        sym = f"w{i}"
+        header, size, digest = _read_header(_inside(model_dir, name), name)
+        files.append(FileEntry(sym, name, size, digest))
+        for key, entry in header.items():
+            if key == "__metadata__":
+                continue
+            if wm is not None and wm.get(key) != name:
+                raise FrontendError(f"{name}: tensor {key!r} is not mapped to this shard by {INDEX_NAME}")
+            if key in tensors:
+                raise FrontendError(f"tensor {key!r} is stored twice")
+            tensors[key] = Stored(sym, SAFETENSORS_DTYPES[entry["dtype"]], tuple(entry["shape"]))
+    if wm is not None:
+        missing = sorted(set(wm) - set(tensors), key=natural_key)
+        if missing:
+            raise FrontendError(f"{INDEX_NAME} maps {len(missing)} tensor(s) that no shard holds, e.g. {missing[0]!r}")
+    return Checkpoint(files, tensors, index)
+
+
+def natural_key(s: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+
+class Builder:
+    """Collects the tables of one module while a frontend classifies tensors."""
+
+    def __init__(self, model_dir: Path, frontend: str, dialect: str, config_sha: str, relative_to: Path | None):
+        self.model_dir = model_dir
+        self.ckpt = read_checkpoint(model_dir)
+        rel = os.path.relpath(model_dir.resolve(), (relative_to or Path.cwd()).resolve())
+        self.source = Source(frontend, dialect, rel, config_sha)
+        self.facts: list[Fact] = []
+        self._tsym: dict[str, str] = {}
+        self.tensors: list[Tensor] = []
+        for i, key in enumerate(sorted(self.ckpt.tensors, key=natural_key)):
+            st = self.ckpt.tensors[key]
+            sym = f"t{i}"
+            self._tsym[key] = sym
+            self.tensors.append(Tensor(sym, st.dtype, st.shape, key, file=st.file))
+        self.operands: list[Operand] = []
+        self._osyms: set[str] = set()
+
+    def has(self, key: str) -> bool:
+        return key in self.ckpt.tensors
+
+    def shape(self, key: str) -> tuple[int, ...] | None:
+        st = self.ckpt.tensors.get(key)
+        return st.shape if st else None
+
+    def fact(self, name: str, value: Any, evidence: str) -> None:
+        self.facts.append(Fact(name, value, evidence))
+
+    def _sym(self, layer: int | None, role: Role) -> str:
+        base = f"l{layer}.{role}" if layer is not None else str(role)
+        sym, n = base, 1
+        while sym in self._osyms:
+            sym, n = f"{base}.{n}", n + 1
+        self._osyms.add(sym)
+        return sym
+
+    def bind(self, key: str, role: Role, layer: int | None = None, transforms: list[Transform] | None = None) -> bool:
+        """Bind the stored tensor ``key`` (through a view) to ``role``; absent keys bind nothing."""
+        st = self.ckpt.tensors.get(key)
+        if st is None:
+            return False
+        xs = list(transforms or [])
+        try:
+            shape = view_shape(st.shape, xs)
+        except ViewError:
+            shape, xs = st.shape, []  # the bind pass reports the broken contract on the stored shape
+        self.operands.append(Operand(self._sym(layer, role), st.dtype, shape, [self._tsym[key]], role, layer, transforms=xs))
+        return True
+
+    def bind_reshaped(self, key: str, role: Role, layer: int | None, shape: tuple[int, ...]) -> bool:
+        """Bind with a reshape view when the stored shape differs (e.g. conv [C,1,k] → [C,k])."""
+        st = self.ckpt.tensors.get(key)
+        if st is None:
+            return False
+        xs = [] if st.shape == shape or math.prod(st.shape) != math.prod(shape) else [Transform("reshape", shape=shape)]
+        return self.bind(key, role, layer, xs)
+
+    def module(self, name: str, compute: str, embedding: Op, layers: list[Layer], final_norm: Op, head: Op) -> Module:
+        return Module(
+            name=name, source=self.source, compute=compute, files=self.ckpt.files, tensors=self.tensors,
+            operands=self.operands, embedding=embedding, layers=layers, final_norm=final_norm, head=head,
+            facts=self.facts, index=self.ckpt.index,
+        )
+
+
+def op(kind: str, attrs: dict[str, Any], defaults: set[str] | None = None, role: Role | None = None) -> Op:
+    return Op(kind, attrs, set(defaults or ()), role=role)
+
+
+class Attrs:
+    """Reads a config dict, recording which values were filled from a default."""
+
+    def __init__(self, cfg: dict[str, Any], where: str):
+        self.cfg, self.where = cfg, where
+
+    def need(self, key: str) -> Any:
+        if key not in self.cfg or self.cfg[key] is None:
+            raise FrontendError(f"{self.where}: config.json lacks required key {key!r}")
+        return self.cfg[key]
+
+    def get(self, key: str, default: Any) -> tuple[Any, bool]:
+        """(value, filled_by_default)."""
+        if key in self.cfg and self.cfg[key] is not None:
+            return self.cfg[key], False
+        return default, True
+
+
+def compute_dtype(cfg: dict[str, Any], b: Builder, embedding_key: str | None) -> str:
+    name = cfg.get("dtype") or cfg.get("torch_dtype")
+    table = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64"}
+    if isinstance(name, str) and name in table:
+        return table[name]
+    if embedding_key and b.has(embedding_key):
+        return b.ckpt.tensors[embedding_key].dtype
+    return "f32"
+
+
+def pad_to(n: int, multiple: int) -> int:
+    return n if multiple <= 1 else (n + multiple - 1) // multiple * multiple
+
+
+def fstr(x: Any) -> float:
+    return float(x)
+
+
+__all__ = [
+    "Attrs", "BankPart", "Builder", "Checkpoint", "FrontendError", "compute_dtype", "op", "pad_to",
+    "read_checkpoint", "read_config", "natural_key",
+]

@@ -1,0 +1,69 @@
+"""``bind``: every operand's view is applicable to its stored tensors, its role
+is one its layer's operators declare under their attributes, and the view's
+result meets the role's shape contract."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.module import Module, Operand
+from ..ir.views import ViewError, encoded_shape, view_shape
+from .context import Context
+from .declared import declared_roles, layer_ops
+from .findings import Finding
+
+
+def fmt(shape) -> str:
+    return "[" + ",".join(str(s) for s in shape) + "]"
+
+
+def source_shape(m: Module, o: Operand, tensors) -> tuple[int, ...]:
+    shapes = [tensors[s].stored_shape for s in o.sources]
+    if o.encoding is None:
+        return shapes[0]
+    return encoded_shape(o.encoding, dict(zip(o.part_names, shapes)))
+
+
+def describe_operand(o: Operand, tensors) -> str:
+    keys = ", ".join(tensors[s].key for s in o.sources if s in tensors)
+    return f"%{o.sym} ({keys})"
+
+
+def _off(spec) -> str:
+    return f"{spec.when}=false" if spec.when else f"{spec.unless}=true"
+
+
+@dataclass(frozen=True)
+class Bind:
+    name: str = "bind"
+
+    def run(self, ctx: Context) -> list[Finding]:
+        m = ctx.module
+        tensors = m.tensor_table()
+        tables = {None: declared_roles(layer_ops(m, None))}
+        for layer in m.layers:
+            tables[layer.index] = declared_roles(layer.ops())
+        out: list[Finding] = []
+        for o in m.operands:
+            what = describe_operand(o, tensors)
+            try:
+                shape = view_shape(source_shape(m, o, tensors), o.transforms)
+            except ViewError as e:
+                out.append(Finding("bad-view", f"role {o.role} {what}: {e}", o.layer, role=str(o.role), tensor=what))
+                continue
+            if tuple(shape) != tuple(o.shape):
+                out.append(Finding("shape-inconsistent", f"role {o.role} {what}: declared {fmt(o.shape)} but its view yields {fmt(shape)}",
+                                   o.layer, role=str(o.role), tensor=what, expected=tuple(shape), actual=tuple(o.shape)))
+            slot = tables[o.layer].get(o.role)
+            if slot is None:
+                continue  # a role no operator of this layer declares: closure names it
+            if not slot.required:
+                out.append(Finding("role-not-declared",
+                                   f"role {o.role} is bound ({what}) but {slot.op.kind} declares {_off(slot.spec)}",
+                                   o.layer, slot.op.kind, str(o.role), what))
+                continue
+            want = slot.contract()
+            if tuple(shape) != want:
+                out.append(Finding("shape-mismatch", f"role {o.role} {what} has shape {fmt(shape)}, its contract is {fmt(want)}",
+                                   o.layer, slot.op.kind, str(o.role), what, expected=want, actual=tuple(shape)))
+        return out

@@ -1,0 +1,105 @@
+"""Surfaces: what a compiled model reports it contains, read from the plan
+only — operator counts and layers, attention / FFN / MoE surfaces, and the
+continuation state (regions, elements, bytes; fixed vs per-token)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import networkx as nx
+
+from ..ir.module import DTYPES
+from ..ir.operators import OPERATORS
+from .plan import plan_ops
+
+
+def region_bytes_per_element(precision: str, compute: str) -> int:
+    return DTYPES["f32"] if precision == "f32" else DTYPES[compute]
+
+
+def region_dtype(precision: str, compute: str) -> str:
+    return "f32" if precision == "f32" else compute
+
+
+def describe(g: nx.DiGraph, context: int | None = None, compute: str | None = None) -> dict[str, Any]:
+    compute = compute or g.graph["compute"]
+    ops = plan_ops(g)
+    layer_ops = [p for p in ops if p.layer is not None and p.slot in ("mixer", "ffn")]
+    operators: dict[str, dict[str, Any]] = {}
+    surf = {"attention": set(), "ffn": set(), "moe": set()}
+    for p in layer_ops:
+        e = operators.setdefault(p.kind, {"count": 0, "layers": []})
+        e["count"] += 1
+        e["layers"].append(p.layer)
+        for s in OPERATORS[p.kind].surfaces:
+            surf[s].add(p.layer)
+    emb = next(p for p in ops if p.kind == "embedding")
+    regions = []
+    per_layer: dict[int, list] = {}
+    fixed_el = fixed_b = tok_el = tok_b = 0
+    at_ctx = 0
+    for p in ops:
+        for r in p.regions:
+            n = r.elements()
+            bpe = region_bytes_per_element(r.precision, compute)
+            regions.append({"layer": p.layer, "operator": p.kind, "name": r.name, "kind": r.kind, "shape": list(r.shape),
+                            "dtype": region_dtype(r.precision, compute),
+                            "growth": r.growth if not r.window else f"per_token window {r.window}"})
+            per_layer.setdefault(p.layer, []).append(r)
+            if r.growth == "fixed":
+                fixed_el += n
+                fixed_b += n * bpe
+            else:
+                tok_el += n
+                tok_b += n * bpe
+                if context is not None:
+                    at_ctx += n * bpe * (min(context, r.window) if r.window else context)
+    recurrent = sum(1 for rs in per_layer.values() if rs and all(r.growth == "fixed" for r in rs))
+    growing = sum(1 for rs in per_layer.values() if any(r.growth == "per_token" for r in rs))
+    state: dict[str, Any] = {
+        "recurrent_layers": recurrent, "growing_layers": growing,
+        "fixed_elements": fixed_el, "fixed_bytes": fixed_b,
+        "per_token_elements": tok_el, "per_token_bytes": tok_b,
+    }
+    if context is not None:
+        state["at_context"] = {"tokens": context, "bytes": fixed_b + at_ctx}
+    state["regions"] = regions
+    return {
+        "schema": 6,
+        "name": g.graph["name"],
+        "layers": g.graph["layers"],
+        "compute": compute,
+        "vocab": {"logical": emb.attrs["vocab"], "padded": emb.attrs["padded_vocab"]},
+        "operators": operators,
+        "surfaces": {k: len(v) for k, v in surf.items()},
+        "state": state,
+    }
+
+
+def to_dot(g: nx.DiGraph) -> str:
+    """Layers, operators and state regions as a Graphviz picture."""
+    lines = [f'digraph "{g.graph["name"]}" {{', "  rankdir=TB; node [fontname=Helvetica];"]
+    ops = plan_ops(g)
+    layers: dict[Any, list] = {}
+    for p in ops:
+        layers.setdefault(p.layer, []).append(p)
+    for layer, ps in layers.items():
+        if layer is not None:
+            lines.append(f'  subgraph "cluster_L{layer}" {{ label="layer {layer}"; style=rounded;')
+        for p in ps:
+            shape = "box" if p.slot in ("mixer", "ffn") else "ellipse"
+            lines.append(f'    "{p.id}" [label="{p.kind}", shape={shape}];')
+            for r in p.regions:
+                rid = f"{p.id}.state.{r.name}"
+                dims = "×".join(map(str, r.shape))
+                grow = "per token" if r.growth == "per_token" else "fixed"
+                lines.append(f'    "{rid}" [label="{r.name}: {r.kind}\\n[{dims}] {grow}", shape=cylinder, style=filled, '
+                             f'fillcolor="{"#fde2c8" if r.growth == "per_token" else "#d6e9f8"}"];')
+                lines.append(f'    "{rid}" -> "{p.id}" [style=dashed, dir=both];')
+        if layer is not None:
+            lines.append("  }")
+    for a, b, d in g.edges(data=True):
+        if d["type"] == "hidden":
+            lines.append(f'  "{a}" -> "{b}";')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
