@@ -62,7 +62,18 @@ def read_config(model_dir: Path) -> tuple[dict[str, Any], str]:
         raise FrontendError(f"{path}: not valid JSON: {e}") from None
     if not isinstance(cfg, dict):
         raise FrontendError(f"{path}: expected a JSON object")
-    return cfg, hashlib.sha256(raw).hexdigest()
+    return _decode_floats(cfg), hashlib.sha256(raw).hexdigest()
+
+
+def _decode_floats(obj: Any) -> Any:
+    """transformers writes non-finite floats as {"__float__": "Infinity"}."""
+    if isinstance(obj, dict):
+        if set(obj) == {"__float__"} and obj["__float__"] in ("Infinity", "-Infinity", "NaN"):
+            return float(obj["__float__"].replace("Infinity", "inf"))
+        return {k: _decode_floats(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode_floats(v) for v in obj]
+    return obj
 
 
 def _read_header(path: Path, rel: str) -> tuple[dict[str, Any], int, str]:
