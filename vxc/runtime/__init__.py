@@ -1,0 +1,1 @@
+"""vxc runtime: mmap weight loading, the state provider, prefill/decode sessions, sampling."""

@@ -1,0 +1,69 @@
+"""The engine: IR → verified plan → fused groups → two fx graphs (prefill over
+a sequence, a fixed-shape single-token decode step) over one set of weights,
+static state buffers and rotary tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..codegen.fxgen import buffer_name, build_graph_module
+from ..codegen.lowering import Lowered, RopeRef, StateRef, Weight, lower_plan
+from ..ir.module import Module
+from ..passes.context import Context
+from ..passes.manager import DEFAULT_PIPELINE, PassManager, parse_pipeline
+from .rope import tables
+from .state import StateBuffers, StateProvider
+from .weights import Weights
+
+DTYPES = {"fp32": torch.float32, "f32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "f16": torch.float16}
+
+
+class Engine:
+    def __init__(self, module: Module, model_dir: Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                 max_context: int = 2048, provider: StateProvider | None = None, compile_decode: bool = False):
+        ctx = PassManager(parse_pipeline(DEFAULT_PIPELINE), emit=lambda s: None).run(Context(module, model_dir=Path(model_dir)))
+        self.module, self.plan = ctx.module, ctx.plan
+        self.dtype, self.device, self.max_context = dtype, torch.device(device), max_context
+        self.weights = Weights(module, Path(model_dir))
+        self.lowered = {v: lower_plan(self.plan, v) for v in ("prefill", "decode")}
+        root = torch.nn.Module()
+        self.state: StateBuffers = (provider or StateProvider()).allocate(self.plan, dtype, max_context, self.device)
+        operands = module.operand_table()
+        for lw in self.lowered.values():
+            for ref in _refs(lw):
+                name = buffer_name(ref)
+                if hasattr(root, name):
+                    continue
+                if isinstance(ref, Weight):
+                    root.register_buffer(name, self.weights.operand(operands[ref.sym], dtype, self.device), persistent=False)
+                elif isinstance(ref, StateRef):
+                    root.register_buffer(name, self.state.buffers[ref.id], persistent=False)
+            for key, attrs in lw.ropes.items():
+                cos, sin = tables(attrs, max_context, self.device)
+                for which, t in (("cos", cos), ("sin", sin)):
+                    name = buffer_name(RopeRef(key, which))
+                    if not hasattr(root, name):
+                        root.register_buffer(name, t, persistent=False)
+        self.root = root
+        self.prefill_graph = build_graph_module(self.lowered["prefill"], root)
+        self.decode_graph = build_graph_module(self.lowered["decode"], root)
+        self.decode_fn = torch.compile(self.decode_graph, dynamic=False) if compile_decode else self.decode_graph
+        emb = self.plan.nodes["embedding"]["op"].attrs
+        self.vocab, self.padded_vocab = emb["vocab"], emb["padded_vocab"]
+
+    def weight_bytes(self) -> int:
+        seen, n = set(), 0
+        for name, b in self.root.named_buffers():
+            if name.startswith("w_") and b.data_ptr() not in seen:
+                seen.add(b.data_ptr())
+                n += b.numel() * b.element_size()
+        return n
+
+
+def _refs(lw: Lowered):
+    for c in lw.calls:
+        for a in c.args:
+            if isinstance(a, (Weight, StateRef)):
+                yield StateRef(a.op_id, a.region) if isinstance(a, StateRef) else a

@@ -1,0 +1,51 @@
+"""Token selection: greedy, or temperature with top-k / top-p from a seeded generator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Sampler:
+    temperature: float = 0.0  # 0 → greedy
+    top_k: int = 0  # 0 → no top-k filter
+    top_p: float = 1.0
+    seed: int = 0
+    vocab: int | None = None  # ids at or beyond the logical vocab are padding, never chosen
+    generator: torch.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        x = logits.float().cpu()
+        if self.vocab is not None:
+            x = x[: self.vocab]
+        if self.greedy:
+            return int(torch.argmax(x))
+        x = x / self.temperature
+        if self.top_k and self.top_k < x.numel():
+            kth = torch.topk(x, self.top_k).values[-1]
+            x = x.masked_fill(x < kth, float("-inf"))
+        if self.top_p < 1.0:
+            srt, idx = torch.sort(x, descending=True)
+            probs = torch.softmax(srt, -1)
+            keep = probs.cumsum(-1) - probs < self.top_p  # smallest prefix whose mass reaches top_p
+            keep[0] = True
+            mask = torch.ones_like(x, dtype=torch.bool)
+            mask[idx[keep]] = False
+            x = x.masked_fill(mask, float("-inf"))
+        probs = torch.softmax(x, -1)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def get_state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_state(self, s: torch.Tensor) -> None:
+        self.generator.set_state(s)

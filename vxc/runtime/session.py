@@ -1,0 +1,116 @@
+"""Sessions: ``prefill(tokens) → logits``, ``step(token) → logits``, generation,
+and continuation state saved to / restored from safetensors (only the
+declared regions, the position and, when sampling, the sampler's RNG)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..ir.diagnostics import VxcError
+from .engine import Engine
+from .sampling import Sampler
+
+
+class SessionError(VxcError):
+    pass
+
+
+class Session:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.pos = 0
+
+    def reset(self) -> None:
+        self.engine.state.zero_()
+        self.pos = 0
+
+    def _room(self, n: int) -> None:
+        if self.pos + n > self.engine.max_context:
+            raise SessionError(f"context full: position {self.pos} + {n} tokens exceeds --max-context {self.engine.max_context}")
+
+    @torch.no_grad()
+    def prefill(self, tokens: Iterable[int]) -> torch.Tensor:
+        """Logits [T, padded_vocab] (fp32) for ``tokens``, continuing from the current position."""
+        ids = torch.tensor(list(tokens), dtype=torch.int64, device=self.engine.device)
+        if ids.numel() == 0:
+            raise SessionError("prefill needs at least one token")
+        self._room(ids.numel())
+        bad = [int(t) for t in ids if not (0 <= int(t) < self.engine.padded_vocab)]
+        if bad:
+            raise SessionError(f"token ids outside the vocabulary 0..{self.engine.padded_vocab - 1}: {bad[:5]}")
+        logits = self.engine.prefill_graph(ids, self.pos)
+        self.pos += ids.numel()
+        return logits.float()
+
+    @torch.no_grad()
+    def step(self, token: int) -> torch.Tensor:
+        """Logits [padded_vocab] (fp32) after one more token (the fixed-shape decode graph)."""
+        self._room(1)
+        if not (0 <= token < self.engine.padded_vocab):
+            raise SessionError(f"token id {token} outside the vocabulary")
+        ids = torch.tensor([token], dtype=torch.int64, device=self.engine.device)
+        logits = self.engine.decode_fn(ids, self.pos)
+        self.pos += 1
+        return logits[0].float()
+
+    def generate(self, prompt: list[int], max_new_tokens: int, sampler: Sampler,
+                 on_token: Callable[[int], None] | None = None, logits: torch.Tensor | None = None) -> list[int]:
+        """Prefill ``prompt`` (unless ``logits`` of the last position are given) and generate."""
+        last = self.prefill(prompt)[-1] if logits is None else logits
+        out: list[int] = []
+        for i in range(max_new_tokens):
+            tok = sampler(last)
+            out.append(tok)
+            if on_token is not None:
+                on_token(tok)
+            if i + 1 < max_new_tokens:
+                last = self.step(tok)
+        return out
+
+    # ------------------------------------------------------------ continuation state
+
+    def save_state(self, path: Path, sampler: Sampler | None = None, last_logits: torch.Tensor | None = None) -> None:
+        st = self.engine.state
+        tensors: dict[str, torch.Tensor] = {}
+        for rid, buf in st.buffers.items():
+            if st.growing[rid]:
+                buf = buf[:, : self.pos] if st.layout[rid] == "kv_rows" else buf[: self.pos]
+            tensors[rid] = buf.contiguous().cpu()
+        tensors["position"] = torch.tensor([self.pos], dtype=torch.int64)
+        if sampler is not None and not sampler.greedy:
+            tensors["rng_state"] = sampler.get_state()
+        if last_logits is not None:
+            tensors["last_logits"] = last_logits.float().cpu().contiguous()
+        shapes = {rid: list(b.shape) for rid, b in st.buffers.items()}
+        save_file(tensors, str(path), metadata={"format": "vxc-state", "regions": json.dumps(shapes, sort_keys=True)})
+
+    def load_state(self, path: Path, sampler: Sampler | None = None) -> torch.Tensor | None:
+        st = self.engine.state
+        try:
+            data = load_file(str(path))
+        except Exception as e:
+            raise SessionError(f"{path}: not a readable state file ({e})") from None
+        want = set(st.buffers) | {"position"}
+        missing = sorted(want - set(data))
+        extra = sorted(set(data) - want - {"rng_state", "last_logits"})
+        if missing or extra:
+            raise SessionError(f"{path}: state regions do not match this model (missing {missing[:4]}, unexpected {extra[:4]})")
+        pos = int(data["position"][0])
+        if pos > st.max_context:
+            raise SessionError(f"{path}: position {pos} exceeds --max-context {st.max_context}")
+        st.zero_()
+        for rid, buf in st.buffers.items():
+            src = data[rid]
+            dst = (buf[:, :pos] if st.layout[rid] == "kv_rows" else buf[:pos]) if st.growing[rid] else buf
+            if tuple(src.shape) != tuple(dst.shape):
+                raise SessionError(f"{path}: region {rid} has shape {list(src.shape)}, this model needs {list(dst.shape)}")
+            dst.copy_(src.to(dst.dtype))
+        self.pos = pos
+        if sampler is not None and "rng_state" in data:
+            sampler.set_state(data["rng_state"])
+        return data.get("last_logits")

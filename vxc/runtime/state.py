@@ -1,0 +1,71 @@
+"""The state provider: every declared region as a static, preallocated buffer.
+
+Fixed regions are allocated at their declared shape; per-token regions up to
+``max_context`` positions. Precision follows the IR: ``f32`` regions stay fp32
+whatever the compute dtype; ``compute`` regions take it. A provider declares
+the region kinds it can hold and refuses — by name — a layer needing any
+other kind, rather than allocating part of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+import torch
+
+from ..ir.operators import REGION_KINDS
+from ..passes.findings import Finding, Refusal
+from ..passes.plan import plan_ops
+
+
+@dataclass
+class StateBuffers:
+    buffers: dict[str, torch.Tensor]  # region id → buffer
+    growing: dict[str, bool]  # region id → per-token
+    max_context: int
+    layout: dict[str, str] = field(default_factory=dict)  # region id → kind
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers.values())
+
+    def zero_(self) -> None:
+        for b in self.buffers.values():
+            b.zero_()
+
+
+@dataclass
+class StateProvider:
+    kinds: tuple[str, ...] = REGION_KINDS
+    name: str = "static"
+
+    def allocate(self, g: nx.DiGraph, dtype: torch.dtype, max_context: int, device: torch.device | str = "cpu") -> StateBuffers:
+        findings = []
+        for p in plan_ops(g):
+            missing = [r for r in p.regions if r.kind not in self.kinds]
+            if missing:
+                need = ", ".join(f"{r.name} ({r.kind})" for r in p.regions)
+                findings.append(Finding(
+                    "unsupported-region",
+                    f"provider {self.name} holds only {', '.join(self.kinds)}; this operator needs {need} — refusing the layer "
+                    f"rather than allocating part of its state", p.layer, p.kind))
+        if findings:
+            raise Refusal("state provider", findings)
+        buffers, growing, layout = {}, {}, {}
+        for p in plan_ops(g):
+            for r in p.regions:
+                rid = f"{p.id}.state.{r.name}"
+                dt = torch.float32 if r.precision == "f32" else dtype
+                if r.growth == "fixed":
+                    shape = tuple(r.shape)
+                elif r.kind == "kv_rows":  # [2, ...]: K rows and V rows, each [positions, ...]
+                    shape = (r.shape[0], max_context, *r.shape[1:])
+                else:
+                    shape = (max_context, *r.shape)
+                buffers[rid] = torch.zeros(shape, dtype=dt, device=device)
+                growing[rid] = r.growth == "per_token"
+                layout[rid] = r.kind
+        return StateBuffers(buffers, growing, max_context, layout)
+
+
+ROWS_ONLY = StateProvider(kinds=("kv_rows",), name="rows-only")

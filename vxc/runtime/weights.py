@@ -1,0 +1,94 @@
+"""Weights: the safetensors files an IR names, opened by mmap.
+
+Before any tensor is used, each file's size and header digest are checked
+against the IR. Operand views (slice, gather, reshape, transpose, banks,
+encodings) are applied at load time; tensors that need no view and no dtype
+change stay zero-copy views of the mapping.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from pathlib import Path
+
+import torch
+
+from ..ir.diagnostics import VxcError
+from ..ir.module import Module, Operand
+
+TORCH_DTYPES = {
+    "f64": torch.float64, "f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16,
+    "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8, "bool": torch.bool,
+    "f8e4m3": torch.float8_e4m3fn, "f8e5m2": torch.float8_e5m2,
+}
+
+
+class WeightError(VxcError):
+    pass
+
+
+class MappedFile:
+    def __init__(self, path: Path, size: int, digest: str, sym: str):
+        if not path.is_file():
+            raise WeightError(f"weights file @{sym} {path} does not exist (use --model-dir to point at the checkpoint)")
+        actual = path.stat().st_size
+        if actual != size:
+            raise WeightError(f"weights file {path}: size {actual} bytes, the IR recorded {size}; refusing to run on a different checkpoint")
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            blob = f.read(n)
+        if hashlib.sha256(blob).hexdigest() != digest:
+            raise WeightError(f"weights file {path}: header sha256 differs from the IR's; refusing to run on a different checkpoint")
+        self.header = json.loads(blob)
+        self.data_start = 8 + n
+        self.bytes = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)  # private mmap, paged lazily
+
+    def tensor(self, key: str) -> torch.Tensor:
+        e = self.header.get(key)
+        if e is None:
+            raise WeightError(f"tensor {key!r} is not in this file")
+        a, b = e["data_offsets"]
+        from ..ir.module import SAFETENSORS_DTYPES
+
+        dt = TORCH_DTYPES[SAFETENSORS_DTYPES[e["dtype"]]]
+        raw = self.bytes[self.data_start + a:self.data_start + b]
+        return raw.view(dt).reshape(e["shape"]) if b > a else torch.empty(e["shape"], dtype=dt)
+
+
+class Weights:
+    def __init__(self, m: Module, model_dir: Path):
+        self.module = m
+        self.files = {f.sym: MappedFile(model_dir / f.path, f.size, f.header_sha256, f.sym) for f in m.files}
+        self.tensors = m.tensor_table()
+
+    def stored(self, sym: str) -> torch.Tensor:
+        from .views import stack_bank
+
+        t = self.tensors[sym]
+        if not t.is_bank:
+            return self.files[t.file].tensor(t.key)
+        return stack_bank([self.files[f].tensor(k) for f, k in t.keys()])
+
+    def operand(self, o: Operand, dtype: torch.dtype | None, device: torch.device | str) -> torch.Tensor:
+        from .views import apply_view, decode_mxfp4
+
+        if o.encoding is None:
+            x = self.stored(o.sources[0])
+        elif o.encoding == "mxfp4":
+            parts = dict(zip(o.part_names, (self.stored(s) for s in o.sources)))
+            x = decode_mxfp4(parts["blocks"], parts["scales"], dtype or torch.bfloat16)
+        else:
+            raise WeightError(f"operand %{o.sym}: encoding {o.encoding} has no decoder")
+        x = apply_view(x, o.transforms)
+        if tuple(x.shape) != tuple(o.shape):
+            raise WeightError(f"operand %{o.sym}: view gives {list(x.shape)}, the IR declares {list(o.shape)}")
+        if dtype is not None and x.is_floating_point() and x.dtype != dtype:
+            x = x.to(dtype)
+        x = x.to(device)
+        return x if x.is_contiguous() else x.contiguous()
+
+    def nbytes(self) -> int:
+        return sum(math.prod(t.stored_shape) for t in self.tensors.values())
