@@ -97,7 +97,12 @@ def passes(
     from .passes.manager import DEFAULT_PIPELINE, PASSES, parse_pipeline
 
     _register_late_passes()
+    from .passes.manager import ORDER
+
     text = pipeline or DEFAULT_PIPELINE
+    if pipeline is None:  # extend the default pipeline to the furthest pass asked for
+        want = max([ORDER.index(n) for n in print_after if n in ORDER] + [ORDER.index("plan")])
+        text = ",".join(ORDER[: want + 1])
     try:
         names = parse_pipeline(text)
     except ValueError as e:
@@ -160,6 +165,63 @@ def describe(
     from .describe_view import render
 
     render(d)
+
+
+@app.command("exec")
+def exec_(
+    model: Path = typer.Argument(..., help="a .vxir file (from `vxc lower`)"),
+    prompt: Optional[str] = typer.Option(None, "--prompt", help="text, encoded with the model directory's tokenizer.json"),
+    tokens: Optional[str] = typer.Option(None, "--tokens", help="comma-separated token ids, e.g. 1,2,3"),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    top_k: int = typer.Option(0, "--top-k"),
+    seed: int = typer.Option(0, "--seed"),
+    dtype: str = typer.Option("fp32", "--dtype", help="fp32 | bf16"),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
+    max_context: int = typer.Option(2048, "--max-context", help="positions preallocated for growing state"),
+    model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="where the safetensors live (default: as recorded in the IR)"),
+    logits_out: Optional[Path] = typer.Option(None, "--logits-out", help="write teacher-forced logits of the given tokens (fp32 [positions, vocab])"),
+    save_state: Optional[Path] = typer.Option(None, "--save-state", help="save the continuation state after generating"),
+    resume_state: Optional[Path] = typer.Option(None, "--resume-state", help="continue from a saved state"),
+    kernels: str = typer.Option("auto", "--kernels", help="auto | torch | triton (triton on CPU needs TRITON_INTERPRET=1)"),
+    compile_decode: bool = typer.Option(False, "--compile", help="torch.compile the fixed-shape decode graph"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
+):
+    """Execute a lowered model: teacher-forced prefill of the prompt, then generation."""
+    def go():
+        from .exec_cmd import run_exec
+
+        return run_exec(model=model, prompt=prompt, tokens=tokens, max_new_tokens=max_new_tokens, temperature=temperature,
+                        top_p=top_p, top_k=top_k, seed=seed, dtype=dtype, device=device, max_context=max_context,
+                        model_dir=model_dir, logits_out=logits_out, save_state=save_state, resume_state=resume_state,
+                        kernels=kernels, compile_decode=compile_decode, as_json=as_json)
+
+    _guard(go, as_json)
+
+
+@app.command()
+def demo(
+    directory: Optional[Path] = typer.Option(None, "--dir", help="where to create the miniature witness (default: a temp dir)"),
+    max_new_tokens: int = typer.Option(24, "--max-new-tokens"),
+):
+    """Create the built-in miniature witness, lower it, describe it and execute it."""
+    import tempfile
+
+    from .demo import build_demo
+    from .driver import lower_to_file
+
+    root = directory or Path(tempfile.mkdtemp(prefix="vxc-demo-"))
+    mdir = build_demo(root / "mini-mamba2attn")
+    ir = root / "mini-mamba2attn.vxir"
+    print(f"== built miniature witness in {mdir}")
+    ctx = _guard(lambda: lower_to_file(mdir, ir))
+    print(f"== lowered → {ir} ({len(ctx.module.layers)} layers, {len(ctx.module.operands)} operands)")
+    describe(ir, as_json=False, context=None, dot=None)
+    print("== exec --prompt 'The state of ' --temperature 0.9 --top-k 40 --seed 0 (random weights: the text is noise)")
+    exec_(ir, prompt="The state of ", tokens=None, max_new_tokens=max_new_tokens, temperature=0.9, top_p=1.0, top_k=40, seed=0,
+          dtype="fp32", device="cpu", max_context=256, model_dir=None, logits_out=None, save_state=None, resume_state=None,
+          kernels="auto", compile_decode=False, as_json=False)
 
 
 def main() -> None:

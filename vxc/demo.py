@@ -70,7 +70,7 @@ def build_demo(out_dir: Path, seed: int = 0) -> Path:
             t[m + "in_proj.bias"] = rnd(qkv, scale=0.02)
             t[m + "conv1d.weight"] = rnd(qkv, 1, a["d_conv"], scale=0.5)
             t[m + "conv1d.bias"] = rnd(qkv, scale=0.02)
-            t[m + "out_proj.weight"] = rnd(d, a["num_heads"] * a["head_dim"], scale=0.1)
+            t[m + "out_proj.weight"] = rnd(d, a["num_heads"] * a["head_dim"], scale=0.5)
         else:
             t[m + "in_proj.weight"] = rnd(in_rows, d, scale=d ** -0.5)
             t[m + "conv1d.weight"] = rnd(conv_dim, 1, s["d_conv"], scale=0.5)
@@ -79,7 +79,7 @@ def build_demo(out_dir: Path, seed: int = 0) -> Path:
             t[m + "A_log"] = torch.log(torch.empty(heads).uniform_(1, 16, generator=g))
             t[m + "D"] = 1 + rnd(heads, scale=0.1)
             t[m + "norm.weight"] = 1 + rnd(d_inner, scale=0.05)
-            t[m + "out_proj.weight"] = rnd(d, d_inner, scale=0.1)
+            t[m + "out_proj.weight"] = rnd(d, d_inner, scale=0.5)
     save_file({k: v.contiguous() for k, v in t.items()}, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
     chars = [c for c in string.printable if c not in "\t\n\r\x0b\x0c"][: cfg["vocab_size"] - 1]

@@ -43,7 +43,10 @@ class Session:
         bad = [int(t) for t in ids if not (0 <= int(t) < self.engine.padded_vocab)]
         if bad:
             raise SessionError(f"token ids outside the vocabulary 0..{self.engine.padded_vocab - 1}: {bad[:5]}")
-        logits = self.engine.prefill_graph(ids, self.pos)
+        # one token runs the fixed-shape decode graph, so a resumed single-token
+        # continuation is bit-identical to an uninterrupted step
+        graph = self.engine.decode_fn if ids.numel() == 1 else self.engine.prefill_graph
+        logits = graph(ids, self.pos)
         self.pos += ids.numel()
         return logits.float()
 
@@ -74,7 +77,7 @@ class Session:
 
     # ------------------------------------------------------------ continuation state
 
-    def save_state(self, path: Path, sampler: Sampler | None = None, last_logits: torch.Tensor | None = None) -> None:
+    def save_state(self, path: Path, sampler: Sampler | None = None) -> None:
         st = self.engine.state
         tensors: dict[str, torch.Tensor] = {}
         for rid, buf in st.buffers.items():
@@ -84,12 +87,10 @@ class Session:
         tensors["position"] = torch.tensor([self.pos], dtype=torch.int64)
         if sampler is not None and not sampler.greedy:
             tensors["rng_state"] = sampler.get_state()
-        if last_logits is not None:
-            tensors["last_logits"] = last_logits.float().cpu().contiguous()
         shapes = {rid: list(b.shape) for rid, b in st.buffers.items()}
         save_file(tensors, str(path), metadata={"format": "vxc-state", "regions": json.dumps(shapes, sort_keys=True)})
 
-    def load_state(self, path: Path, sampler: Sampler | None = None) -> torch.Tensor | None:
+    def load_state(self, path: Path, sampler: Sampler | None = None) -> None:
         st = self.engine.state
         try:
             data = load_file(str(path))
@@ -97,7 +98,7 @@ class Session:
             raise SessionError(f"{path}: not a readable state file ({e})") from None
         want = set(st.buffers) | {"position"}
         missing = sorted(want - set(data))
-        extra = sorted(set(data) - want - {"rng_state", "last_logits"})
+        extra = sorted(set(data) - want - {"rng_state"})
         if missing or extra:
             raise SessionError(f"{path}: state regions do not match this model (missing {missing[:4]}, unexpected {extra[:4]})")
         pos = int(data["position"][0])
@@ -113,4 +114,3 @@ class Session:
         self.pos = pos
         if sampler is not None and "rng_state" in data:
             sampler.set_state(data["rng_state"])
-        return data.get("last_logits")
