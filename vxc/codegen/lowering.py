@@ -231,11 +231,22 @@ BLOCKS: dict[str, Callable[[_Emitter, PlanOp, Val], Val]] = {
 }
 
 
+def register_block(kind: str):
+    """Register the lowering of one operator kind (modules under vxc/codegen/blocks/)."""
+    def deco(fn: Callable[[_Emitter, PlanOp, Val], Val]):
+        assert kind not in BLOCKS, kind
+        BLOCKS[kind] = fn
+        return fn
+    return deco
+
+
 class Unsupported(Exception):
     pass
 
 
 def lower_plan(g: nx.DiGraph, variant: str) -> Lowered:
+    from . import blocks  # noqa: F401  (registers the lowerings of further operator kinds)
+
     assert variant in ("prefill", "decode")
     e = _Emitter(variant)
     hidden: Val | None = None  # output of the last block, not yet added to the residual

@@ -29,10 +29,6 @@ def describe_operand(o: Operand, tensors) -> str:
     return f"%{o.sym} ({keys})"
 
 
-def _off(spec) -> str:
-    return f"{spec.when}=false" if spec.when else f"{spec.unless}=true"
-
-
 @dataclass(frozen=True)
 class Bind:
     name: str = "bind"
@@ -59,7 +55,7 @@ class Bind:
                 continue  # a role no operator of this layer declares: closure names it
             if not slot.required:
                 out.append(Finding("role-not-declared",
-                                   f"role {o.role} is bound ({what}) but {slot.op.kind} declares {_off(slot.spec)}",
+                                   f"role {o.role} is bound ({what}) but {slot.op.kind} declares {slot.spec.off_text()}",
                                    o.layer, slot.op.kind, str(o.role), what))
                 continue
             want = slot.contract()

@@ -1,0 +1,2 @@
+"""Lowerings of further operator kinds, one module per kind; each registers itself
+with ``vxc.codegen.lowering.register_block``. Import new modules here."""

@@ -1,0 +1,167 @@
+"""Operator declarations, as data: one module per operator kind (this package).
+
+Each :class:`OperatorDecl` names the attributes (geometry) an instance must
+declare, the roles it binds (always, or only under a declared attribute),
+the shape contract of each role as a function of the attributes, and the
+continuation-state regions it requires. Passes (bind, closure, state) are
+single generic walks over these declarations; nothing else in vxc knows
+what an operator needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from ..roles import Role
+
+Attrs = Mapping[str, Any]
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Attr:
+    name: str
+    type: str  # "int" | "float" | "bool" | "enum" | "str" | "ints"
+    choices: tuple[str, ...] = ()
+    optional: bool = False  # may be left undeclared (an absent feature)
+    doc: str = ""
+
+    def accepts(self, value: Any) -> bool:
+        if self.type == "int":
+            return isinstance(value, int) and not isinstance(value, bool)
+        if self.type == "float":
+            return isinstance(value, float)
+        if self.type == "bool":
+            return isinstance(value, bool)
+        if self.type == "enum":
+            return isinstance(value, str) and value in self.choices
+        if self.type == "str":
+            return isinstance(value, str)
+        if self.type == "ints":
+            return isinstance(value, list) and all(isinstance(v, int) for v in value)
+        raise AssertionError(self.type)
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """A role the operator binds; ``role=None`` means the instance's own declared role (norms)."""
+
+    role: Role | None
+    shape: Callable[[Attrs], Shape]
+    when: str | None = None  # "flag" or "name=value": required iff it holds
+    unless: str | None = None  # required iff it does not hold
+
+    def required(self, attrs: Attrs) -> bool:
+        if self.when is not None:
+            return condition(self.when, attrs)
+        if self.unless is not None:
+            return not condition(self.unless, attrs)
+        return True
+
+    def condition_text(self) -> str:
+        if self.when:
+            return self.when if "=" in self.when else f"{self.when}=true"
+        if self.unless:
+            return f"not {self.unless}" if "=" in self.unless else f"{self.unless}=false"
+        return "always"
+
+    def off_text(self) -> str:
+        """How the attributes switch this role off (for a role bound while not declared)."""
+        if self.when:
+            return f"{self.when.split('=')[0]}={_a_repr(self.when)}" if "=" in self.when else f"{self.when}=false"
+        return f"{self.unless}" if "=" in self.unless else f"{self.unless}=true"
+
+
+def condition(text: str, attrs: Attrs) -> bool:
+    """``"flag"``: a bool attribute is true; ``"name=value"``: an enum/int attribute equals value."""
+    if "=" in text:
+        name, value = text.split("=", 1)
+        return str(attrs.get(name)).lower() == value.lower()
+    return bool(attrs.get(text))
+
+
+def _a_repr(text: str) -> str:
+    return "other than " + text.split("=", 1)[1]
+
+
+# Region kinds a state provider may be asked to hold.
+REGION_KINDS = ("recurrent", "conv_history", "kv_rows", "latent_rows")
+PRECISIONS = ("f32", "compute")  # fixed fp32, or follows the compute dtype
+GROWTHS = ("fixed", "per_token")
+
+
+@dataclass(frozen=True)
+class RegionSpec:
+    name: str
+    kind: str
+    shape: Callable[[Attrs], Shape]  # for per_token regions: the shape of one position
+    precision: str
+    growth: str
+    window: Callable[[Attrs], int] | None = None  # bound on per-token growth (0 = unbounded)
+    when: str | None = None
+
+    def required(self, attrs: Attrs) -> bool:
+        return self.when is None or condition(self.when, attrs)
+
+
+@dataclass(frozen=True)
+class OperatorDecl:
+    kind: str
+    slot: str  # "mixer" | "ffn" | "norm" | "embedding" | "head"
+    attrs: tuple[Attr, ...]
+    roles: tuple[RoleSpec, ...] = ()
+    regions: tuple[RegionSpec, ...] = ()
+    # consistency rules between attributes: (message, predicate)
+    rules: tuple[tuple[str, Callable[[Attrs], bool]], ...] = ()
+    surfaces: tuple[str, ...] = ()  # what a layer running it reports: "attention", "ffn", "moe"
+    doc: str = ""
+
+    def attr(self, name: str) -> Attr | None:
+        for a in self.attrs:
+            if a.name == name:
+                return a
+        return None
+
+    def role_specs(self, attrs: Attrs, own_role: Role | None = None) -> list[tuple[Role, RoleSpec]]:
+        out = []
+        for spec in self.roles:
+            role = spec.role if spec.role is not None else own_role
+            if role is not None:
+                out.append((role, spec))
+        return out
+
+    def required_roles(self, attrs: Attrs, own_role: Role | None = None) -> list[Role]:
+        return [r for r, s in self.role_specs(attrs, own_role) if s.required(attrs)]
+
+    def region_specs(self, attrs: Attrs) -> list[RegionSpec]:
+        return [r for r in self.regions if r.required(attrs)]
+
+
+def attr(name: str, type_: str, *choices: str, optional: bool = False, doc: str = "") -> Attr:
+    return Attr(name, type_, tuple(choices), optional, doc)
+
+
+OPERATORS: dict[str, OperatorDecl] = {}
+
+
+def register(*decls: OperatorDecl) -> None:
+    for d in decls:
+        assert d.kind not in OPERATORS, d.kind
+        OPERATORS[d.kind] = d
+
+
+def declared(kind: str) -> OperatorDecl | None:
+    return OPERATORS.get(kind)
+
+
+def role_owner(role: Role) -> list[str]:
+    """Operator kinds whose declaration names this role."""
+    return [d.kind for d in OPERATORS.values() for s in d.roles if s.role == role]
+
+
+
+# one module per operator kind; each registers its declaration
+from . import conv_qkv, ffn, gated_delta, kda, mamba2, mla, model, moe, softmax  # noqa: E402,F401
+
+NORM_KINDS = tuple(k for k, d in OPERATORS.items() if d.slot == "norm")

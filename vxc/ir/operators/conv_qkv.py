@@ -1,0 +1,52 @@
+"""The ``conv_qkv`` mixer declaration (mamba_ssm MHA with a QKV conv)."""
+
+from __future__ import annotations
+
+from ..roles import Role
+from . import Attrs, RegionSpec, RoleSpec, OperatorDecl, attr, register
+
+from .rotary import ROTARY_ATTRS
+
+def _qkv_rows(a: Attrs) -> int:
+    return (a["heads"] + 2 * a["kv_heads"]) * a["head_dim"]
+
+
+CONV_QKV = OperatorDecl(
+    kind="conv_qkv",
+    slot="mixer",
+    surfaces=("attention",),
+    doc="fused QKV projection, causal depthwise conv over the fused QKV (no activation), rotary, causal GQA softmax",
+    attrs=(
+        attr("d_model", "int"),
+        attr("heads", "int"),
+        attr("kv_heads", "int"),
+        attr("head_dim", "int"),
+        attr("conv_kernel", "int"),
+        attr("conv_bias", "bool"),
+        attr("qkv_bias", "bool"),
+        attr("out_bias", "bool"),
+        attr("causal", "bool"),
+        attr("scale", "float"),
+        *ROTARY_ATTRS,
+    ),
+    roles=(
+        RoleSpec(Role.ConvQkvInProj, lambda a: (_qkv_rows(a), a["d_model"])),
+        RoleSpec(Role.ConvQkvInProjBias, lambda a: (_qkv_rows(a),), when="qkv_bias"),
+        RoleSpec(Role.ConvQkvConv1d, lambda a: (_qkv_rows(a), a["conv_kernel"])),
+        RoleSpec(Role.ConvQkvConv1dBias, lambda a: (_qkv_rows(a),), when="conv_bias"),
+        RoleSpec(Role.ConvQkvOutProj, lambda a: (a["d_model"], a["heads"] * a["head_dim"])),
+        RoleSpec(Role.ConvQkvOutProjBias, lambda a: (a["d_model"],), when="out_bias"),
+    ),
+    regions=(
+        RegionSpec("kv", "kv_rows", lambda a: (2, a["kv_heads"], a["head_dim"]), "compute", "per_token"),
+        RegionSpec("conv", "conv_history", lambda a: (_qkv_rows(a), a["conv_kernel"]), "compute", "fixed"),
+    ),
+    rules=(
+        ("heads must be a multiple of kv_heads", lambda a: a["heads"] % a["kv_heads"] == 0),
+        ("rotary_dim must be even and at most head_dim", lambda a: a["rotary_dim"] % 2 == 0 and a["rotary_dim"] <= a["head_dim"]),
+        ("only causal attention is defined", lambda a: a["causal"] is True),
+    ),
+)
+
+
+register(CONV_QKV)

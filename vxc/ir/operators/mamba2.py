@@ -1,0 +1,63 @@
+"""The ``mamba2`` mixer declaration."""
+
+from __future__ import annotations
+
+from ..roles import Role
+from . import Attrs, RegionSpec, RoleSpec, OperatorDecl, attr, register
+
+def _mamba2_conv_dim(a: Attrs) -> int:
+    return a["d_inner"] + 2 * a["groups"] * a["state_size"]
+
+
+def _mamba2_in_rows(a: Attrs) -> int:
+    return 2 * a["d_inner"] + 2 * a["groups"] * a["state_size"] + a["heads"]
+
+
+MAMBA2 = OperatorDecl(
+    kind="mamba2",
+    slot="mixer",
+    doc="Mamba2 SSD mixer: in_proj → z|xBC|dt, causal conv + SiLU on xBC, selective scan, gated RMSNorm, out_proj",
+    attrs=(
+        attr("d_model", "int"),
+        attr("d_inner", "int"),
+        attr("heads", "int"),
+        attr("head_dim", "int"),
+        attr("state_size", "int", doc="d_state N"),
+        attr("groups", "int", doc="B/C groups G"),
+        attr("conv_kernel", "int"),
+        attr("conv_bias", "bool"),
+        attr("proj_bias", "bool"),
+        attr("chunk_size", "int"),
+        attr("dt_min", "float"),
+        attr("dt_max", "float"),
+        attr("norm_eps", "float"),
+        attr("norm_order", "enum", "gate_then_norm", "norm_then_gate"),
+        attr("norm_act", "enum", "silu", "sigmoid"),
+        attr("norm_group", "int", doc="channels per RMS group"),
+    ),
+    roles=(
+        RoleSpec(Role.Mamba2InProj, lambda a: (_mamba2_in_rows(a), a["d_model"])),
+        RoleSpec(Role.Mamba2InProjBias, lambda a: (_mamba2_in_rows(a),), when="proj_bias"),
+        RoleSpec(Role.Mamba2Conv1d, lambda a: (_mamba2_conv_dim(a), a["conv_kernel"])),
+        RoleSpec(Role.Mamba2Conv1dBias, lambda a: (_mamba2_conv_dim(a),), when="conv_bias"),
+        RoleSpec(Role.Mamba2DtBias, lambda a: (a["heads"],)),
+        RoleSpec(Role.Mamba2ALog, lambda a: (a["heads"],)),
+        RoleSpec(Role.Mamba2D, lambda a: (a["heads"],)),
+        RoleSpec(Role.Mamba2GatedNorm, lambda a: (a["d_inner"],)),
+        RoleSpec(Role.Mamba2OutProj, lambda a: (a["d_model"], a["d_inner"])),
+        RoleSpec(Role.Mamba2OutProjBias, lambda a: (a["d_model"],), when="proj_bias"),
+    ),
+    regions=(
+        RegionSpec("ssm", "recurrent", lambda a: (a["heads"], a["head_dim"], a["state_size"]), "f32", "fixed"),
+        # k columns: the k most recent raw inputs, as the references allocate it
+        RegionSpec("conv", "conv_history", lambda a: (_mamba2_conv_dim(a), a["conv_kernel"]), "compute", "fixed"),
+    ),
+    rules=(
+        ("d_inner must equal heads*head_dim", lambda a: a["d_inner"] == a["heads"] * a["head_dim"]),
+        ("heads must be a multiple of groups", lambda a: a["heads"] % a["groups"] == 0),
+        ("norm_group must divide d_inner", lambda a: a["norm_group"] > 0 and a["d_inner"] % a["norm_group"] == 0),
+    ),
+)
+
+
+register(MAMBA2)

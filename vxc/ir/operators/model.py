@@ -1,0 +1,34 @@
+"""Norm, embedding and head declarations."""
+
+from __future__ import annotations
+
+from ..roles import Role
+from . import RoleSpec, OperatorDecl, attr, register
+
+RMSNORM = OperatorDecl(
+    kind="rmsnorm",
+    slot="norm",
+    doc="x·rsqrt(mean(x²)+eps)·w, or ·(1+w) when zero_centred; computed in fp32",
+    attrs=(attr("dim", "int"), attr("eps", "float"), attr("zero_centred", "bool")),
+    roles=(RoleSpec(None, lambda a: (a["dim"],)),),
+)
+
+EMBEDDING = OperatorDecl(
+    kind="embedding",
+    slot="embedding",
+    doc="token embedding table; rows beyond the logical vocab are padding",
+    attrs=(attr("vocab", "int"), attr("padded_vocab", "int"), attr("dim", "int")),
+    roles=(RoleSpec(Role.Embedding, lambda a: (a["padded_vocab"], a["dim"])),),
+    rules=(("padded_vocab must be >= vocab", lambda a: a["padded_vocab"] >= a["vocab"]),),
+)
+
+HEAD = OperatorDecl(
+    kind="head",
+    slot="head",
+    doc="logits = h·Wᵀ over the padded vocab; W is the embedding table when tied",
+    attrs=(attr("tied", "bool"), attr("padded_vocab", "int"), attr("dim", "int")),
+    roles=(RoleSpec(Role.LmHead, lambda a: (a["padded_vocab"], a["dim"]), unless="tied"),),
+)
+
+
+register(RMSNORM, EMBEDDING, HEAD)

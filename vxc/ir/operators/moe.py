@@ -1,0 +1,74 @@
+"""The ``moe`` FFN: a router and a bank of SwiGLU-style experts, optional shared experts.
+
+Router variants (``router``):
+- ``softmax_topk``: softmax over all experts (fp32) → top-k → renormalise iff ``norm_topk_prob``;
+- ``sigmoid_grouped``: sigmoid scores; experts *chosen* on score + MoeRouterSelectionBias (when
+  ``selection_bias``) with grouped top-k (``n_group``/``topk_group``); weights are the unbiased
+  scores, renormalised iff ``norm_topk_prob``, × ``routed_scaling``;
+- ``topk_softmax``: top-k on logits (+ MoeRouterBias when ``router_bias``), softmax over the chosen.
+Expert layouts (``expert_layout``): ``separate`` binds PerExpertGate/Up/Down banks [E,I,d],[E,I,d],[E,d,I];
+``fused_interleaved`` binds ExpertGateUp [E,2I,d] (gate = even rows, up = odd) and ExpertDown [E,d,I],
+with their biases when ``expert_bias``. Encoded (e.g. MXFP4) expert weights are encoded operands.
+"""
+
+from __future__ import annotations
+
+from ..roles import Role
+from . import Attrs, OperatorDecl, RoleSpec, attr, register
+
+
+def _e(a: Attrs) -> int:
+    return a["experts"]
+
+
+MOE = OperatorDecl(
+    kind="moe",
+    slot="ffn",
+    surfaces=("ffn", "moe"),
+    doc="router → top-k experts (SwiGLU or clamped GLU) → weighted sum; + shared experts (optionally gated by σ(x·w))",
+    attrs=(
+        attr("d_model", "int"),
+        attr("experts", "int"),
+        attr("top_k", "int"),
+        attr("intermediate", "int", doc="per-expert intermediate width"),
+        attr("router", "enum", "softmax_topk", "sigmoid_grouped", "topk_softmax"),
+        attr("norm_topk_prob", "bool"),
+        attr("routed_scaling", "float"),
+        attr("n_group", "int"),
+        attr("topk_group", "int"),
+        attr("router_bias", "bool"),
+        attr("selection_bias", "bool"),
+        attr("expert_layout", "enum", "separate", "fused_interleaved"),
+        attr("expert_bias", "bool"),
+        attr("act", "enum", "silu", "clamped_glu"),
+        attr("glu_alpha", "float", optional=True),
+        attr("glu_limit", "float", optional=True),
+        attr("shared_experts", "bool"),
+        attr("shared_intermediate", "int", doc="0 when shared_experts is false"),
+        attr("shared_gate", "bool", doc="shared-expert branch scaled by σ(x·SharedExpertBranchGate)"),
+    ),
+    roles=(
+        RoleSpec(Role.MoeRouterWeight, lambda a: (_e(a), a["d_model"])),
+        RoleSpec(Role.MoeRouterBias, lambda a: (_e(a),), when="router_bias"),
+        RoleSpec(Role.MoeRouterSelectionBias, lambda a: (_e(a),), when="selection_bias"),
+        RoleSpec(Role.PerExpertGate, lambda a: (_e(a), a["intermediate"], a["d_model"]), when="expert_layout=separate"),
+        RoleSpec(Role.PerExpertUp, lambda a: (_e(a), a["intermediate"], a["d_model"]), when="expert_layout=separate"),
+        RoleSpec(Role.PerExpertDown, lambda a: (_e(a), a["d_model"], a["intermediate"]), when="expert_layout=separate"),
+        RoleSpec(Role.ExpertGateUp, lambda a: (_e(a), 2 * a["intermediate"], a["d_model"]), when="expert_layout=fused_interleaved"),
+        RoleSpec(Role.ExpertDown, lambda a: (_e(a), a["d_model"], a["intermediate"]), when="expert_layout=fused_interleaved"),
+        RoleSpec(Role.ExpertGateUpBias, lambda a: (_e(a), 2 * a["intermediate"]), when="expert_bias"),
+        RoleSpec(Role.ExpertDownBias, lambda a: (_e(a), a["d_model"]), when="expert_bias"),
+        RoleSpec(Role.SharedExpertGate, lambda a: (a["shared_intermediate"], a["d_model"]), when="shared_experts"),
+        RoleSpec(Role.SharedExpertUp, lambda a: (a["shared_intermediate"], a["d_model"]), when="shared_experts"),
+        RoleSpec(Role.SharedExpertDown, lambda a: (a["d_model"], a["shared_intermediate"]), when="shared_experts"),
+        RoleSpec(Role.SharedExpertBranchGate, lambda a: (1, a["d_model"]), when="shared_gate"),
+    ),
+    rules=(
+        ("top_k must be between 1 and experts", lambda a: 1 <= a["top_k"] <= a["experts"]),
+        ("shared_intermediate must be > 0 exactly when shared_experts", lambda a: (a["shared_intermediate"] > 0) == a["shared_experts"]),
+        ("n_group must divide experts and topk_group ≤ n_group", lambda a: a["n_group"] >= 1 and a["experts"] % a["n_group"] == 0 and 1 <= a["topk_group"] <= a["n_group"]),
+        ("clamped_glu needs glu_alpha and glu_limit", lambda a: a["act"] != "clamped_glu" or ("glu_alpha" in a and "glu_limit" in a)),
+    ),
+)
+
+register(MOE)

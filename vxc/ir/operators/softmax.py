@@ -1,0 +1,62 @@
+"""The ``softmax`` attention mixer declaration."""
+
+from __future__ import annotations
+
+from ..roles import Role
+from . import RegionSpec, RoleSpec, OperatorDecl, attr, register
+
+from .rotary import ROTARY_ATTRS
+
+SOFTMAX = OperatorDecl(
+    kind="softmax",
+    slot="mixer",
+    surfaces=("attention",),
+    doc="softmax attention: q/k/v projections (+biases), optional per-head q/k RMSNorm, rotary, causal GQA softmax, o projection",
+    attrs=(
+        attr("d_model", "int"),
+        attr("heads", "int"),
+        attr("kv_heads", "int"),
+        attr("head_dim", "int"),
+        attr("q_bias", "bool"),
+        attr("k_bias", "bool"),
+        attr("v_bias", "bool"),
+        attr("o_bias", "bool"),
+        attr("qk_norm", "bool"),
+        attr("qk_norm_eps", "float", optional=True),
+        attr("qk_norm_zero_centred", "bool", optional=True),
+        attr("sinks", "bool"),
+        attr("output_gate", "bool"),
+        attr("window", "int", doc="sliding window in positions (0 = full causal)"),
+        attr("scale", "float"),
+        *ROTARY_ATTRS,
+    ),
+    roles=(
+        RoleSpec(Role.AttnQ, lambda a: (a["heads"] * a["head_dim"], a["d_model"])),
+        RoleSpec(Role.AttnK, lambda a: (a["kv_heads"] * a["head_dim"], a["d_model"])),
+        RoleSpec(Role.AttnV, lambda a: (a["kv_heads"] * a["head_dim"], a["d_model"])),
+        RoleSpec(Role.AttnO, lambda a: (a["d_model"], a["heads"] * a["head_dim"])),
+        RoleSpec(Role.AttnQBias, lambda a: (a["heads"] * a["head_dim"],), when="q_bias"),
+        RoleSpec(Role.AttnKBias, lambda a: (a["kv_heads"] * a["head_dim"],), when="k_bias"),
+        RoleSpec(Role.AttnVBias, lambda a: (a["kv_heads"] * a["head_dim"],), when="v_bias"),
+        RoleSpec(Role.AttnOBias, lambda a: (a["d_model"],), when="o_bias"),
+        RoleSpec(Role.AttnQNorm, lambda a: (a["head_dim"],), when="qk_norm"),
+        RoleSpec(Role.AttnKNorm, lambda a: (a["head_dim"],), when="qk_norm"),
+        RoleSpec(Role.AttnSinks, lambda a: (a["heads"],), when="sinks"),
+        RoleSpec(Role.AttnOutputGate, lambda a: (a["heads"] * a["head_dim"], a["d_model"]), when="output_gate"),
+    ),
+    regions=(
+        RegionSpec(
+            "kv", "kv_rows", lambda a: (2, a["kv_heads"], a["head_dim"]), "compute", "per_token",
+            window=lambda a: a["window"],
+        ),
+    ),
+    rules=(
+        ("heads must be a multiple of kv_heads", lambda a: a["heads"] % a["kv_heads"] == 0),
+        ("rotary_dim must be even and at most head_dim", lambda a: a["rotary_dim"] % 2 == 0 and a["rotary_dim"] <= a["head_dim"]),
+        ("qk_norm needs qk_norm_eps and qk_norm_zero_centred", lambda a: not a["qk_norm"] or ("qk_norm_eps" in a and "qk_norm_zero_centred" in a)),
+        ("window must be >= 0", lambda a: a["window"] >= 0),
+    ),
+)
+
+
+register(SOFTMAX)
