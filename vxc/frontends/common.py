@@ -186,6 +186,8 @@ class Builder:
             self.tensors.append(Tensor(sym, st.dtype, st.shape, key, file=st.file))
         self.operands: list[Operand] = []
         self._osyms: set[str] = set()
+        self._banked: set[str] = set()  # keys folded into a bank entry
+        self._banks: list[Tensor] = []
 
     def has(self, key: str) -> bool:
         return key in self.ckpt.tensors
@@ -226,9 +228,68 @@ class Builder:
         xs = [] if st.shape == shape or math.prod(st.shape) != math.prod(shape) else [Transform("reshape", shape=shape)]
         return self.bind(key, role, layer, xs)
 
+    def bank(self, template: str, experts: int) -> str | None:
+        """Fold per-expert keys ``template.format(e=0..experts-1)`` into one bank tensor entry.
+
+        Returns the bank's tensor symbol, or None when any expert's key is missing or the
+        experts disagree in dtype/shape (then the keys stay individual, and closure names them).
+        """
+        keys = [template.replace("{e}", str(e)) for e in range(experts)]
+        st = [self.ckpt.tensors.get(k) for k in keys]
+        if any(x is None for x in st) or len({(x.dtype, x.shape) for x in st}) != 1:
+            return None
+        parts: list[BankPart] = []
+        for e, x in enumerate(st):
+            if parts and parts[-1].file == x.file and parts[-1].last == e - 1:
+                parts[-1].last = e
+            else:
+                parts.append(BankPart(x.file, e, e))
+        sym = f"b{len(self._banks)}"
+        self._banks.append(Tensor(sym, st[0].dtype, st[0].shape, template, experts=experts, parts=parts))
+        self._banked.update(keys)
+        self._tsym[template] = sym
+        return sym
+
+    def bind_bank(self, template: str, experts: int, role: Role, layer: int | None,
+                  transforms: list[Transform] | None = None) -> bool:
+        """Bind a role for all experts at once to a templated family of per-expert keys."""
+        sym = self._tsym.get(template) or self.bank(template, experts)
+        if sym is None:
+            return False
+        t = next(b for b in self._banks if b.sym == sym)
+        xs = list(transforms or [])
+        try:
+            shape = view_shape(t.stored_shape, xs)
+        except ViewError:
+            shape, xs = t.stored_shape, []
+        self.operands.append(Operand(self._sym(layer, role), t.dtype, shape, [sym], role, layer, transforms=xs))
+        return True
+
+    def bind_encoded(self, encoding: str, parts: dict[str, str], role: Role, layer: int | None,
+                     transforms: list[Transform] | None = None) -> bool:
+        """Bind a role to an encoded operand made of several stored tensors (e.g. mxfp4 blocks + scales)."""
+        from ..ir.views import encoded_shape
+
+        syms, shapes = [], {}
+        for name, key in parts.items():
+            if key not in self._tsym:
+                return False
+            syms.append(self._tsym[key])
+            shapes[name] = self.ckpt.tensors[key].shape if key in self.ckpt.tensors else None
+        xs = list(transforms or [])
+        try:
+            shape = view_shape(encoded_shape(encoding, shapes), xs)
+        except (ViewError, TypeError, KeyError):
+            shape, xs = self.ckpt.tensors[next(iter(parts.values()))].shape, []
+        dtype = "bf16"  # decoded precision of the encoded weights
+        self.operands.append(Operand(self._sym(layer, role), dtype, shape, syms, role, layer, encoding=encoding,
+                                     part_names=list(parts), transforms=xs))
+        return True
+
     def module(self, name: str, compute: str, embedding: Op, layers: list[Layer], final_norm: Op, head: Op) -> Module:
+        tensors = [t for t in self.tensors if t.key not in self._banked] + self._banks
         return Module(
-            name=name, source=self.source, compute=compute, files=self.ckpt.files, tensors=self.tensors,
+            name=name, source=self.source, compute=compute, files=self.ckpt.files, tensors=tensors,
             operands=self.operands, embedding=embedding, layers=layers, final_norm=final_norm, head=head,
             facts=self.facts, index=self.ckpt.index,
         )
