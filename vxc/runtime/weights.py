@@ -44,18 +44,32 @@ class MappedFile:
             raise WeightError(f"weights file {path}: header sha256 differs from the IR's; refusing to run on a different checkpoint")
         self.header = json.loads(blob)
         self.data_start = 8 + n
+        self.path = path
         self.bytes = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)  # private mmap, paged lazily
 
-    def tensor(self, key: str) -> torch.Tensor:
+    def _entry(self, key: str):
         e = self.header.get(key)
         if e is None:
             raise WeightError(f"tensor {key!r} is not in this file")
-        a, b = e["data_offsets"]
         from ..ir.module import SAFETENSORS_DTYPES
 
-        dt = TORCH_DTYPES[SAFETENSORS_DTYPES[e["dtype"]]]
+        return e["data_offsets"], TORCH_DTYPES[SAFETENSORS_DTYPES[e["dtype"]]], e["shape"]
+
+    def tensor(self, key: str) -> torch.Tensor:
+        """A zero-copy view of the mapping."""
+        (a, b), dt, shape = self._entry(key)
         raw = self.bytes[self.data_start + a:self.data_start + b]
-        return raw.view(dt).reshape(e["shape"]) if b > a else torch.empty(e["shape"], dtype=dt)
+        return raw.view(dt).reshape(shape) if b > a else torch.empty(shape, dtype=dt)
+
+    def read(self, key: str) -> torch.Tensor:
+        """A private copy read with plain file I/O (used when the tensor is converted anyway, so the
+        mapping's pages never become resident and peak memory stays at the converted size)."""
+        (a, b), dt, shape = self._entry(key)
+        buf = torch.empty(b - a, dtype=torch.uint8)
+        with open(self.path, "rb") as f:
+            f.seek(self.data_start + a)
+            f.readinto(memoryview(buf.numpy()))
+        return buf.view(dt).reshape(shape) if b > a else torch.empty(shape, dtype=dt)
 
 
 class Weights:
@@ -64,19 +78,22 @@ class Weights:
         self.files = {f.sym: MappedFile(model_dir / f.path, f.size, f.header_sha256, f.sym) for f in m.files}
         self.tensors = m.tensor_table()
 
-    def stored(self, sym: str) -> torch.Tensor:
+    def stored(self, sym: str, copy: bool = False) -> torch.Tensor:
         from .views import stack_bank
 
         t = self.tensors[sym]
+        get = (lambda f, k: self.files[f].read(k)) if copy else (lambda f, k: self.files[f].tensor(k))
         if not t.is_bank:
-            return self.files[t.file].tensor(t.key)
-        return stack_bank([self.files[f].tensor(k) for f, k in t.keys()])
+            return get(t.file, t.key)
+        return stack_bank([get(f, k) for f, k in t.keys()])
 
     def operand(self, o: Operand, dtype: torch.dtype | None, device: torch.device | str) -> torch.Tensor:
         from .views import apply_view, decode_mxfp4
 
         if o.encoding is None:
-            x = self.stored(o.sources[0])
+            src = self.tensors[o.sources[0]]
+            converts = dtype is not None and src.dtype != _ir_dtype(dtype) and src.dtype.startswith(("f", "bf"))
+            x = self.stored(o.sources[0], copy=converts or str(device) != "cpu")
         elif o.encoding == "mxfp4":
             parts = dict(zip(o.part_names, (self.stored(s) for s in o.sources)))
             x = decode_mxfp4(parts["blocks"], parts["scales"], dtype or torch.bfloat16)
@@ -92,3 +109,10 @@ class Weights:
 
     def nbytes(self) -> int:
         return sum(math.prod(t.stored_shape) for t in self.tensors.values())
+
+
+def _ir_dtype(dt: torch.dtype) -> str:
+    for name, t in TORCH_DTYPES.items():
+        if t == dt:
+            return name
+    return str(dt)
