@@ -9,6 +9,7 @@ placement) — is an :class:`IRSyntaxError` naming file:line:col with a caret.
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -52,7 +53,10 @@ def _dtype(tok: Token) -> str:
 
 
 def _str(tok: Token) -> str:
-    return json.loads(str(tok))
+    try:
+        return json.loads(str(tok))
+    except json.JSONDecodeError as e:  # a raw control character, a bad escape
+        raise _Semantic(tok, f"invalid string literal: {e.msg}") from None
 
 
 class _Build(Transformer):
@@ -88,7 +92,7 @@ class _Build(Transformer):
 
     def attr(self, c):
         name, value, default = c
-        return (str(name), value, default is not None)
+        return (name, value, default is not None)  # the name token: a duplicate is reported at it
 
     # header / provenance
     def header(self, c):
@@ -162,9 +166,10 @@ class _Build(Transformer):
     # operators
     def _op(self, kind_tok, attrs, role=None) -> Op:
         a, d = {}, set()
-        for name, value, is_default in attrs:
+        for name_tok, value, is_default in attrs:
+            name = str(name_tok)
             if name in a:
-                raise _Semantic(kind_tok, f"attribute {name} given twice")
+                raise _Semantic(name_tok, f"attribute {name} given twice")
             a[name] = value
             if is_default:
                 d.add(name)
@@ -270,22 +275,37 @@ def _describe_unexpected(e: UnexpectedInput) -> str:
     return str(e)
 
 
+# Characters str.splitlines() breaks on but lark does not count as new lines
+# (it counts "\n" only); a lone "\r" is one of them, "\r\n" is not.
+_OTHER_LINE_BREAKS = re.compile("\r(?!\n)|[\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def _error(filename: str, text: str, line: int, col: int, message: str) -> IRSyntaxError:
+    # IRSyntaxError picks the source line with splitlines(); blank out the other
+    # line breaks (one character each, so columns stay) to show lark's line
+    return IRSyntaxError(filename, _OTHER_LINE_BREAKS.sub("\ufffd", text), line, col, message)
+
+
 def parse(text: str, filename: str = "<input>") -> Module:
     try:
         tree = _parser().parse(text)
     except UnexpectedInput as e:
         line = getattr(e, "line", 0)
         col = getattr(e, "column", 0)
-        if isinstance(e, (UnexpectedEOF,)) or line in (-1, 0, None):
-            lines = text.splitlines() or [""]
+        tok = getattr(e, "token", None)
+        if isinstance(e, UnexpectedToken) and tok.type == "$END" and tok.end_line is not None:
+            # lark places $END at the last token's start; point just past that token instead
+            line, col = tok.end_line, tok.end_column
+        elif isinstance(e, (UnexpectedEOF,)) or line in (-1, 0, None):
+            lines = text.split("\n")
             line, col = len(lines), len(lines[-1]) + 1
-        raise IRSyntaxError(filename, text, line, col, _describe_unexpected(e)) from None
+        raise _error(filename, text, line, col, _describe_unexpected(e)) from None
     try:
         return _Build(filename).transform(tree)
     except VisitError as e:
         orig = e.orig_exc
         if isinstance(orig, _Semantic):
-            raise IRSyntaxError(filename, text, orig.line, orig.col, orig.message) from None
+            raise _error(filename, text, orig.line, orig.col, orig.message) from None
         raise
 
 

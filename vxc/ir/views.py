@@ -1,41 +1,216 @@
-"""Provisional view algebra (shape only); the full version replaces this."""
+"""The binding model's view algebra: shapes only, pure Python (no torch).
+
+An operand is a declared view of stored tensors (VINDEX3.md, "Binding"): an
+optional decoding of several stored parts into one logical tensor, then a
+chain of transforms applied in order. This module computes the shape every
+step produces and refuses, with :class:`ViewError`, a step that does not
+apply. ``vxc.runtime.views`` applies the same steps to tensors; both follow
+the semantics written here.
+
+Transforms (``vxc.ir.module.Transform``; dims are 0-based and never negative):
+
+``slice dim [a:b]``
+    keep indices ``a .. b-1`` of ``dim``; needs ``0 <= a < b <= size``.
+``gather dim groups G [a0:b0, a1:b1, …]``
+    view ``dim`` (size ``G*S``) as ``[G, S]``; for each take in order collect
+    rows ``[a:b)`` of every group, group-major inside a take (group 0's rows,
+    then group 1's, …), and concatenate the takes. Result size
+    ``G * Σ(b-a)``. Needs ``G >= 1``, ``size % G == 0``, at least one take and
+    ``0 <= a < b <= S`` for each. Takes may overlap or repeat.
+    Examples: a fused per-key-head ``q|k|v|z`` block of ``Hk`` heads is
+    ``gather 0 groups Hk [0:Dk, Dk:2Dk, 2Dk:2Dk+rDv]`` for q|k|v of all heads;
+    the even columns of an interleaved gate/up ``[.., 2I]`` are
+    ``gather 1 groups I [0:1]``, the odd ones ``[1:2]``.
+``reshape [d0, d1, …]``
+    same elements, new shape; one entry may be ``-1`` (inferred), the others
+    must be positive.
+``transpose d1 d2``
+    swap two dims (``d1 == d2`` is the identity).
+
+Encodings (``Operand.encoding``) turn stored parts into one logical tensor:
+
+``mxfp4`` (parts ``blocks``, ``scales``)
+    ``blocks`` u8 ``[..., out, G, 16]`` (32 FP4 values per block, two per
+    byte) and ``scales`` u8 ``[..., out, G]`` (one E8M0 exponent per block)
+    decode to ``[..., out, G*32]``.
+"""
 
 from __future__ import annotations
 
-import math
+from typing import Mapping, Sequence
+
+from .module import Operand, Tensor, Transform
+
+Shape = tuple[int, ...]
+
+TRANSFORM_KINDS = ("slice", "gather", "reshape", "transpose")
+
+# encoding -> its parts, in the order an unnamed sequence of part shapes gives them
+ENCODINGS: dict[str, tuple[str, ...]] = {"mxfp4": ("blocks", "scales")}
+MXFP4_BLOCK = 32  # FP4 values per scale
+MXFP4_BLOCK_BYTES = 16  # two values per byte
 
 
 class ViewError(ValueError):
-    pass
+    """A declared view does not apply to the shape it is applied to."""
 
 
-def view_shape(stored, transforms):
-    shape = list(stored)
-    for t in transforms:
-        if t.kind == "slice":
-            if not (0 <= t.start < t.stop <= shape[t.dim]):
-                raise ViewError(f"slice {t.dim} [{t.start}:{t.stop}] out of bounds for {shape}")
-            shape[t.dim] = t.stop - t.start
-        elif t.kind == "gather":
-            n = shape[t.dim]
-            if n % t.groups:
-                raise ViewError(f"gather: dim {t.dim} of size {n} is not divisible by {t.groups} groups")
-            size = n // t.groups
-            for a, b in t.takes:
-                if not (0 <= a < b <= size):
-                    raise ViewError(f"gather: take {a}:{b} outside group size {size}")
-            shape[t.dim] = t.groups * sum(b - a for a, b in t.takes)
-        elif t.kind == "reshape":
-            if math.prod(t.shape) != math.prod(shape):
-                raise ViewError(f"reshape {list(t.shape)} of {shape}: element counts differ")
-            shape = list(t.shape)
-        elif t.kind == "transpose":
-            shape[t.dim], shape[t.dim2] = shape[t.dim2], shape[t.dim]
-    return tuple(shape)
+def _fmt_shape(shape: Sequence[int]) -> str:
+    return "[" + ",".join(str(s) for s in shape) + "]"
 
 
-def encoded_shape(encoding, parts):
-    if encoding != "mxfp4":
-        raise ViewError(f"unknown encoding {encoding}")
-    b = parts["blocks"]
-    return tuple(b[:-2]) + (b[-2] * b[-1] * 2,)
+def describe(t: Transform) -> str:
+    """The transform as the IR writes it (without the leading ``|``)."""
+    if t.kind == "slice":
+        return f"slice {t.dim} [{t.start}:{t.stop}]"
+    if t.kind == "gather":
+        return f"gather {t.dim} groups {t.groups} [" + ", ".join(f"{a}:{b}" for a, b in t.takes) + "]"
+    if t.kind == "reshape":
+        return f"reshape {_fmt_shape(t.shape)}"
+    if t.kind == "transpose":
+        return f"transpose {t.dim} {t.dim2}"
+    return f"{t.kind} (unknown transform)"
+
+
+def _check_shape(shape: Sequence[int], what: str) -> Shape:
+    out = tuple(shape)
+    for s in out:
+        if not isinstance(s, int) or isinstance(s, bool) or s < 0:
+            raise ViewError(f"{what} {_fmt_shape(out)}: dims must be non-negative ints")
+    return out
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _check_dim(dim: int, shape: Shape, name: str = "dim") -> None:
+    if not isinstance(dim, int) or isinstance(dim, bool) or not 0 <= dim < len(shape):
+        raise ViewError(f"{name} {dim} is out of range for rank {len(shape)}")
+
+
+def reshape_target(shape: Shape, target: Sequence[int]) -> Shape:
+    """The concrete shape ``reshape target`` gives a tensor of ``shape`` (``-1`` resolved)."""
+    target = tuple(target)
+    if sum(1 for s in target if s == -1) > 1:
+        raise ViewError("at most one reshape dim may be -1")
+    for s in target:
+        if not isinstance(s, int) or isinstance(s, bool) or (s != -1 and s < 1):
+            raise ViewError(f"reshape dims must be positive ints or a single -1, not {s!r}")
+    n = _numel(shape)
+    known = _numel(s for s in target if s != -1)
+    if -1 in target:
+        if n % known:
+            raise ViewError(f"cannot infer the -1 dim: {n} elements are not a multiple of {known}")
+        target = tuple(n // known if s == -1 else s for s in target)
+    elif known != n:
+        raise ViewError(f"element count differs: {n} elements cannot be viewed as {known}")
+    return target
+
+
+def transform_shape(shape: Shape, t: Transform) -> Shape:
+    """The shape one transform produces from ``shape`` (unlabelled ViewError if it does not apply)."""
+    if t.kind == "slice":
+        _check_dim(t.dim, shape)
+        size = shape[t.dim]
+        if not (0 <= t.start < t.stop):
+            raise ViewError(f"slice needs 0 <= start < stop, got [{t.start}:{t.stop}]")
+        if t.stop > size:
+            raise ViewError(f"stop {t.stop} exceeds dim {t.dim} of size {size}")
+        return shape[: t.dim] + (t.stop - t.start,) + shape[t.dim + 1:]
+    if t.kind == "gather":
+        _check_dim(t.dim, shape)
+        size = shape[t.dim]
+        if not isinstance(t.groups, int) or t.groups < 1:
+            raise ViewError(f"groups must be >= 1, got {t.groups}")
+        if size % t.groups:
+            raise ViewError(f"dim {t.dim} of size {size} is not divisible by {t.groups} groups")
+        if not t.takes:
+            raise ViewError("gather needs at least one take")
+        group = size // t.groups
+        rows = 0
+        for a, b in t.takes:
+            if not (0 <= a < b):
+                raise ViewError(f"take [{a}:{b}] is empty or negative (needs 0 <= start < stop)")
+            if b > group:
+                raise ViewError(f"take [{a}:{b}] exceeds the group size {group} ({size} / {t.groups} groups)")
+            rows += b - a
+        return shape[: t.dim] + (t.groups * rows,) + shape[t.dim + 1:]
+    if t.kind == "reshape":
+        return reshape_target(shape, t.shape)
+    if t.kind == "transpose":
+        _check_dim(t.dim, shape, "dim")
+        _check_dim(t.dim2, shape, "dim2")
+        out = list(shape)
+        out[t.dim], out[t.dim2] = out[t.dim2], out[t.dim]
+        return tuple(out)
+    raise ViewError(f"unknown transform kind {t.kind!r} (known: {', '.join(TRANSFORM_KINDS)})")
+
+
+def view_shape(stored_shape: Sequence[int], transforms: Sequence[Transform]) -> Shape:
+    """The shape of ``stored_shape`` seen through ``transforms``, applied in order.
+
+    Raises :class:`ViewError` naming the failing transform, its position in
+    the chain and the shape it met.
+    """
+    shape = _check_shape(stored_shape, "stored shape")
+    for i, t in enumerate(transforms):
+        try:
+            shape = transform_shape(shape, t)
+        except ViewError as e:
+            raise ViewError(f"transform {i} ({describe(t)}) on shape {_fmt_shape(shape)}: {e}") from None
+    return shape
+
+
+def encoded_shape(encoding: str, part_shapes: Mapping[str, Sequence[int]] | Sequence[Sequence[int]]) -> Shape:
+    """The logical shape an encoded operand decodes to.
+
+    ``part_shapes`` maps part name to stored shape, or lists the shapes in
+    the encoding's part order (:data:`ENCODINGS`).
+    """
+    if encoding not in ENCODINGS:
+        raise ViewError(f"unknown encoding {encoding!r} (known: {', '.join(ENCODINGS)})")
+    names = ENCODINGS[encoding]
+    if isinstance(part_shapes, Mapping):
+        if set(part_shapes) != set(names):
+            raise ViewError(f"{encoding} needs parts {', '.join(names)}, got {', '.join(part_shapes) or 'none'}")
+        parts = {n: _check_shape(part_shapes[n], f"{encoding} {n}") for n in names}
+    else:
+        if len(part_shapes) != len(names):
+            raise ViewError(f"{encoding} needs {len(names)} parts ({', '.join(names)}), got {len(part_shapes)}")
+        parts = {n: _check_shape(s, f"{encoding} {n}") for n, s in zip(names, part_shapes)}
+    # only mxfp4 so far
+    blocks, scales = parts["blocks"], parts["scales"]
+    if len(blocks) < 3:
+        raise ViewError(f"mxfp4 blocks {_fmt_shape(blocks)} must be [..., out, blocks, {MXFP4_BLOCK_BYTES}]")
+    if blocks[-1] != MXFP4_BLOCK_BYTES:
+        raise ViewError(f"mxfp4 blocks {_fmt_shape(blocks)}: last dim must be {MXFP4_BLOCK_BYTES} bytes (32 FP4 values)")
+    if scales != blocks[:-1]:
+        raise ViewError(f"mxfp4 scales {_fmt_shape(scales)} must be {_fmt_shape(blocks[:-1])} (one per block of blocks {_fmt_shape(blocks)})")
+    return blocks[:-2] + (blocks[-2] * MXFP4_BLOCK,)
+
+
+def operand_shape(operand: Operand, tensors: Mapping[str, Tensor]) -> Shape:
+    """The shape an operand's declared view produces from its stored tensors.
+
+    Stored shapes are :attr:`Tensor.stored_shape` (a bank is ``[experts, …]``);
+    an encoded operand is decoded first, then its transforms apply.
+    """
+    missing = [s for s in operand.sources if s not in tensors]
+    if missing:
+        raise ViewError(f"operand %{operand.sym}: unknown tensor {', '.join('$' + s for s in missing)}")
+    try:
+        if operand.encoding is None:
+            if len(operand.sources) != 1:
+                raise ViewError(f"{len(operand.sources)} sources but no encoding")
+            base = tensors[operand.sources[0]].stored_shape
+        else:
+            if len(operand.part_names) != len(operand.sources):
+                raise ViewError(f"parts {operand.part_names} do not match sources {operand.sources}")
+            base = encoded_shape(operand.encoding, {n: tensors[s].stored_shape for n, s in zip(operand.part_names, operand.sources)})
+        return view_shape(base, operand.transforms)
+    except ViewError as e:
+        raise ViewError(f"operand %{operand.sym}: {e}") from None
