@@ -272,7 +272,7 @@ def lower_oute(model_dir: Path, cfg: dict, sha: str, relative_to: Path | None) -
             raise FrontendError(f"{where}: attention_layers_idx given but num_attention_heads missing")
         if cfg.get("rope_scaling"):
             raise FrontendError(f"{where}: rope_scaling={cfg['rope_scaling']!r} is not supported")
-        mfilled = set()
+        mfilled = {"causal"}  # the dialect has no causal key: a decoder's MHA is causal, a filled-in fact
         for k in list(m):
             if m[k] is None and k in MHA_DEFAULTS:
                 m[k] = MHA_DEFAULTS[k]
