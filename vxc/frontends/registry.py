@@ -67,5 +67,10 @@ def lower(model_dir: str | Path, relative_to: Path | None = None) -> Module:
     """Lower a model directory to an (unverified) Module."""
     model_dir = Path(model_dir)
     cfg, sha = read_config(model_dir)
-    _, fn = resolve(cfg)
-    return fn(model_dir, cfg, sha, relative_to)
+    name, fn = resolve(cfg)
+    try:
+        return fn(model_dir, cfg, sha, relative_to)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        # a config value of the wrong type or form (e.g. "n_layer": "48"): one clear message, not a traceback
+        raise FrontendError(f"{model_dir}/config.json: the {name} frontend cannot read this config "
+                            f"({type(e).__name__}: {e})") from None
