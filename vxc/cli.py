@@ -19,11 +19,11 @@ from .passes.findings import Refusal
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="vxc: compile LLM architectures via the VINDEX3 IR")
 
 
-def _fail(message: str, code: int = 1, as_json: bool = False) -> None:
+def _fail(message: str, code: int = 1, as_json: bool = False, prefix: str = "error: ") -> None:
     if as_json:
         print(json.dumps({"error": message}))
     else:
-        print(f"error: {message}", file=sys.stderr)
+        print(f"{prefix}{message}", file=sys.stderr)
     raise typer.Exit(code)
 
 
@@ -40,8 +40,8 @@ def _guard(fn, as_json: bool = False):
         return fn()
     except Refusal as r:
         _refused(r, as_json)
-    except IRSyntaxError as e:
-        _fail(str(e), 1, as_json)
+    except IRSyntaxError as e:  # already "file:line:col: error: …" + the line + a caret
+        _fail(str(e), 1, as_json, prefix="")
     except VxcError as e:
         _fail(str(e), 1, as_json)
     except OSError as e:
