@@ -1,0 +1,1 @@
+"""vxc code generation: IR → torch.fx graphs calling ``torch.ops.vxc.*`` kernels."""

@@ -1,0 +1,16 @@
+"""vxc's kernel library: each kernel is one ``torch.ops.vxc.<name>`` operator.
+
+Importing this package registers the operators. Every operator has a torch twin (``torch_impl``: the CPU
+path and the test oracle) and a Triton implementation (``triton_impl``); ``set_backend`` / ``backend`` choose
+between them (see ``dispatch``). Shapes omit the batch, which is always 1: sequences are ``[T, ...]``.
+
+Operators: add_rmsnorm, gated_rmsnorm, conv1d_prefill, conv1d_step, ssd_prefill, ssd_step, rotary,
+attention, linear, swiglu, embedding.
+"""
+
+from . import ops, torch_impl, triton_impl
+from . import delta  # noqa: F401,E402  (vxc::gated_delta_prefill/step, vxc::sigmoid_gate_mul)
+from . import kda, mla  # noqa: F401,E402  (vxc::kda_prefill/step, vxc::mla_prefill/decode)
+from .dispatch import BACKENDS, backend, get_backend, set_backend
+
+__all__ = ["BACKENDS", "backend", "get_backend", "ops", "set_backend", "torch_impl", "triton_impl"]

@@ -1,0 +1,52 @@
+"""Which implementation a ``torch.ops.vxc`` op runs: the backend switch.
+
+``"auto"`` (the default) runs Triton on CUDA tensors and the torch twins on CPU tensors; ``"triton"`` and
+``"torch"`` force one implementation for every tensor. Triton on CPU tensors needs Triton's interpreter:
+``TRITON_INTERPRET=1`` in the environment before triton (and so vxc.codegen.kernels) is first imported.
+"""
+
+import contextlib
+from collections.abc import Iterator
+from types import ModuleType
+
+from torch import Tensor
+
+from . import torch_impl, triton_impl
+
+BACKENDS = ("auto", "torch", "triton")
+
+_backend = "auto"
+
+
+def get_backend() -> str:
+    return _backend
+
+
+def set_backend(name: str) -> None:
+    global _backend
+    if name not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {name!r}; expected one of {BACKENDS}")
+    _backend = name
+
+
+@contextlib.contextmanager
+def backend(name: str) -> Iterator[None]:
+    """Run the body with the backend ``name``, restoring the previous one after."""
+    previous = get_backend()
+    set_backend(name)
+    try:
+        yield
+    finally:
+        set_backend(previous)
+
+
+def implementation(tensor: Tensor) -> ModuleType:
+    """The module (``torch_impl`` or ``triton_impl``) whose function an op called on ``tensor`` runs."""
+    if _backend == "torch" or (_backend == "auto" and not tensor.is_cuda):
+        return torch_impl
+    if not tensor.is_cuda and not triton_impl.INTERPRETED:
+        raise RuntimeError(
+            "the triton backend on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 before "
+            "triton is first imported"
+        )
+    return triton_impl

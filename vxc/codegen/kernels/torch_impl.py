@@ -1,0 +1,269 @@
+"""Pure-torch twins of the vxc kernels: the CPU path and the oracle the Triton kernels are tested against.
+
+Every function takes the same arguments as its ``torch.ops.vxc.<name>`` op, computes in fp32 and returns the
+input's dtype. Functions that mutate a state argument write it in place, cast to the state's own dtype.
+Shapes omit the batch (always 1): sequences are ``[T, ...]``.
+"""
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _activate(x: Tensor, activation: str) -> Tensor:
+    if activation == "silu":
+        return F.silu(x)
+    if activation == "sigmoid":
+        return torch.sigmoid(x)
+    if activation == "none":
+        return x
+    raise ValueError(f"unknown activation {activation!r}")
+
+
+def add_rmsnorm(
+    x: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float, zero_centred: bool, residual_fp32: bool
+) -> tuple[Tensor, Tensor]:
+    """``r = x + residual``; returns ``(rmsnorm(r) * w, r)``.
+
+    The norm reads ``r`` as stored (rounded to x.dtype unless residual_fp32). A zero-centred weight scales by
+    ``1 + w`` in fp32 before the one cast (Qwen3-Next, Gemma); a plain weight follows LlamaRMSNorm: cast the
+    normalised row to x.dtype, then multiply by ``w`` in x.dtype.
+    """
+    r = x.float() if residual is None else x.float() + residual.float()
+    new_residual = r.to(torch.float32 if residual_fp32 else x.dtype, copy=True)
+    r = new_residual.float()
+    normalised = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps)
+    if zero_centred:
+        normed = (normalised * (1.0 + weight.float())).to(x.dtype)
+    else:
+        normed = weight.to(x.dtype) * normalised.to(x.dtype)
+    return normed, new_residual
+
+
+def gated_rmsnorm(
+    x: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int, norm_before_gate: bool, act: str
+) -> Tensor:
+    """RMSNorm over each contiguous group of ``group_size`` channels, gated by ``act(z)``.
+
+    ``norm_before_gate``: ``rmsnorm(x) * w * act(z)``; otherwise ``rmsnorm(x * act(z)) * w``.
+    """
+    gate = _activate(z.float(), act)
+    h = x.float() if norm_before_gate else x.float() * gate
+    groups = h.unflatten(-1, (-1, group_size))
+    h = (groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + eps)).flatten(-2) * weight.float()
+    if norm_before_gate:
+        h = h * gate
+    return h.to(x.dtype)
+
+
+def conv1d_prefill(
+    x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str, conv_state: Tensor
+) -> Tensor:
+    """Causal depthwise conv over ``x [T, C]`` continuing the history in ``conv_state [C, K]``.
+
+    The inputs before ``x[0]`` are the last K-1 columns of conv_state; afterwards conv_state holds the K most
+    recent raw inputs, oldest first.
+    """
+    T, K = x.shape[0], weight.shape[1]
+    history = conv_state.float().T  # [K, C], oldest first
+    xx = torch.cat([history[1:], x.float()])  # [K-1+T, C]
+    w = weight.float()
+    y = sum(w[:, j] * xx[j : j + T] for j in range(K))
+    if bias is not None:
+        y = y + bias.float()
+    conv_state.copy_(torch.cat([history, x.float()])[-K:].T)
+    return _activate(y, activation).to(x.dtype)
+
+
+def conv1d_step(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str, conv_state: Tensor) -> Tensor:
+    """One token ``x [C]``: shift it into the history ``conv_state [C, K]``, then convolve the history."""
+    history = torch.cat([conv_state[:, 1:].float(), x.float()[:, None]], dim=1)
+    conv_state.copy_(history)
+    y = (history * weight.float()).sum(-1)
+    if bias is not None:
+        y = y + bias.float()
+    return _activate(y, activation).to(x.dtype)
+
+
+def _discretised_dt(dt: Tensor, dt_bias: Tensor, dt_min: float, dt_max: float) -> Tensor:
+    dt = F.softplus(dt.float() + dt_bias.float())
+    if not (dt_min == 0.0 and dt_max == math.inf):
+        dt = dt.clamp(dt_min, dt_max)
+    return dt
+
+
+def _per_head(groups: Tensor, heads: int) -> Tensor:
+    """``[..., G, N] -> [..., H, N]``: head h reads group ``h // (H // G)``."""
+    return groups.float().repeat_interleave(heads // groups.shape[-2], dim=-2)
+
+
+def _segment_sum(a: Tensor) -> Tensor:
+    """``[..., L] -> [..., L, L]``: ``out[i, j] = a[j+1] + ... + a[i]`` for j <= i, -inf above the diagonal.
+
+    Summing masked copies (rather than subtracting two cumulative sums) keeps the small sums exact.
+    """
+    L = a.shape[-1]
+    strictly_lower = torch.tril(torch.ones(L, L, dtype=torch.bool, device=a.device), diagonal=-1)
+    sums = a[..., :, None].expand(*a.shape, L).masked_fill(~strictly_lower, 0.0).cumsum(dim=-2)
+    lower = torch.tril(torch.ones(L, L, dtype=torch.bool, device=a.device))
+    return sums.masked_fill(~lower, -math.inf)
+
+
+def ssd_prefill(
+    x: Tensor,
+    dt: Tensor,
+    A_log: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor,
+    dt_bias: Tensor,
+    dt_min: float,
+    dt_max: float,
+    ssm_state: Tensor,
+    chunk_size: int,
+) -> Tensor:
+    """Mamba2 SSD over ``x [T, H, P]``, chunked.
+
+    The recurrence ``h_t = exp(dt_t A) h_{t-1} + dt_t x_t ⊗ B_t``, ``y_t = h_t C_t + D x_t``, computed per chunk:
+    each chunk (the last may be shorter) adds its intra-chunk term ``((C Bᵀ) ∘ L)(x·dt)``, ``L[i, j] =
+    exp(a[j+1] + ... + a[i])`` with ``a = dt·A``, to the decayed contribution of the state carried in, then
+    carries the state to its end. ``ssm_state [H, P, N]`` is the initial state and receives the final one.
+    """
+    T, H, _ = x.shape
+    x32 = x.float()
+    dt = _discretised_dt(dt, dt_bias, dt_min, dt_max)  # [T, H]
+    A = -torch.exp(A_log.float())
+    B, C = _per_head(B, H), _per_head(C, H)  # [T, H, N]
+    state = ssm_state.float()
+    y = torch.empty_like(x32)
+    for start in range(0, T, chunk_size):
+        chunk = slice(start, min(start + chunk_size, T))
+        xc, dtc, Bc, Cc = x32[chunk], dt[chunk], B[chunk], C[chunk]
+        a = (dtc * A).T  # [H, L]
+        decay = torch.exp(_segment_sum(a))  # [H, L, L]
+        scores = torch.einsum("ihn,jhn->hij", Cc, Bc) * decay
+        carried = torch.einsum("ihn,hpn->ihp", Cc, state) * torch.exp(a.cumsum(-1)).T[..., None]
+        y[chunk] = torch.einsum("hij,jhp->ihp", scores, xc * dtc[..., None]) + carried
+        to_end = decay[:, -1, :].T * dtc  # [L, H]: exp(a[j+1] + ... + a[L-1]) · dt_j
+        state = state * torch.exp(a.sum(-1))[:, None, None] + torch.einsum(
+            "jhp,jhn->hpn", xc * to_end[..., None], Bc
+        )
+    ssm_state.copy_(state)
+    return (y + D.float()[:, None] * x32).to(x.dtype)
+
+
+def ssd_step(
+    x: Tensor,
+    dt: Tensor,
+    A_log: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor,
+    dt_bias: Tensor,
+    dt_min: float,
+    dt_max: float,
+    ssm_state: Tensor,
+) -> Tensor:
+    """One token of the Mamba2 recurrence: ``x [H, P]``, ``dt [H]``, ``B, C [G, N]``, ``ssm_state [H, P, N]``."""
+    H = x.shape[0]
+    x32 = x.float()
+    dt = _discretised_dt(dt, dt_bias, dt_min, dt_max)
+    A = -torch.exp(A_log.float())
+    B, C = _per_head(B, H), _per_head(C, H)  # [H, N]
+    state = ssm_state.float() * torch.exp(dt * A)[:, None, None] + (dt[:, None] * x32)[..., None] * B[:, None, :]
+    ssm_state.copy_(state)
+    return (torch.einsum("hpn,hn->hp", state, C) + D.float()[:, None] * x32).to(x.dtype)
+
+
+def ssd_recurrent_reference(
+    x: Tensor,
+    dt: Tensor,
+    A_log: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor,
+    dt_bias: Tensor,
+    dt_min: float,
+    dt_max: float,
+    ssm_state: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """Test oracle: the SSD recurrence token by token. Returns ``(y, final_state)``; ssm_state is not touched."""
+    state = ssm_state.clone()
+    ys = [ssd_step(x[t], dt[t], A_log, B[t], C[t], D, dt_bias, dt_min, dt_max, state) for t in range(x.shape[0])]
+    return torch.stack(ys), state
+
+
+def rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """Rotate the first ``R = 2 * cos.shape[-1]`` dims of each head of ``x [T, H, D]``; the rest pass through.
+
+    Pairs are ``(i, i + R/2)`` (half-split, NeoX) or ``(2i, 2i+1)`` (interleaved):
+    ``x1' = x1 cos - x2 sin``, ``x2' = x2 cos + x1 sin``.
+    """
+    R = 2 * cos.shape[-1]
+    x32 = x.float()
+    rotated, rest = x32[..., :R], x32[..., R:]
+    cos, sin = cos.float()[:, None, :], sin.float()[:, None, :]
+    if interleaved:
+        x1, x2 = rotated[..., 0::2], rotated[..., 1::2]
+    else:
+        x1, x2 = rotated.chunk(2, dim=-1)
+    y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    rotated = torch.stack([y1, y2], dim=-1).flatten(-2) if interleaved else torch.cat([y1, y2], dim=-1)
+    return torch.cat([rotated, rest], dim=-1).to(x.dtype)
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    start: int,
+    scale: float,
+    window: int = 0,
+    sinks: Optional[Tensor] = None,
+) -> Tensor:
+    """Causal GQA softmax attention of ``q [T, Hq, Dk]`` at absolute positions ``start..start+T-1``.
+
+    Writes k, v into the cache rows ``start..start+T-1`` first, then query t attends to rows ``0..start+t``
+    (only rows with position > start+t-window when window > 0). ``sinks [Hq]`` adds one logit column per head
+    to the softmax denominator.
+    """
+    T, Hq, _ = q.shape
+    end = start + T
+    k_cache[start:end] = k
+    v_cache[start:end] = v
+    group = Hq // k.shape[1]
+    keys = k_cache[:end].float().repeat_interleave(group, dim=1)  # [S, Hq, Dk]
+    values = v_cache[:end].float().repeat_interleave(group, dim=1)
+    logits = torch.einsum("thd,shd->hts", q.float(), keys) * scale
+    q_pos = torch.arange(start, end, device=q.device)[:, None]
+    k_pos = torch.arange(end, device=q.device)[None, :]
+    visible = k_pos <= q_pos
+    if window > 0:
+        visible &= k_pos > q_pos - window
+    logits = logits.masked_fill(~visible, -math.inf)
+    if sinks is not None:
+        logits = torch.cat([logits, sinks.float()[:, None, None].expand(Hq, T, 1)], dim=-1)
+    probs = logits.softmax(dim=-1)[..., :end]
+    return torch.einsum("hts,shd->thd", probs, values).to(q.dtype).contiguous()
+
+
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """``x [T, IN] @ weight[OUT, IN]ᵀ + bias``."""
+    return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
+
+
+def swiglu(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
+    """``down(silu(x W_gateᵀ) * (x W_upᵀ))``."""
+    x32 = x.float()
+    h = F.silu(x32 @ w_gate.float().T) * (x32 @ w_up.float().T)
+    return (h @ w_down.float().T).to(x.dtype)
+
+
+def embedding(ids: Tensor, table: Tensor) -> Tensor:
+    """Rows ``table[ids]``."""
+    return F.embedding(ids, table)
