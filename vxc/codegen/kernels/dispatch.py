@@ -40,13 +40,18 @@ def backend(name: str) -> Iterator[None]:
         set_backend(previous)
 
 
-def implementation(tensor: Tensor) -> ModuleType:
-    """The module (``torch_impl`` or ``triton_impl``) whose function an op called on ``tensor`` runs."""
+def use_triton(tensor: Tensor) -> bool:
+    """Whether an op called on ``tensor`` runs its Triton implementation under the current backend."""
     if _backend == "torch" or (_backend == "auto" and not tensor.is_cuda):
-        return torch_impl
+        return False
     if not tensor.is_cuda and not triton_impl.INTERPRETED:
         raise RuntimeError(
             "the triton backend on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 before "
             "triton is first imported"
         )
-    return triton_impl
+    return True
+
+
+def implementation(tensor: Tensor) -> ModuleType:
+    """The module (``torch_impl`` or ``triton_impl``) whose function an op called on ``tensor`` runs."""
+    return triton_impl if use_triton(tensor) else torch_impl

@@ -339,7 +339,7 @@ def ssd_prefill(
 ) -> Tensor:
     """``chunk_size`` is the model's SSD chunk; the kernel uses its own (_SSD_BLOCK_L): the result is the same."""
     assert ssm_state.is_contiguous() and ssm_state.dtype == torch.float32, "ssm_state must be contiguous fp32"
-    x, dt, B, C = x.contiguous(), dt.contiguous(), B.contiguous(), C.contiguous()
+    x, dt, A_log, B, C, D, dt_bias = (t.contiguous() for t in (x, dt, A_log, B, C, D, dt_bias))
     T, H, P = x.shape
     G, N = B.shape[1:]
     y = torch.empty_like(x)
@@ -365,7 +365,7 @@ def ssd_step(
     ssm_state: Tensor,
 ) -> Tensor:
     assert ssm_state.is_contiguous() and ssm_state.dtype == torch.float32, "ssm_state must be contiguous fp32"
-    x, B, C = x.contiguous(), B.contiguous(), C.contiguous()
+    x, dt, A_log, B, C, D, dt_bias = (t.contiguous() for t in (x, dt, A_log, B, C, D, dt_bias))
     H, P = x.shape
     G, N = B.shape
     y = torch.empty_like(x)
