@@ -29,8 +29,8 @@ def add_rmsnorm(
     """``r = x + residual``; returns ``(rmsnorm(r) * w, r)``.
 
     The norm reads ``r`` as stored (rounded to x.dtype unless residual_fp32). A zero-centred weight scales by
-    ``1 + w`` in fp32 before the one cast (Qwen3-Next, Gemma); a plain weight follows LlamaRMSNorm: cast the
-    normalised row to x.dtype, then multiply by ``w`` in x.dtype.
+    ``1 + w`` in fp32 before the one cast; a plain weight scales after it: the normalised row is cast to
+    x.dtype, then multiplied by ``w`` in x.dtype (each as the reference norms of its kind round).
     """
     r = x.float() if residual is None else x.float() + residual.float()
     new_residual = r.to(torch.float32 if residual_fp32 else x.dtype, copy=True)
@@ -199,7 +199,7 @@ def ssd_recurrent_reference(
 def rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
     """Rotate the first ``R = 2 * cos.shape[-1]`` dims of each head of ``x [T, H, D]``; the rest pass through.
 
-    Pairs are ``(i, i + R/2)`` (half-split, NeoX) or ``(2i, 2i+1)`` (interleaved):
+    Pairs are ``(i, i + R/2)`` (half-split) or ``(2i, 2i+1)`` (interleaved):
     ``x1' = x1 cos - x2 sin``, ``x2' = x2 cos + x1 sin``.
     """
     R = 2 * cos.shape[-1]

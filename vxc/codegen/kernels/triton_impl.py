@@ -78,7 +78,7 @@ def _add_rmsnorm_kernel(
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if ZERO_CENTRED:
         out = h * (1.0 + w)
-    else:  # LlamaRMSNorm: cast the normalised row, then scale in the output dtype
+    else:  # a plain weight: cast the normalised row, then scale in the output dtype
         dtype = out_ptr.dtype.element_ty
         out = h.to(dtype).to(tl.float32) * w.to(dtype).to(tl.float32)
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
