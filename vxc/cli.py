@@ -96,7 +96,6 @@ def passes(
     from .driver import load, run
     from .passes.manager import DEFAULT_PIPELINE, PASSES, parse_pipeline
 
-    _register_late_passes()
     from .passes.manager import ORDER
 
     text = pipeline or DEFAULT_PIPELINE
@@ -108,8 +107,8 @@ def passes(
     except ValueError as e:
         _fail(str(e), 1, as_json)
     for n in print_after:
-        if n not in PASSES:
-            _fail(f"--print-after {n}: unknown pass; known passes: {', '.join(PASSES)}", 1, as_json)
+        if n not in ORDER:
+            _fail(f"--print-after {n}: unknown pass; known passes: {', '.join(ORDER)}", 1, as_json)
         if n not in names:
             _fail(f"--print-after {n}: pass is not in the pipeline {','.join(names)}", 1, as_json)
     dumps: dict[str, str] = {}
@@ -131,14 +130,6 @@ def passes(
         print(json.dumps({"ok": True, "pipeline": ",".join(names), "dumps": dumps}, indent=1))
     elif not (print_after or print_after_all):
         print(f"ok: {','.join(names)}")
-
-
-def _register_late_passes() -> None:
-    """fuse/codegen live in vxc.codegen (they import torch); registered only when present."""
-    try:
-        from .codegen import passes as _  # noqa: F401
-    except ImportError:
-        pass
 
 
 @app.command()

@@ -24,7 +24,9 @@ class Pass(Protocol):
 
 
 PASSES: dict[str, Callable[[], Pass]] = {"verify": Verify, "bind": Bind, "closure": Closure, "state": State, "plan": Plan}
-ORDER = list(PASSES)
+# passes that live in modules importing torch: loaded only when a pipeline names them
+LATE = {"fuse": "vxc.codegen.passes", "codegen": "vxc.codegen.passes"}
+ORDER = list(PASSES) + list(LATE)
 LOWER_PIPELINE = "verify,bind,closure,state"
 DEFAULT_PIPELINE = "verify,bind,closure,state,plan"
 
@@ -40,13 +42,22 @@ def dump_header(name: str) -> str:
     return f"// -----// IR Dump After {name} //----- //"
 
 
+def _load_late(name: str) -> None:
+    if name in LATE and name not in PASSES:
+        import importlib
+
+        importlib.import_module(LATE[name])
+
+
 def parse_pipeline(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise ValueError("empty pipeline")
     for n in names:
+        _load_late(n)
+    for n in names:
         if n not in PASSES:
-            raise ValueError(f"unknown pass {n!r}; known passes: {', '.join(PASSES)}")
+            raise ValueError(f"unknown pass {n!r}; known passes: {', '.join(ORDER)}")
     return names
 
 

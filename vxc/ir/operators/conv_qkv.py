@@ -1,4 +1,4 @@
-"""The ``conv_qkv`` mixer declaration (mamba_ssm MHA with a QKV conv)."""
+"""The ``conv_qkv`` mixer declaration (fused QKV projection + causal depthwise conv over it, then attention)."""
 
 from __future__ import annotations
 
