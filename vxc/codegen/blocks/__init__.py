@@ -1,2 +1,3 @@
 """Lowerings of further operator kinds, one module per kind; each registers itself
 with ``vxc.codegen.lowering.register_block``. Import new modules here."""
+from . import moe  # noqa: F401,E402  (moe)

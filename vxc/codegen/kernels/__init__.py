@@ -11,6 +11,7 @@ attention, linear, swiglu, embedding.
 from . import ops, torch_impl, triton_impl
 from . import delta  # noqa: F401,E402  (vxc::gated_delta_prefill/step, vxc::sigmoid_gate_mul)
 from . import kda, mla  # noqa: F401,E402  (vxc::kda_prefill/step, vxc::mla_prefill/decode)
+from . import moe  # noqa: F401,E402  (vxc::moe_router/moe_experts/moe_shared/mxfp4_dequant)
 from .dispatch import BACKENDS, backend, get_backend, set_backend
 
 __all__ = ["BACKENDS", "backend", "get_backend", "ops", "set_backend", "torch_impl", "triton_impl"]

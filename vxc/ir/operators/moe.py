@@ -1,14 +1,22 @@
-"""The ``moe`` FFN: a router and a bank of SwiGLU-style experts, optional shared experts.
+"""The ``moe`` FFN: a router and a bank of gated experts, optional shared experts.
 
-Router variants (``router``):
-- ``softmax_topk``: softmax over all experts (fp32) → top-k → renormalise iff ``norm_topk_prob``;
+Router variants (``router``; logits ``x·Wᵀ`` in fp32, + MoeRouterBias when ``router_bias``):
+- ``softmax_topk``: softmax over all experts → top-k → divided by their sum iff ``norm_topk_prob``;
 - ``sigmoid_grouped``: sigmoid scores; experts *chosen* on score + MoeRouterSelectionBias (when
-  ``selection_bias``) with grouped top-k (``n_group``/``topk_group``); weights are the unbiased
-  scores, renormalised iff ``norm_topk_prob``, × ``routed_scaling``;
-- ``topk_softmax``: top-k on logits (+ MoeRouterBias when ``router_bias``), softmax over the chosen.
+  ``selection_bias``) with grouped top-k: ``n_group`` contiguous groups ranked by the sum of their two
+  largest choice scores, the best ``topk_group`` kept, top-k among their experts; weights are the
+  unbiased scores, divided by ``sum + 1e-20`` iff ``norm_topk_prob``;
+- ``topk_softmax``: top-k on the logits, softmax over the k chosen.
+Every variant then multiplies the weights by ``routed_scaling`` (1.0 where the reference has none).
 Expert layouts (``expert_layout``): ``separate`` binds PerExpertGate/Up/Down banks [E,I,d],[E,I,d],[E,d,I];
 ``fused_interleaved`` binds ExpertGateUp [E,2I,d] (gate = even rows, up = odd) and ExpertDown [E,d,I],
-with their biases when ``expert_bias``. Encoded (e.g. MXFP4) expert weights are encoded operands.
+with their biases (ExpertGateUpBias [E,2I] in the same interleaved row order, ExpertDownBias [E,d]) when
+``expert_bias``. Stored input-major banks ([E,in,out]) reach these [E,out,in] contracts through a transpose
+view; a concatenated gate|up bank through slice views; encoded (MXFP4) banks are encoded operands.
+Activations (``act``): ``silu`` — silu(g)·u; ``clamped_glu`` — g = min(g, glu_limit),
+u = clamp(u, −glu_limit, glu_limit), (u + 1)·g·σ(glu_alpha·g).
+Shared experts (``shared_experts``): a SwiGLU of width ``shared_intermediate`` added to the routed sum,
+scaled by σ(x·SharedExpertBranchGate) when ``shared_gate``.
 """
 
 from __future__ import annotations
@@ -67,6 +75,8 @@ MOE = OperatorDecl(
         ("top_k must be between 1 and experts", lambda a: 1 <= a["top_k"] <= a["experts"]),
         ("shared_intermediate must be > 0 exactly when shared_experts", lambda a: (a["shared_intermediate"] > 0) == a["shared_experts"]),
         ("n_group must divide experts and topk_group ≤ n_group", lambda a: a["n_group"] >= 1 and a["experts"] % a["n_group"] == 0 and 1 <= a["topk_group"] <= a["n_group"]),
+        ("expert_bias needs expert_layout fused_interleaved", lambda a: not a["expert_bias"] or a["expert_layout"] == "fused_interleaved"),
+        ("shared_gate needs shared_experts", lambda a: not a["shared_gate"] or a["shared_experts"]),
         ("clamped_glu needs glu_alpha and glu_limit", lambda a: a["act"] != "clamped_glu" or ("glu_alpha" in a and "glu_limit" in a)),
     ),
 )

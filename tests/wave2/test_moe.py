@@ -1,0 +1,319 @@
+"""The MoE kernels and the ``moe`` block lowering.
+
+(a) The router torch twin against transformers 5.24's own router modules (qwen3_moe softmax → top-k with and
+    without renormalisation, deepseek_v3 sigmoid + selection bias + grouped top-k × routed scaling, gpt_oss
+    top-k on biased logits → softmax) and the expert twin against transformers' eager expert modules (qwen3_moe
+    SwiGLU banks bound as separate gate/up slices of the fused in-memory bank; gpt_oss clamped GLU with
+    biases, its input-major bank seen through a transpose), the references in fp64, the twins computing in fp32;
+(b) every Triton kernel against its twin (CPU: Triton's interpreter, in a subprocess if this process imported
+    triton without TRITON_INTERPRET);
+(c) MXFP4: a test quantiser's blocks/scales decoded by vxc equal transformers' dequantisation;
+(d) the ``moe`` block lowers to router / experts / shared groups that execute through an fx graph.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from vxc.codegen import kernels  # noqa: E402
+from vxc.codegen.kernels import moe, triton_impl  # noqa: E402
+
+ops = torch.ops.vxc
+TRITON_IN_PROCESS = torch.cuda.is_available() or triton_impl.INTERPRETED
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def _eager(cfg):
+    cfg._experts_implementation = "eager"
+    return cfg
+
+
+# ------------------------------------------------------------------------------ (a) twins vs transformers
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_softmax_topk_router_matches_qwen3_moe(norm):
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+
+    cfg = Qwen3MoeConfig(hidden_size=40, num_experts=11, num_experts_per_tok=3, norm_topk_prob=norm)
+    r = Qwen3MoeTopKRouter(cfg).double()
+    torch.nn.init.normal_(r.weight, std=0.5)
+    x = torch.randn(9, 40, dtype=torch.float64)
+    _, w_ref, i_ref = r(x)
+    w, i = ops.moe_router(x, r.weight, None, None, "softmax_topk", 3, norm, 1.0, 1, 1)
+    assert torch.equal(i, i_ref)
+    torch.testing.assert_close(w.double(), w_ref, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("n_group,topk_group", [(1, 1), (4, 2)])
+def test_sigmoid_grouped_router_matches_deepseek_v3(n_group, topk_group):
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    cfg = DeepseekV3Config(hidden_size=40, n_routed_experts=16, num_experts_per_tok=3, n_group=n_group,
+                           topk_group=topk_group, norm_topk_prob=True, routed_scaling_factor=2.5)
+    r = DeepseekV3TopkRouter(cfg).double()
+    torch.nn.init.normal_(r.weight, std=0.3)
+    r.e_score_correction_bias.copy_(torch.randn(16, dtype=torch.float64) * 0.2)
+    x = torch.randn(9, 40, dtype=torch.float64)
+    _, w_ref, i_ref = r(x)
+    w, i = ops.moe_router(x, r.weight, None, r.e_score_correction_bias, "sigmoid_grouped", 3, True, 2.5,
+                          n_group, topk_group)
+    # the reference leaves the k slots unsorted: compare per token as (expert → weight) maps
+    for t in range(x.shape[0]):
+        ref = dict(zip(i_ref[t].tolist(), w_ref[t].tolist()))
+        got = dict(zip(i[t].tolist(), w[t].tolist()))
+        assert set(got) == set(ref), t
+        for e in ref:
+            assert got[e] == pytest.approx(ref[e], rel=1e-6)
+
+
+def test_topk_softmax_router_matches_gpt_oss():
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
+
+    cfg = GptOssConfig(hidden_size=40, num_local_experts=10, num_experts_per_tok=4)
+    r = GptOssTopKRouter(cfg).double()
+    torch.nn.init.normal_(r.weight, std=0.5)
+    torch.nn.init.normal_(r.bias, std=0.5)
+    x = torch.randn(9, 40, dtype=torch.float64)
+    _, w_ref, i_ref = r(x)
+    w, i = ops.moe_router(x, r.weight, r.bias, None, "topk_softmax", 4, False, 1.0, 1, 1)
+    assert torch.equal(i, i_ref)
+    torch.testing.assert_close(w.double(), w_ref, rtol=1e-6, atol=1e-7)
+
+
+@torch.no_grad()
+def test_swiglu_experts_match_qwen3_moe_banks_as_slices():
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    E, d, I, k = 7, 40, 24, 3
+    ex = Qwen3MoeExperts(_eager(Qwen3MoeConfig(hidden_size=d, num_experts=E, moe_intermediate_size=I))).double()
+    torch.nn.init.normal_(ex.gate_up_proj, std=0.2)
+    torch.nn.init.normal_(ex.down_proj, std=0.2)
+    x = torch.randn(6, d, dtype=torch.float64)
+    idx = torch.stack([torch.randperm(E)[:k] for _ in range(6)])
+    w = torch.rand(6, k, dtype=torch.float64)
+    ref = ex(x, idx, w)
+    gate, up = ex.gate_up_proj[:, :I], ex.gate_up_proj[:, I:]  # the separate layout through slice views
+    got = ops.moe_experts(x, w, idx, gate, up, ex.down_proj, None, None, "separate", "silu", None, None)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)  # the twin computes in fp32
+
+
+@torch.no_grad()
+def test_clamped_glu_experts_match_gpt_oss_input_major_bank():
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    E, d, I, k = 6, 40, 24, 2
+    ex = GptOssExperts(_eager(GptOssConfig(hidden_size=d, num_local_experts=E, intermediate_size=I))).double()
+    for p in (ex.gate_up_proj, ex.down_proj):
+        torch.nn.init.normal_(p, std=0.8)  # large enough that the ±7 clamps bite
+    for p in (ex.gate_up_proj_bias, ex.down_proj_bias):
+        torch.nn.init.normal_(p, std=1.0)
+    x = torch.randn(6, d, dtype=torch.float64) * 2
+    idx = torch.stack([torch.randperm(E)[:k] for _ in range(6)])
+    w = torch.rand(6, k, dtype=torch.float64)
+    ref = ex(x, idx, w)
+    gu = (x @ ex.gate_up_proj[0] + ex.gate_up_proj_bias[0]).detach()
+    assert float(gu[:, 0::2].max()) > 7.0 and float(gu[:, 1::2].abs().max()) > 7.0  # the clamps are exercised
+    got = ops.moe_experts(x, w, idx, ex.gate_up_proj.transpose(1, 2), None, ex.down_proj.transpose(1, 2),
+                          ex.gate_up_proj_bias, ex.down_proj_bias, "fused_interleaved", "clamped_glu", 1.702, 7.0)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)  # the twin computes in fp32
+
+
+def test_shared_expert_matches_qwen3_next_branch():
+    x = torch.randn(5, 40, dtype=torch.float64)
+    routed = torch.randn(5, 40, dtype=torch.float64)
+    g, u, dn, bg = (torch.randn(*s, dtype=torch.float64) * 0.3 for s in ((24, 40), (24, 40), (40, 24), (1, 40)))
+    shared = (torch.nn.functional.silu(x @ g.T) * (x @ u.T)) @ dn.T
+    fp32 = dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ops.moe_shared(x, routed, g, u, dn, bg), routed + torch.sigmoid(x @ bg.T) * shared, **fp32)
+    torch.testing.assert_close(ops.moe_shared(x, routed, g, u, dn, None), routed + shared, **fp32)
+
+
+def test_refusals():
+    x, W = torch.randn(2, 8), torch.randn(6, 8)
+    with pytest.raises(ValueError, match="router"):
+        ops.moe_router(x, W, None, None, "softmax", 2, False, 1.0, 1, 1)
+    with pytest.raises(ValueError, match="geometry"):
+        ops.moe_router(x, W, None, None, "sigmoid_grouped", 2, False, 1.0, 4, 1)
+    with pytest.raises(ValueError, match="clamped_glu"):
+        ops.moe_experts(x, torch.ones(2, 1), torch.zeros(2, 1, dtype=torch.long), torch.randn(6, 8, 8), None,
+                        torch.randn(6, 8, 4), None, None, "fused_interleaved", "clamped_glu", None, None)
+
+
+# ------------------------------------------------------------------------------ (c) MXFP4
+
+
+def quantise_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A test quantiser: ``w [..., out, in]`` (in a multiple of 32) → (blocks u8 [..., out, in/32, 16], scales
+    u8 [..., out, in/32]); per block the scale is the power of two that puts the largest |value| at ≤ 6, each
+    value the nearest FP4 code."""
+    from vxc.runtime.views import FP4_VALUES
+
+    *lead, out, n = w.shape
+    blocks = w.double().reshape(*lead, out, n // 32, 32)
+    amax = blocks.abs().amax(-1).clamp(min=1e-30)
+    e = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
+    scaled = blocks / torch.pow(2.0, e)[..., None]
+    table = torch.tensor(FP4_VALUES[:8], dtype=torch.float64)
+    code = (scaled.abs()[..., None] - table).abs().argmin(-1)
+    code = code + 8 * ((scaled < 0) & (code > 0)).long()
+    packed = (code[..., 0::2] | (code[..., 1::2] << 4)).to(torch.uint8)
+    return packed, (e + 127).to(torch.uint8)
+
+
+def test_mxfp4_decode_equals_transformers_dequantisation():
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    w = torch.randn(3, 40, 64) * torch.logspace(-3, 2, 40)[None, :, None]
+    blocks, scales = quantise_mxfp4(w)
+    ref = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)  # [E, in, out]
+    got = ops.mxfp4_dequant(blocks, scales, torch.float32)  # [E, out, in]
+    assert torch.equal(got, ref.transpose(1, 2))
+    assert (got - w).abs().max() <= w.abs().amax(-1, keepdim=True).max() / 4  # a quantiser, not a copy
+    from vxc.runtime.views import decode_mxfp4
+
+    assert torch.equal(decode_mxfp4(blocks, scales, torch.bfloat16), got.to(torch.bfloat16))
+
+
+# ------------------------------------------------------------------------------ (b) Triton vs twin
+
+
+_TRITON_TESTS: list[str] = []
+
+
+def triton_test(test):
+    _TRITON_TESTS.append(test.__name__)
+    if TRITON_IN_PROCESS:
+        return test
+
+    def in_subprocess(triton_subprocess):
+        run = triton_subprocess
+        assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+
+    in_subprocess.__name__ = test.__name__
+    return in_subprocess
+
+
+@pytest.fixture(scope="module")
+def triton_subprocess():
+    cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", " or ".join(_TRITON_TESTS)]
+    return subprocess.run(cmd, env={**os.environ, "TRITON_INTERPRET": "1"}, cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True)
+
+
+def _tri(op, *args):
+    with kernels.backend("triton"):
+        return op(*args)
+
+
+ROUTER_CASES = [  # router, top_k, norm, scaling, n_group, topk_group, bias, selection bias
+    ("softmax_topk", 3, True, 1.0, 1, 1, False, False),
+    ("softmax_topk", 4, False, 1.0, 1, 1, False, False),
+    ("sigmoid_grouped", 3, True, 2.5, 4, 2, False, True),
+    ("sigmoid_grouped", 2, False, 1.0, 1, 1, False, False),
+    ("topk_softmax", 4, False, 1.0, 1, 1, True, False),
+]
+
+
+@triton_test
+def test_triton_router():
+    for r, k, norm, sc, ng, tg, has_b, has_s in ROUTER_CASES:
+        for E in (12, 20):
+            x, W = torch.randn(7, 72, device=DEVICE), torch.randn(E, 72, device=DEVICE) * 0.3
+            b = torch.randn(E, device=DEVICE) if has_b else None
+            s = torch.randn(E, device=DEVICE) * 0.3 if has_s else None
+            w0, i0 = moe.router_twin(x, W, b, s, r, k, norm, sc, ng, tg)
+            w1, i1 = _tri(ops.moe_router, x, W, b, s, r, k, norm, sc, ng, tg)
+            assert torch.equal(i0, i1), (r, E)
+            torch.testing.assert_close(w1, w0, rtol=1e-5, atol=1e-6)
+
+
+@triton_test
+def test_triton_experts_and_shared():
+    T, d, E, I, k = 5, 72, 9, 40, 3
+    x = torch.randn(T, d, device=DEVICE)
+    idx = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).to(DEVICE)
+    w = torch.rand(T, k, device=DEVICE)
+    r = lambda *s: torch.randn(*s, device=DEVICE) * 0.3  # noqa: E731
+    cases = [(r(E, I, d), r(E, I, d), None, None, "separate", "silu", None, None),
+             (r(E, 2 * I, d) * 4, None, r(E, 2 * I), r(E, d), "fused_interleaved", "clamped_glu", 1.702, 7.0)]
+    for w_in, w_up, b_in, b_dn, layout, act, al, lim in cases:
+        wd = r(E, d, I)
+        y0 = moe.experts_twin(x, w, idx, w_in, w_up, wd, b_in, b_dn, layout, act, al, lim)
+        y1 = _tri(ops.moe_experts, x, w, idx, w_in, w_up, wd, b_in, b_dn, layout, act, al, lim)
+        torch.testing.assert_close(y1, y0, rtol=1e-5, atol=1e-5)
+    args = (x, r(T, d), r(I, d), r(I, d), r(d, I), r(1, d))
+    torch.testing.assert_close(_tri(ops.moe_shared, *args), moe.shared_twin(*args), rtol=1e-5, atol=1e-5)
+
+
+@triton_test
+def test_triton_mxfp4():
+    blocks = torch.randint(0, 256, (3, 70, 2, 16), dtype=torch.uint8, device=DEVICE)
+    scales = torch.randint(100, 150, (3, 70, 2), dtype=torch.uint8, device=DEVICE)
+    for dt in (torch.float32, torch.bfloat16):
+        assert torch.equal(_tri(ops.mxfp4_dequant, blocks, scales, dt), moe.mxfp4_twin(blocks, scales, dt))
+
+
+# ------------------------------------------------------------------------------ (d) block lowering
+
+
+def test_moe_block_lowers_and_executes():
+    """A hand-made plan op (roles + attributes only) → router / experts / shared groups → an fx graph."""
+    from types import SimpleNamespace
+
+    from vxc.codegen.fxgen import build_graph_module, buffer_name
+    from vxc.codegen.lowering import BLOCKS, Val, Weight, _Emitter
+    from vxc.ir.roles import Role
+    from vxc.passes.plan import PlanOp
+
+    from vxc.codegen import blocks  # noqa: F401  (registers moe)
+
+    E, d, I, S = 8, 24, 16, 12
+    attrs = {"d_model": d, "experts": E, "top_k": 2, "intermediate": I, "router": "sigmoid_grouped",
+             "norm_topk_prob": True, "routed_scaling": 1.5, "n_group": 2, "topk_group": 1, "router_bias": False,
+             "selection_bias": True, "expert_layout": "separate", "expert_bias": False, "act": "silu",
+             "shared_experts": True, "shared_intermediate": S, "shared_gate": True}
+    shapes = {Role.MoeRouterWeight: (E, d), Role.MoeRouterSelectionBias: (E,), Role.PerExpertGate: (E, I, d),
+              Role.PerExpertUp: (E, I, d), Role.PerExpertDown: (E, d, I), Role.SharedExpertGate: (S, d),
+              Role.SharedExpertUp: (S, d), Role.SharedExpertDown: (d, S), Role.SharedExpertBranchGate: (1, d)}
+    p = PlanOp("l0.ffn", "moe", 0, 0, attrs, {r: SimpleNamespace(sym=f"l0.{r}") for r in shapes}, slot="ffn")
+    e = _Emitter("prefill")
+    x = Val("tokens")
+    out = BLOCKS["moe"](e, p, x)
+    e.out.output = out.name
+    assert [c.kernel for c in e.out.groups()] == ["moe_router", "moe_experts", "moe_shared"]
+    root = torch.nn.Module()
+    weights = {r: torch.randn(*s) * 0.3 for r, s in shapes.items()}
+    for r, t in weights.items():
+        root.register_buffer(buffer_name(Weight(f"l0.{r}")), t)
+    gm = build_graph_module(e.out, root)
+    h = torch.randn(5, d)
+    got = gm(h, 0)
+    W = weights
+    rw, ri = moe.router_twin(h, W[Role.MoeRouterWeight], None, W[Role.MoeRouterSelectionBias], "sigmoid_grouped",
+                             2, True, 1.5, 2, 1)
+    routed = moe.experts_twin(h, rw, ri, W[Role.PerExpertGate], W[Role.PerExpertUp], W[Role.PerExpertDown], None,
+                              None, "separate", "silu", None, None)
+    want = moe.shared_twin(h, routed, W[Role.SharedExpertGate], W[Role.SharedExpertUp], W[Role.SharedExpertDown],
+                           W[Role.SharedExpertBranchGate])
+    torch.testing.assert_close(got, want)

@@ -1,0 +1,454 @@
+"""Mixture-of-experts kernels: ``vxc::moe_router``, ``vxc::moe_experts``, ``vxc::moe_shared`` and
+``vxc::mxfp4_dequant``.
+
+Every argument that changes the math is a declared attribute of the ``moe`` operator, passed through:
+
+- ``moe_router(x [T, d], weight [E, d], bias, selection_bias, router, top_k, norm_topk_prob, routed_scaling,
+  n_group, topk_group) -> (weights fp32 [T, k], experts int64 [T, k])`` with ``logits = x·Wᵀ (+ bias)`` in
+  fp32 and the variant ``router``:
+
+  * ``softmax_topk``: ``p = softmax(logits)`` over all experts; the k largest; divided by their sum iff
+    ``norm_topk_prob``;
+  * ``sigmoid_grouped``: ``s = σ(logits)``; experts are *chosen* on ``c = s + selection_bias`` (the bias
+    only when given): the groups (``n_group`` contiguous groups of ``E / n_group``) are ranked by the sum of
+    their two largest ``c``, the best ``topk_group`` groups kept, and the k largest ``c`` among their
+    experts chosen; the weights are the unbiased ``s`` of the chosen, divided by ``sum + 1e-20`` iff
+    ``norm_topk_prob``;
+  * ``topk_softmax``: the k largest logits, softmax over those k;
+
+  then every weight is multiplied by ``routed_scaling``. Slots come out in descending order of the
+  selection score.
+- ``moe_experts(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit) -> [T, d]``:
+  ``Σ_j weights[t, j] · expert_{experts[t, j]}(x[t])``. ``layout="separate"``: ``w_in`` is the gate bank
+  ``[E, I, d]``, ``w_up`` the up bank ``[E, I, d]``; ``layout="fused_interleaved"``: ``w_in`` is one
+  ``[E, 2I, d]`` bank whose even rows are the gate and odd rows the up projection (``w_up`` is None), with
+  the optional bias ``b_in [E, 2I]`` in the same row order. ``w_down [E, d, I]`` and ``b_down [E, d]``.
+  ``act="silu"``: ``silu(g)·u``; ``act="clamped_glu"``: ``g = min(g, limit)``, ``u = clamp(u, −limit,
+  limit)``, ``(u + 1)·g·σ(alpha·g)``.
+- ``moe_shared(x, routed, w_gate, w_up, w_down, branch_gate) -> routed + [σ(x·branch_gateᵀ)] ·
+  down(silu(x·gateᵀ)·(x·upᵀ))`` (the factor only when ``branch_gate [1, d]`` is given).
+- ``mxfp4_dequant(blocks u8 [..., G, 16], scales u8 [..., G], dtype) -> [..., G·32]``: the runtime's
+  :func:`vxc.runtime.views.decode_mxfp4` (the torch twin *is* that function), and a Triton kernel.
+
+Torch twins compute in fp32 and return the input's dtype; the expert twin loops over the experts that
+were hit, as the references do. Triton: one program per token for the router (the expert scores in
+registers, iterative arg-max for the top-k); for the experts one program per (token, slot, block of the
+intermediate width) for gate/up + activation, then one per (token, block of d) for down + the weighted sum
+over the k slots.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from . import dispatch, triton_impl
+
+ROUTERS = ("softmax_topk", "sigmoid_grouped", "topk_softmax")
+LAYOUTS = ("separate", "fused_interleaved")
+ACTS = ("silu", "clamped_glu")
+_ROUTER_ID = {name: i for i, name in enumerate(ROUTERS)}
+NORM_EPS_GROUPED = 1e-20  # sigmoid_grouped: the renormalisation denominator is sum + 1e-20
+
+
+# ------------------------------------------------------------------------------------------- torch twins
+
+
+def router_twin(x, weight, bias, selection_bias, router, top_k, norm_topk_prob, routed_scaling, n_group, topk_group):
+    logits = F.linear(x.float(), weight.float(), None if bias is None else bias.float())  # [T, E]
+    if router == "softmax_topk":
+        probs = logits.softmax(dim=-1)
+        vals, idx = probs.topk(top_k, dim=-1)
+        if norm_topk_prob:
+            vals = vals / vals.sum(-1, keepdim=True)
+    elif router == "sigmoid_grouped":
+        scores = logits.sigmoid()
+        choice = scores if selection_bias is None else scores + selection_bias.float()
+        T, E = choice.shape
+        if n_group > 1:
+            per = choice.view(T, n_group, E // n_group)
+            group_scores = per.topk(min(2, E // n_group), dim=-1).values.sum(-1)  # [T, G]
+            keep = torch.zeros_like(group_scores, dtype=torch.bool)
+            keep.scatter_(1, group_scores.topk(topk_group, dim=-1).indices, True)
+            choice = choice.masked_fill(~keep.repeat_interleave(E // n_group, dim=1), -math.inf)
+        idx = choice.topk(top_k, dim=-1).indices
+        vals = scores.gather(1, idx)
+        if norm_topk_prob:
+            vals = vals / (vals.sum(-1, keepdim=True) + NORM_EPS_GROUPED)
+    elif router == "topk_softmax":
+        vals, idx = logits.topk(top_k, dim=-1)
+        vals = vals.softmax(dim=-1)
+    else:
+        raise ValueError(f"unknown router {router!r}")
+    return (vals * routed_scaling).contiguous(), idx.contiguous()
+
+
+def _gated(g: Tensor, u: Tensor, act: str, alpha: Optional[float], limit: Optional[float]) -> Tensor:
+    if act == "silu":
+        return F.silu(g) * u
+    g = g.clamp(max=limit)
+    u = u.clamp(min=-limit, max=limit)
+    return (u + 1.0) * (g * torch.sigmoid(g * alpha))
+
+
+def experts_twin(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit):
+    x32 = x.float()
+    out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float32, device=x.device)
+    for e in torch.unique(experts).tolist():  # ascending, as the references visit them
+        tok, slot = torch.where(experts == e)
+        h = x32[tok]
+        if layout == "separate":
+            g, u = h @ w_in[e].float().T, h @ w_up[e].float().T
+        else:
+            gu = h @ w_in[e].float().T
+            if b_in is not None:
+                gu = gu + b_in[e].float()
+            g, u = gu[:, 0::2], gu[:, 1::2]
+        y = _gated(g, u, act, alpha, limit) @ w_down[e].float().T
+        if b_down is not None:
+            y = y + b_down[e].float()
+        out.index_add_(0, tok, y * weights[tok, slot, None].float())
+    return out.to(x.dtype)
+
+
+def shared_twin(x, routed, w_gate, w_up, w_down, branch_gate):
+    x32 = x.float()
+    y = (F.silu(x32 @ w_gate.float().T) * (x32 @ w_up.float().T)) @ w_down.float().T
+    if branch_gate is not None:
+        y = torch.sigmoid(x32 @ branch_gate.float().T) * y
+    return (routed.float() + y).to(routed.dtype)
+
+
+def mxfp4_twin(blocks: Tensor, scales: Tensor, dtype: torch.dtype) -> Tensor:
+    from ...runtime.views import decode_mxfp4
+
+    return decode_mxfp4(blocks, scales, dtype)
+
+
+# ------------------------------------------------------------------------------------------------ Triton
+
+
+@triton.jit
+def _router_kernel(
+    x_ptr, w_ptr, b_ptr, sb_ptr, out_w_ptr, out_i_ptr,
+    D, EG, NG, TOPK_GROUP, K, scaling,
+    ROUTER: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEL: tl.constexpr, NORM: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_EG: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One token: the expert scores as a [groups, experts per group] tile, then the selection."""
+    t = tl.program_id(0).to(tl.int64)
+    g = tl.arange(0, BLOCK_G)[:, None]
+    c = tl.arange(0, BLOCK_EG)[None, :]
+    valid = (g < NG) & (c < EG)
+    e = g * EG + c  # flat expert index [BLOCK_G, BLOCK_EG]
+    acc = tl.zeros([BLOCK_G, BLOCK_EG], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        dm = d < D
+        xv = tl.load(x_ptr + t * D + d, mask=dm, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + e[:, :, None] * D + d[None, None, :], mask=valid[:, :, None] & dm[None, None, :],
+                    other=0.0).to(tl.float32)
+        acc += tl.sum(w * xv[None, None, :], axis=2)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + e, mask=valid, other=0.0).to(tl.float32)
+    big = NG * EG
+    if ROUTER == 0:  # softmax over all experts
+        m = tl.max(tl.max(tl.where(valid, acc, -float("inf")), 1), 0)
+        p = tl.where(valid, tl.exp(acc - m), 0.0)
+        value = p / tl.sum(tl.sum(p, 1), 0)
+        sel = tl.where(valid, value, -float("inf"))
+    elif ROUTER == 1:  # sigmoid scores, grouped choice on the (selection-)biased scores
+        value = tl.sigmoid(acc)
+        sel = value
+        if HAS_SEL:
+            sel = sel + tl.load(sb_ptr + e, mask=valid, other=0.0).to(tl.float32)
+        sel = tl.where(valid, sel, -float("inf"))
+        if NG > 1:
+            m1 = tl.max(sel, 1)
+            i1 = tl.min(tl.where(sel == m1[:, None], c, BLOCK_EG), 1)
+            m2 = tl.max(tl.where(c == i1[:, None], -float("inf"), sel), 1)
+            gs = tl.where(EG > 1, m1 + m2, m1)
+            gidx = tl.arange(0, BLOCK_G)
+            gs = tl.where(gidx < NG, gs, -float("inf"))
+            keep = gidx < 0
+            for _ in range(TOPK_GROUP):
+                gm = tl.max(gs, 0)
+                gi = tl.min(tl.where(gs == gm, gidx, BLOCK_G), 0)
+                keep = keep | (gidx == gi)
+                gs = tl.where(gidx == gi, -float("inf"), gs)
+            sel = tl.where(keep[:, None], sel, -float("inf"))
+    else:  # top-k on the logits, softmax over the chosen
+        value = acc
+        sel = tl.where(valid, acc, -float("inf"))
+    ks = tl.arange(0, BLOCK_K)
+    vals = tl.zeros([BLOCK_K], dtype=tl.float32)
+    idxs = tl.zeros([BLOCK_K], dtype=tl.int64)
+    for j in range(K):
+        m = tl.max(tl.max(sel, 1), 0)
+        i = tl.min(tl.min(tl.where((sel == m) & valid, e, big), 1), 0)
+        hit = (e == i) & valid  # padded columns alias the next group's flat indices
+        v = tl.sum(tl.sum(tl.where(hit, value, 0.0), 1), 0)
+        vals = tl.where(ks == j, v, vals)
+        idxs = tl.where(ks == j, i.to(tl.int64), idxs)
+        sel = tl.where(hit, -float("inf"), sel)
+    kmask = ks < K
+    if ROUTER == 2:
+        vals = tl.where(kmask, tl.exp(vals - tl.max(tl.where(kmask, vals, -float("inf")), 0)), 0.0)
+        vals = vals / tl.sum(vals, 0)
+    elif NORM:
+        s = tl.sum(tl.where(kmask, vals, 0.0), 0)
+        if ROUTER == 1:
+            s = s + 1e-20
+        vals = vals / s
+    vals = vals * scaling
+    tl.store(out_w_ptr + t * K + ks, vals, mask=kmask)
+    tl.store(out_i_ptr + t * K + ks, idxs, mask=kmask)
+
+
+@triton.jit
+def _expert_in_kernel(
+    x_ptr, idx_ptr, win_ptr, wup_ptr, bin_ptr, h_ptr, K, D, I, alpha, limit,
+    FUSED: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """h[p, i] = act(gate_i, up_i) for the pair p = (token, slot) and a block of the intermediate width."""
+    p = tl.program_id(0).to(tl.int64)
+    t = p // K
+    ex = tl.load(idx_ptr + p).to(tl.int64)
+    i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    im = i < I
+    if FUSED:
+        g_rows = ex * 2 * I + 2 * i
+        u_rows = g_rows + 1
+    else:
+        g_rows = ex * I + i
+        u_rows = g_rows
+    gate = tl.zeros([BLOCK_I], dtype=tl.float32)
+    up = tl.zeros([BLOCK_I], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        dm = d < D
+        xv = tl.load(x_ptr + t * D + d, mask=dm, other=0.0).to(tl.float32)
+        m2 = im[:, None] & dm[None, :]
+        wg = tl.load(win_ptr + g_rows[:, None] * D + d[None, :], mask=m2, other=0.0).to(tl.float32)
+        if FUSED:
+            wu = tl.load(win_ptr + u_rows[:, None] * D + d[None, :], mask=m2, other=0.0).to(tl.float32)
+        else:
+            wu = tl.load(wup_ptr + u_rows[:, None] * D + d[None, :], mask=m2, other=0.0).to(tl.float32)
+        gate += tl.sum(wg * xv[None, :], axis=1)
+        up += tl.sum(wu * xv[None, :], axis=1)
+    if HAS_BIAS:
+        gate += tl.load(bin_ptr + g_rows, mask=im, other=0.0).to(tl.float32)
+        up += tl.load(bin_ptr + u_rows, mask=im, other=0.0).to(tl.float32)
+    if CLAMPED:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        h = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+    else:
+        h = gate * tl.sigmoid(gate) * up
+    tl.store(h_ptr + p * I + i, h, mask=im)
+
+
+@triton.jit
+def _expert_out_kernel(
+    h_ptr, idx_ptr, wts_ptr, wd_ptr, bd_ptr, out_ptr, K, D, I,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr,
+):
+    """out[t, n] = Σ_j weight[t, j] · (down_{e_j} h[t, j] + b_down_{e_j})[n] for a block of n."""
+    t = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nm = n < D
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in range(K):
+        p = t * K + j
+        ex = tl.load(idx_ptr + p).to(tl.int64)
+        wt = tl.load(wts_ptr + p).to(tl.float32)
+        y = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for i0 in range(0, I, BLOCK_I):
+            i = i0 + tl.arange(0, BLOCK_I)
+            imask = i < I
+            hv = tl.load(h_ptr + p * I + i, mask=imask, other=0.0)
+            w = tl.load(wd_ptr + (ex * D + n[:, None]) * I + i[None, :], mask=nm[:, None] & imask[None, :],
+                        other=0.0).to(tl.float32)
+            y += tl.sum(w * hv[None, :], axis=1)
+        if HAS_BIAS:
+            y += tl.load(bd_ptr + ex * D + n, mask=nm, other=0.0).to(tl.float32)
+        acc += wt * y
+    tl.store(out_ptr + t * D + n, acc.to(out_ptr.dtype.element_ty), mask=nm)
+
+
+@triton.jit
+def _mxfp4_kernel(blocks_ptr, scales_ptr, out_ptr, R, BLOCK_R: tl.constexpr):
+    """Rows of 16 bytes (32 FP4 values) and their scale bytes → 32 values each, low nibble first."""
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    rm = r < R
+    j = tl.arange(0, 16)
+    byte = tl.load(blocks_ptr + r[:, None] * 16 + j[None, :], mask=rm[:, None], other=0).to(tl.int32)
+    ex = tl.load(scales_ptr + r, mask=rm, other=127).to(tl.int32) - 127
+    e1 = tl.where(ex >= 0, ex // 2, -((1 - ex) // 2))  # floor(ex / 2)
+    f1 = tl.exp2(e1.to(tl.float32))
+    f2 = tl.exp2((ex - e1).to(tl.float32))
+    for half in range(2):
+        code = (byte >> (4 * half)) & 0xF
+        mag = code & 0x7
+        ebits = mag >> 1
+        mant = (mag & 1).to(tl.float32)
+        v = tl.where(ebits == 0, 0.5 * mant, (1.0 + 0.5 * mant) * tl.exp2((ebits - 1).to(tl.float32)))
+        v = tl.where(code >= 8, -v, v)
+        v = v * f1[:, None] * f2[:, None]
+        tl.store(out_ptr + r[:, None] * 32 + 2 * j[None, :] + half, v.to(out_ptr.dtype.element_ty), mask=rm[:, None])
+
+
+def _pow2(n: int, floor: int = 1) -> int:
+    return max(floor, triton.next_power_of_2(max(int(n), 1)))
+
+
+def router_triton(x, weight, bias, selection_bias, router, top_k, norm_topk_prob, routed_scaling, n_group, topk_group):
+    x, weight = x.contiguous(), weight.contiguous()
+    T, D = x.shape
+    E = weight.shape[0]
+    eg = E // n_group
+    out_w = torch.empty(T, top_k, dtype=torch.float32, device=x.device)
+    out_i = torch.empty(T, top_k, dtype=torch.int64, device=x.device)
+    block_d = max(16, min(64, 8192 // (_pow2(n_group) * _pow2(eg))))
+    _router_kernel[(T,)](
+        x, weight, weight if bias is None else bias.contiguous(),
+        weight if selection_bias is None else selection_bias.contiguous(), out_w, out_i,
+        D, eg, n_group, topk_group, top_k, float(routed_scaling),
+        ROUTER=_ROUTER_ID[router], HAS_BIAS=bias is not None, HAS_SEL=selection_bias is not None, NORM=bool(norm_topk_prob),
+        BLOCK_G=_pow2(n_group), BLOCK_EG=_pow2(eg), BLOCK_D=_pow2(block_d, 16), BLOCK_K=_pow2(top_k),
+    )
+    return out_w, out_i
+
+
+_BLOCK_I, _BLOCK_D, _BLOCK_N = 32, 64, 32
+
+
+def experts_triton(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit):
+    x = x.contiguous()
+    T, D = x.shape
+    K = experts.shape[1]
+    I = w_down.shape[2]
+    fused = layout == "fused_interleaved"
+    experts, weights = experts.contiguous(), weights.contiguous().float()
+    w_in, w_down = w_in.contiguous(), w_down.contiguous()
+    h = torch.empty(T * K, I, dtype=torch.float32, device=x.device)
+    clamped = act == "clamped_glu"
+    _expert_in_kernel[(T * K, triton.cdiv(I, _BLOCK_I))](
+        x, experts, w_in, w_in if w_up is None else w_up.contiguous(), w_in if b_in is None else b_in.contiguous(), h,
+        K, D, I, float(alpha) if clamped else 0.0, float(limit) if clamped else 0.0,
+        FUSED=fused, HAS_BIAS=b_in is not None, CLAMPED=clamped, BLOCK_I=_BLOCK_I, BLOCK_D=_BLOCK_D,
+    )
+    out = x.new_empty(T, D)
+    _expert_out_kernel[(T, triton.cdiv(D, _BLOCK_N))](
+        h, experts, weights, w_down, w_down if b_down is None else b_down.contiguous(), out, K, D, I,
+        HAS_BIAS=b_down is not None, BLOCK_N=_BLOCK_N, BLOCK_I=_BLOCK_I,
+    )
+    return out
+
+
+def shared_triton(x, routed, w_gate, w_up, w_down, branch_gate):
+    y = triton_impl.swiglu(x.float().contiguous(), w_gate, w_up, w_down)
+    if branch_gate is not None:
+        y = torch.sigmoid(triton_impl.linear(x.float().contiguous(), branch_gate, None)) * y
+    return (routed.float() + y).to(routed.dtype)
+
+
+_MXFP4_ROWS = 64
+
+
+def mxfp4_triton(blocks: Tensor, scales: Tensor, dtype: torch.dtype) -> Tensor:
+    from ...ir.views import encoded_shape
+
+    shape = encoded_shape("mxfp4", {"blocks": tuple(blocks.shape), "scales": tuple(scales.shape)})
+    blocks, scales = blocks.contiguous(), scales.contiguous()
+    R = scales.numel()
+    out = torch.empty(R * 32, dtype=dtype, device=blocks.device)
+    if R:
+        _mxfp4_kernel[(triton.cdiv(R, _MXFP4_ROWS),)](blocks, scales, out, R, BLOCK_R=_MXFP4_ROWS)
+    return out.reshape(shape)
+
+
+# --------------------------------------------------------------------------------------------------- ops
+
+
+def _triton(x: Tensor) -> bool:
+    return dispatch.implementation(x) is triton_impl
+
+
+@torch.library.custom_op("vxc::moe_router", mutates_args=())
+def moe_router(x: Tensor, weight: Tensor, bias: Optional[Tensor], selection_bias: Optional[Tensor], router: str,
+               top_k: int, norm_topk_prob: bool, routed_scaling: float, n_group: int,
+               topk_group: int) -> tuple[Tensor, Tensor]:
+    if router not in ROUTERS:
+        raise ValueError(f"router {router!r} is not one of {ROUTERS}")
+    E = weight.shape[0]
+    if not (1 <= top_k <= E) or n_group < 1 or E % n_group or not (1 <= topk_group <= n_group):
+        raise ValueError(f"router geometry: {E} experts, top_k {top_k}, n_group {n_group}, topk_group {topk_group}")
+    if router == "sigmoid_grouped" and top_k > topk_group * (E // n_group):
+        raise ValueError(f"top_k {top_k} exceeds the {topk_group}·{E // n_group} experts of the kept groups")
+    fn = router_triton if _triton(x) else router_twin
+    return fn(x, weight, bias, selection_bias, router, top_k, norm_topk_prob, routed_scaling, n_group, topk_group)
+
+
+@moe_router.register_fake
+def _(x, weight, bias, selection_bias, router, top_k, norm_topk_prob, routed_scaling, n_group, topk_group):
+    T = x.shape[0]
+    return x.new_empty(T, top_k, dtype=torch.float32), x.new_empty(T, top_k, dtype=torch.int64)
+
+
+@torch.library.custom_op("vxc::moe_experts", mutates_args=())
+def moe_experts(x: Tensor, weights: Tensor, experts: Tensor, w_in: Tensor, w_up: Optional[Tensor], w_down: Tensor,
+                b_in: Optional[Tensor], b_down: Optional[Tensor], layout: str, act: str, alpha: Optional[float],
+                limit: Optional[float]) -> Tensor:
+    if layout not in LAYOUTS:
+        raise ValueError(f"expert layout {layout!r} is not one of {LAYOUTS}")
+    if act not in ACTS:
+        raise ValueError(f"expert activation {act!r} is not one of {ACTS}")
+    if act == "clamped_glu" and (alpha is None or limit is None):
+        raise ValueError("clamped_glu needs alpha and limit")
+    if (layout == "separate") != (w_up is not None):
+        raise ValueError("layout separate takes gate and up banks; fused_interleaved one gate_up bank and no up bank")
+    if layout == "separate" and b_in is not None:
+        raise ValueError("a gate/up bias needs the fused_interleaved layout")
+    E, I = w_down.shape[0], w_down.shape[2]
+    rows = 2 * I if layout == "fused_interleaved" else I
+    if tuple(w_in.shape) != (E, rows, x.shape[1]) or w_down.shape[1] != x.shape[1]:
+        raise ValueError(f"expert banks {list(w_in.shape)} / {list(w_down.shape)} do not fit x {list(x.shape)} ({layout})")
+    fn = experts_triton if _triton(x) else experts_twin
+    return fn(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit)
+
+
+@moe_experts.register_fake
+def _(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit):
+    return x.new_empty(x.shape[0], w_down.shape[1])
+
+
+@torch.library.custom_op("vxc::moe_shared", mutates_args=())
+def moe_shared(x: Tensor, routed: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
+               branch_gate: Optional[Tensor]) -> Tensor:
+    fn = shared_triton if _triton(x) else shared_twin
+    return fn(x, routed, w_gate, w_up, w_down, branch_gate)
+
+
+@moe_shared.register_fake
+def _(x, routed, w_gate, w_up, w_down, branch_gate):
+    return torch.empty_like(routed)
+
+
+@torch.library.custom_op("vxc::mxfp4_dequant", mutates_args=())
+def mxfp4_dequant(blocks: Tensor, scales: Tensor, dtype: torch.dtype) -> Tensor:
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise ValueError(f"mxfp4 parts must be uint8, got blocks {blocks.dtype}, scales {scales.dtype}")
+    fn = mxfp4_triton if _triton(blocks) else mxfp4_twin
+    return fn(blocks, scales, dtype)
+
+
+@mxfp4_dequant.register_fake
+def _(blocks, scales, dtype):
+    return blocks.new_empty(*blocks.shape[:-1][:-1], blocks.shape[-2] * 32, dtype=dtype)
