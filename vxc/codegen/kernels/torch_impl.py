@@ -253,12 +253,20 @@ def attention(
 
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-    """``x [T, IN] @ weight[OUT, IN]ᵀ + bias``."""
+    """``x [T, IN] @ weight[OUT, IN]ᵀ + bias``.
+
+    Same-dtype operands go straight to the BLAS/oneDNN GEMM, which accumulates in fp32 (bf16 runs on the
+    CPU's AMX/AVX-512 BF16 units and never materialises an fp32 copy of the weight); mixed dtypes compute in fp32.
+    """
+    if x.dtype == weight.dtype and (bias is None or bias.dtype == x.dtype):
+        return F.linear(x, weight, bias)
     return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
 
 
 def swiglu(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
-    """``down(silu(x W_gateᵀ) * (x W_upᵀ))``."""
+    """``down(silu(x W_gateᵀ) * (x W_upᵀ))``; GEMMs in the operands' dtype (fp32 accumulate), as ``linear``."""
+    if x.dtype == w_gate.dtype == w_up.dtype == w_down.dtype:
+        return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
     x32 = x.float()
     h = F.silu(x32 @ w_gate.float().T) * (x32 @ w_up.float().T)
     return (h @ w_down.float().T).to(x.dtype)
