@@ -214,6 +214,9 @@ def _softmax(e: _Emitter, p: PlanOp, x: Val) -> Val:
                          "per-head k rmsnorm", nouts=2)
         q, k = qn, kn
     o = _attend(e, p, q, k, v, H, Hkv, hd, _w(p, Role.AttnSinks))
+    if a["output_gate"]:
+        (gate,) = e.kernel(p, "linear", [x, _w(p, Role.AttnOutputGate), None], "output-gate projection")
+        (o,) = e.kernel(p, "sigmoid_gate_mul", [o, gate], "attn · sigmoid(gate)")
     (out,) = e.kernel(p, "linear", [o, _w(p, Role.AttnO), _w(p, Role.AttnOBias)], "o projection")
     return out
 

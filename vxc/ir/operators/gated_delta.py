@@ -1,7 +1,23 @@
 """The ``gated_delta`` mixer (Gated DeltaNet linear attention, Qwen3-Next).
 
-Roles are plain: the checkpoint's fused, per-key-head-grouped projections are
-split by the frontend with views (gather by group), so nothing here knows why.
+Program, per token t (q, k per key head; v, z, a, b per value head; value head h
+reads key head ``h // (v_heads / k_heads)``)::
+
+    qkv   = x·LinearAttnInProjQkvᵀ                       [q (Hk·Dk) | k (Hk·Dk) | v (Hv·Dv)]
+    qkv   = conv_act(causal depthwise conv(qkv; LinearAttnConv1d))     (no bias)
+    q, k  = l2norm(q), l2norm(k)       l2norm(x) = x·rsqrt(Σx² + l2_eps)
+    q     = q · scale
+    β     = σ(x·LinearAttnInProjBᵀ)
+    g     = −exp(LinearAttnALog) · softplus(x·LinearAttnInProjAᵀ + LinearAttnDtBias)     (fp32)
+    S     ← e^g·S;   S ← S + k·(β·(v − Sᵀk))ᵀ;   o = Sᵀq            S ∈ R^{Dk×Dv} per value head
+    o     = gated rmsnorm per value head (norm_order, norm_act, plain weight LinearAttnNorm, norm_eps)
+            with gate z = x·LinearAttnInProjZᵀ
+    out   = o·LinearAttnOutProjᵀ
+
+Prefill computes the recurrence chunked (``chunk_size`` tokens per chunk, WY form);
+decode runs it one token at a time. Roles are plain: a checkpoint's fused,
+per-key-head-grouped projections are split by the frontend with views (gather by
+group), so nothing here knows why.
 """
 
 from __future__ import annotations
@@ -18,8 +34,8 @@ GATED_DELTA = OperatorDecl(
     kind="gated_delta",
     slot="mixer",
     surfaces=(),
-    doc="q|k|v projection → causal conv + SiLU → l2-normalised q,k; β=σ(b), g=−exp(A_log)·softplus(a+dt_bias); "
-        "delta rule S←e^g S + kβ(v−Sᵀk)ᵀ; o=Sᵀq; per-head rmsnorm(o)·w·silu(z); out_proj",
+    doc="q|k|v projection → causal conv + act → l2-normalised q,k, q·scale; β=σ(b), g=−exp(A_log)·softplus(a+dt_bias); "
+        "delta rule S←e^g S + kβ(v−Sᵀk)ᵀ; o=Sᵀq; per-head gated rmsnorm(o, z)·w; out_proj",
     attrs=(
         attr("d_model", "int"),
         attr("k_heads", "int"),
@@ -27,9 +43,13 @@ GATED_DELTA = OperatorDecl(
         attr("k_head_dim", "int"),
         attr("v_head_dim", "int"),
         attr("conv_kernel", "int"),
+        attr("conv_act", "enum", "silu", "none", doc="activation after the causal conv"),
         attr("chunk_size", "int", doc="prefill chunk (WY form)"),
-        attr("norm_eps", "float"),
+        attr("scale", "float", doc="q ← q·scale after the l2 norm"),
         attr("l2_eps", "float", doc="q,k ← x·rsqrt(Σx²+l2_eps)"),
+        attr("norm_eps", "float"),
+        attr("norm_order", "enum", "norm_then_gate", "gate_then_norm"),
+        attr("norm_act", "enum", "silu", "sigmoid", doc="activation of the output gate z"),
     ),
     roles=(
         RoleSpec(Role.LinearAttnInProjQkv, lambda a: (_conv_dim(a), a["d_model"])),
@@ -44,9 +64,14 @@ GATED_DELTA = OperatorDecl(
     ),
     regions=(
         RegionSpec("delta", "recurrent", lambda a: (a["v_heads"], a["k_head_dim"], a["v_head_dim"]), "f32", "fixed"),
+        # k columns: the k most recent raw (pre-conv) q|k|v inputs, as the references allocate it
         RegionSpec("conv", "conv_history", lambda a: (_conv_dim(a), a["conv_kernel"]), "compute", "fixed"),
     ),
-    rules=(("v_heads must be a multiple of k_heads", lambda a: a["v_heads"] % a["k_heads"] == 0),),
+    rules=(
+        ("v_heads must be a multiple of k_heads", lambda a: a["k_heads"] >= 1 and a["v_heads"] % a["k_heads"] == 0),
+        ("chunk_size must be >= 1", lambda a: a["chunk_size"] >= 1),
+        ("conv_kernel must be >= 1", lambda a: a["conv_kernel"] >= 1),
+    ),
 )
 
 register(GATED_DELTA)

@@ -1,0 +1,221 @@
+"""Helpers of the Qwen3-Next tests: miniature builders (both config dialects), the transformers reference
+and vxc runs, with the measurements of VINDEX3.md "Numerical floor". Nothing here reads vxc's operator
+declarations; the miniature geometry is written out as independent constants."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from tests import builders as B
+from tests import references as R
+
+# Miniature geometry: every width distinct, Hv ≠ Hk, both mixer kinds interleaved.
+#   hidden 44, ffn 58, vocab 103; softmax: 3 q heads × 24, 1 kv head, rotary 0.25 → 6 of 24 dims, theta 5000
+#   gated delta: 2 key heads × 12, 6 value heads × 10 (3 per key head), conv 4
+#     qkvz rows 2·(2·12 + 2·3·10) = 168, conv channels 2·2·12 + 6·10 = 108, ba rows 12
+#   layers: 0 linear, 1 full, 2 linear, 3 linear, 4 full   (hub spelling: none — explicit list only)
+VOCAB = 103
+LAYER_TYPES = ["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"]
+BASE = {
+    "vocab_size": VOCAB, "hidden_size": 44, "intermediate_size": 58, "num_hidden_layers": 5,
+    "num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 24,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 6, "linear_key_head_dim": 12, "linear_value_head_dim": 10,
+    "linear_conv_kernel_dim": 4, "layer_types": LAYER_TYPES,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0, "partial_rotary_factor": 0.25},
+    "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+    "num_experts": 7, "num_experts_per_tok": 3, "moe_intermediate_size": 18, "shared_expert_intermediate_size": 22,
+    "norm_topk_prob": True, "decoder_sparse_step": 1,
+}
+DENSE = {**BASE, "mlp_only_layers": list(range(5))}  # every FFN a dense SwiGLU
+MOE = {**BASE, "mlp_only_layers": [2]}  # MoE everywhere but layer 2 (a dense one between)
+
+# hub dialect of a 4-layer stack: softmax on layers 1, 3 by full_attention_interval 2
+HUB4 = {**DENSE, "num_hidden_layers": 4, "mlp_only_layers": list(range(4)),
+        "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"]}
+
+PROMPT_LEN = 150  # three delta chunks of 64 (64 + 64 + 22)
+SPLIT = 100  # prefill 0..99 (a chunk and a partial one), then step 100..149
+GREEDY_NEW = 32
+MIN_DISTINCT = 8
+
+
+def build(out_dir: Path, overrides: dict, seed: int) -> Path:
+    """A random Qwen3NextForCausalLM saved by transformers' save_pretrained, with the norms perturbed away
+    from their initial values (zero-centred norms start at w = 0, the gated norm at w = 1, dt_bias at 1),
+    so a norm applied as ``w`` instead of ``1 + w`` (or the reverse) cannot pass."""
+    import transformers
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = B.hf_config("qwen3_next", {"initializer_range": B.HF_INITIALIZER_RANGE, **overrides})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                p.add_(0.15 * torch.randn(p.shape, generator=g))
+            elif name.endswith("dt_bias"):
+                p.add_(0.5 * torch.randn(p.shape, generator=g))
+            elif name.endswith("A_log"):
+                # decay rates A = exp(A_log) log-uniform in [0.05, 2]: the reference's own init (up to 16)
+                # drives the chunk's cumulative log-decay to thousands, where fp32 rounding of the cumsum
+                # alone puts the fp32-vs-fp64 floor near 1e-3 — true of both sides, but a blunt test
+                p.copy_(torch.empty(p.shape).uniform_(math.log(0.05), math.log(2.0), generator=g))
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    return out_dir
+
+
+def to_hub_dialect(src: Path, dst: Path, interval: int) -> Path:
+    """The same weights with the hub checkpoint's config spelling: ``full_attention_interval`` instead of
+    ``layer_types``, ``rope_theta`` + top-level ``partial_rotary_factor`` instead of ``rope_parameters``."""
+    dst = Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in Path(src).glob("*.safetensors*"):
+        shutil.copyfile(f, dst / f.name)
+    cfg = json.loads((Path(src) / "config.json").read_text())
+    rp = cfg.pop("rope_parameters")
+    cfg.pop("layer_types")
+    cfg["full_attention_interval"] = interval
+    cfg["rope_theta"] = rp["rope_theta"]
+    cfg["partial_rotary_factor"] = rp["partial_rotary_factor"]
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    return dst
+
+
+def prompt(seed: int = 0, n: int = PROMPT_LEN) -> list[int]:
+    g = torch.Generator().manual_seed(2000 + seed)
+    return torch.randint(0, VOCAB, (n,), generator=g).tolist()
+
+
+# ------------------------------------------------------------------ reference (transformers 5.24)
+
+
+class Reference:
+    def __init__(self, model_dir: Path, moe: bool):
+        import transformers
+
+        m32 = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        m64 = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        if moe:
+            # the eager expert loop: the grouped matmul refuses float64, and on CPU also these awkward widths
+            # ("strides should be multiple of 16 bytes")
+            m32.set_experts_implementation("eager")
+            m64.set_experts_implementation("eager")
+        self.m32, self.m64 = m32.eval(), m64.double().eval()
+        self.routers = [(i, layer.mlp.gate) for i, layer in enumerate(self.m32.model.layers) if hasattr(layer.mlp, "gate")]
+
+    def full(self, ids, fp64: bool = False) -> torch.Tensor:
+        return R.hf_logits(self.m64 if fp64 else self.m32, ids)
+
+    def prefill_then_step(self, ids, k: int) -> torch.Tensor:
+        return R.hf_prefill_then_step(self.m32, ids, k)
+
+    @torch.no_grad()
+    def selections(self, ids) -> dict[int, torch.Tensor]:
+        """layer → the experts its router selects for each token [T, top_k] (full fp32 prefill)."""
+        got: dict[int, torch.Tensor] = {}
+        hooks = [router.register_forward_hook(lambda mod, inp, out, i=i: got.__setitem__(i, out[2].clone()))
+                 for i, router in self.routers]
+        try:
+            self.full(ids)
+        finally:
+            for h in hooks:
+                h.remove()
+        return got
+
+    @torch.no_grad()
+    def router_margins(self, ids) -> dict[int, torch.Tensor]:
+        """layer → per token, the probability gap between the k-th and (k+1)-th expert (fp64 reference)."""
+        got: dict[int, torch.Tensor] = {}
+        routers = [(i, layer.mlp.gate) for i, layer in enumerate(self.m64.model.layers) if hasattr(layer.mlp, "gate")]
+
+        def hook(mod, inp, out, i):
+            p = torch.softmax(out[0].double(), -1).sort(-1, descending=True).values
+            got[i] = p[:, mod.top_k - 1] - p[:, mod.top_k]
+
+        hooks = [r.register_forward_hook(lambda mod, inp, out, i=i: hook(mod, inp, out, i)) for i, r in routers]
+        try:
+            self.full(ids, fp64=True)
+        finally:
+            for h in hooks:
+                h.remove()
+        return got
+
+    @torch.no_grad()
+    def greedy(self, ids, n: int) -> list[int]:
+        x = torch.as_tensor(ids, dtype=torch.long).reshape(1, -1)
+        o = self.m32(x, use_cache=True)
+        out: list[int] = []
+        for i in range(n):
+            out.append(int(o.logits[0, -1, :VOCAB].argmax()))
+            if i + 1 < n:
+                o = self.m32(torch.tensor([[out[-1]]]), cache=o.cache, use_cache=True)
+        return out
+
+
+# ------------------------------------------------------------------ vxc
+
+
+def engine(model_dir: Path, max_context: int = 256):
+    from vxc.frontends import lower
+    from vxc.runtime.engine import Engine
+
+    return Engine(lower(model_dir), Path(model_dir), max_context=max_context)
+
+
+class RouterTap:
+    """Records what every ``vxc::moe_router`` call of an engine's prefill graph selects, by rewriting the
+    graph's call targets to a recording wrapper (test instrumentation; the op itself is unchanged)."""
+
+    def __init__(self, eng):
+        from torch import fx  # noqa: F401
+
+        self.calls: list[torch.Tensor] = []
+        target = torch.ops.vxc.moe_router.default
+        gm = eng.prefill_graph
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target is target:
+                node.target = self._record
+        gm.recompile()
+
+    def _record(self, *args):
+        out = torch.ops.vxc.moe_router.default(*args)
+        self.calls.append(out[1].clone())
+        return out
+
+
+@dataclass
+class Run:
+    full: torch.Tensor
+    stepped: torch.Tensor
+    greedy: list[int]
+    selections: list[torch.Tensor] = field(default_factory=list)
+
+
+def vxc_run(eng, ids: list[int], k: int, n_new: int, tap: RouterTap | None = None) -> Run:
+    from vxc.runtime.sampling import Sampler
+    from vxc.runtime.session import Session
+
+    s = Session(eng)
+    full = s.prefill(ids)
+    sel = list(tap.calls) if tap is not None else []
+    s.reset()
+    rows = [s.prefill(ids[:k])]
+    for t in ids[k:]:
+        rows.append(s.step(t)[None])
+    stepped = torch.cat(rows, 0)
+    s.reset()
+    greedy = s.generate(ids, n_new, Sampler(vocab=eng.vocab))
+    return Run(full, stepped, greedy, sel)
+
+
+def maxabs(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max())

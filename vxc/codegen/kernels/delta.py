@@ -1,0 +1,355 @@
+"""Gated-delta (Gated DeltaNet) kernels: ``vxc::gated_delta_prefill``, ``vxc::gated_delta_step`` and the
+output-gate multiply ``vxc::sigmoid_gate_mul``.
+
+The two delta ops take the post-conv ``q, k`` (``[T, Hk, Dk]``; one token: ``[Hk, Dk]``) and ``v``
+(``[T, Hv, Dv]`` / ``[Hv, Dv]``), the raw decay and beta logits ``a, b`` (``[T, Hv]`` / ``[Hv]``), and compute
+inside one fused group (fp32 throughout):
+
+    g = −exp(A_log) · softplus(a + dt_bias)          β = σ(b)              (one per value head)
+    q ← q·rsqrt(Σq² + l2_eps)·scale                  k ← k·rsqrt(Σk² + l2_eps)
+    S ← e^{g_t} S;   u_t = β_t (v_t − Sᵀ k_t);   S ← S + k_t u_tᵀ;   o_t = Sᵀ q_t
+
+on the fp32 state ``[Hv, Dk, Dv]`` (``S[h, key channel, value channel]``) read and written in place. Value
+head ``h`` reads key head ``h // (Hv / Hk)``.
+
+Prefill, chunked (WY form), both implementations: within a chunk of L ≤ ``chunk_size`` tokens with
+inclusive cumulative log-decays ``c_i = g_1 + … + g_i`` and the carried state ``S₀``,
+
+    A_ij = β_i (k_i·k_j) e^{c_i − c_j}   (j < i, strictly lower)      T = (I + A)⁻¹   (unit lower triangular)
+    U = T (β ⊙ V),   W = T (β e^{c} ⊙ K)                             (the WY representation)
+    Δ = U − W S₀                                                      (the corrected new values u_t)
+    O = (e^{c} ⊙ Q) S₀ + [(Q Kᵀ) ∘ e^{c_i − c_j}]_{j ≤ i} Δ
+    S = e^{c_L} S₀ + (e^{c_L − c} ⊙ K)ᵀ Δ
+
+The last chunk may be shorter (no padding in the torch twin; masked rows in Triton contribute nothing).
+The torch twin solves the triangular systems with ``torch.linalg.solve_triangular``; the Triton kernel (one
+program per (value head, block of Dv)) inverts ``I + A`` by forward substitution, row by row, then uses
+``tl.dot`` for every product. Decode: the recurrence for one token. (The tests hold a plain sequential
+oracle of their own.)
+
+``sigmoid_gate_mul(x, gate) = x · σ(gate)`` (fp32, cast to x's dtype): the output gate of gated softmax
+attention.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from . import dispatch
+
+# ------------------------------------------------------------------------------------------- torch twin
+
+
+def _l2(x: Tensor, eps: float) -> Tensor:
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def _gates(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())
+    return g, torch.sigmoid(b.float())
+
+
+def _per_value_head(x: Tensor, v_heads: int) -> Tensor:
+    """``[..., Hk, D] -> [..., Hv, D]``: value head h reads key head ``h // (Hv / Hk)``."""
+    return x.repeat_interleave(v_heads // x.shape[-2], dim=-2)
+
+
+def gated_delta_step_twin(q, k, v, a, b, A_log, dt_bias, state, scale: float, l2_eps: float) -> Tensor:
+    """One token: q, k ``[Hk, Dk]``, v ``[Hv, Dv]``, a, b ``[Hv]``; returns o ``[Hv, Dv]`` in fp32."""
+    Hv = v.shape[0]
+    q = _per_value_head(_l2(q, l2_eps) * scale, Hv)
+    k = _per_value_head(_l2(k, l2_eps), Hv)
+    g, beta = _gates(a, b, A_log, dt_bias)
+    S = state.float() * torch.exp(g)[:, None, None]
+    u = beta[:, None] * (v.float() - torch.einsum("hkv,hk->hv", S, k))
+    S = S + k[:, :, None] * u[:, None, :]
+    state.copy_(S)
+    return torch.einsum("hkv,hk->hv", S, q)
+
+
+def gated_delta_prefill_twin(q, k, v, a, b, A_log, dt_bias, state, scale: float, l2_eps: float,
+                             chunk_size: int) -> Tensor:
+    """``T`` tokens, chunked (WY form, see the module docstring); returns o ``[T, Hv, Dv]`` in fp32."""
+    T, Hv = v.shape[0], v.shape[1]
+    qh = _per_value_head(_l2(q, l2_eps) * scale, Hv).transpose(0, 1)  # [Hv, T, Dk]
+    kh = _per_value_head(_l2(k, l2_eps), Hv).transpose(0, 1)
+    vh = v.float().transpose(0, 1)  # [Hv, T, Dv]
+    g, beta = (x.T for x in _gates(a, b, A_log, dt_bias))  # [Hv, T]
+    S = state.float()
+    out = torch.empty_like(vh)
+    for start in range(0, T, chunk_size):
+        sl = slice(start, min(start + chunk_size, T))
+        qc, kc, vc, gc, bc = qh[:, sl], kh[:, sl], vh[:, sl], g[:, sl], beta[:, sl]
+        L = gc.shape[-1]
+        c = gc.cumsum(-1)  # [Hv, L]
+        lower = torch.ones(L, L, dtype=torch.bool, device=c.device).tril()
+        decay = torch.exp((c[:, :, None] - c[:, None, :]).masked_fill(~lower, -torch.inf))  # e^{c_i - c_j}, j <= i
+        kb = kc * bc[..., None]
+        system = (kb @ kc.transpose(-1, -2) * decay).tril(-1) + torch.eye(L, device=c.device)
+        U = torch.linalg.solve_triangular(system, vc * bc[..., None], upper=False, unitriangular=True)
+        W = torch.linalg.solve_triangular(system, kb * torch.exp(c)[..., None], upper=False, unitriangular=True)
+        delta = U - W @ S
+        out[:, sl] = (qc * torch.exp(c)[..., None]) @ S + (qc @ kc.transpose(-1, -2) * decay) @ delta
+        last = c[:, -1:]
+        S = S * torch.exp(last)[..., None] + (kc * torch.exp(last - c)[..., None]).transpose(-1, -2) @ delta
+    state.copy_(S)
+    return out.transpose(0, 1)
+
+
+def sigmoid_gate_mul_twin(x: Tensor, gate: Tensor) -> Tensor:
+    return (x.float() * torch.sigmoid(gate.float())).to(x.dtype)
+
+
+# ------------------------------------------------------------------------------------------------ triton
+
+_JIT: dict[str, object] = {}
+
+
+def _jit(fn):
+    """Decorate on first use, in the mode (compiled / interpreted) TRITON_INTERPRET selects then."""
+    key = f"{fn.__name__}:{bool(triton.knobs.runtime.interpret)}"
+    if key not in _JIT:
+        _JIT[key] = triton.jit(fn)
+    return _JIT[key]
+
+
+def _gated_delta_chunk_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, o_ptr,
+    T, HK, HV, DK, DV, scale, l2_eps,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """One program per (value head, block of BV value channels); walks the sequence in chunks of BT with its
+    [BK, BV] slice of the state in registers. Rows past T are masked: zero k, q, β and g."""
+    h = tl.program_id(0)
+    hk = h // (HV // HK)
+    kk = tl.arange(0, BK)
+    vv = tl.program_id(1) * BV + tl.arange(0, BV)
+    tt = tl.arange(0, BT)
+    k_mask, v_mask = kk < DK, vv < DV
+    state_offs = (h * DK + kk[:, None]) * DV + vv[None, :]
+    state_mask = k_mask[:, None] & v_mask[None, :]
+    S = tl.load(state_ptr + state_offs, mask=state_mask, other=0.0).to(tl.float32)  # [BK, BV]
+    A = -tl.exp(tl.load(A_log_ptr + h).to(tl.float32))
+    dt_bias = tl.load(dt_bias_ptr + h).to(tl.float32)
+    lower = tt[:, None] >= tt[None, :]
+    strictly_lower = tt[:, None] > tt[None, :]
+    eye = tl.where(tt[:, None] == tt[None, :], 1.0, 0.0)
+    for start in range(0, T, BT):
+        t = start + tt
+        t_mask = t < T
+        qk_mask = t_mask[:, None] & k_mask[None, :]
+        qk_offs = (t[:, None] * HK + hk) * DK + kk[None, :]
+        q = tl.load(q_ptr + qk_offs, mask=qk_mask, other=0.0).to(tl.float32)  # [BT, BK]
+        k = tl.load(k_ptr + qk_offs, mask=qk_mask, other=0.0).to(tl.float32)
+        tv_mask = t_mask[:, None] & v_mask[None, :]
+        tv_offs = (t[:, None] * HV + h) * DV + vv[None, :]
+        v = tl.load(v_ptr + tv_offs, mask=tv_mask, other=0.0).to(tl.float32)  # [BT, BV]
+        a = tl.load(a_ptr + t * HV + h, mask=t_mask, other=0.0).to(tl.float32) + dt_bias
+        b = tl.load(b_ptr + t * HV + h, mask=t_mask, other=0.0).to(tl.float32)
+        # softplus as torch spells it: a above 20, else log1p(e^a) (log(u)·e/(u−1), u = 1+e: Goldberg)
+        e = tl.exp(a)
+        u1 = 1.0 + e
+        softplus = tl.where(a > 20.0, a, tl.where(u1 == 1.0, e, tl.log(u1) * (e / (u1 - 1.0))))
+        g = tl.where(t_mask, A * softplus, 0.0)
+        beta = tl.where(t_mask, tl.sigmoid(b), 0.0)
+        q = q * (tl.rsqrt(tl.sum(q * q, 1) + l2_eps) * scale)[:, None]
+        k = k * tl.rsqrt(tl.sum(k * k, 1) + l2_eps)[:, None]
+        c = tl.cumsum(g, 0)  # [BT]
+        decay = tl.where(lower, tl.exp(tl.where(lower, c[:, None] - c[None, :], 0.0)), 0.0)
+        kb = k * beta[:, None]
+        system = tl.where(strictly_lower, tl.dot(kb, tl.trans(k), input_precision=DOT_PRECISION) * decay, 0.0)
+        # Tinv = (I + system)^-1 by forward substitution: row i = e_i − Σ_{j<i} system_ij · row j
+        Tinv = eye
+        for i in range(1, BT):
+            at_i = tt == i
+            row = tl.sum(tl.where(at_i[:, None], system, 0.0), 0)  # system[i, :], zero from column i on
+            new = -tl.sum(row[:, None] * Tinv, 0)
+            Tinv = tl.where(at_i[:, None], eye + new[None, :], Tinv)
+        ec = tl.exp(c)
+        U = tl.dot(Tinv, v * beta[:, None], input_precision=DOT_PRECISION)  # [BT, BV]
+        W = tl.dot(Tinv, kb * ec[:, None], input_precision=DOT_PRECISION)  # [BT, BK]
+        delta = U - tl.dot(W, S, input_precision=DOT_PRECISION)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * decay
+        o = tl.dot(q * ec[:, None], S, input_precision=DOT_PRECISION) + tl.dot(scores, delta, input_precision=DOT_PRECISION)
+        tl.store(o_ptr + tv_offs, o.to(o_ptr.dtype.element_ty), mask=tv_mask)
+        # c at the last row, exactly (rows past T add g = 0): tl.sum(g) rounds differently from the scan, and
+        # last − c_j must be exactly 0 for the newest token
+        last = tl.sum(tl.where(tt == BT - 1, c, 0.0), 0)
+        to_end = tl.exp(last - c)
+        S = S * tl.exp(last) + tl.dot(tl.trans(k * to_end[:, None]), delta, input_precision=DOT_PRECISION)
+    tl.store(state_ptr + state_offs, S.to(state_ptr.dtype.element_ty), mask=state_mask)
+
+
+def _gated_delta_step_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, o_ptr,
+    HK, HV, DK, DV, scale, l2_eps,
+    BK: tl.constexpr, BV: tl.constexpr,
+):
+    h = tl.program_id(0)
+    hk = h // (HV // HK)
+    kk = tl.arange(0, BK)
+    vv = tl.program_id(1) * BV + tl.arange(0, BV)
+    k_mask, v_mask = kk < DK, vv < DV
+    state_offs = (h * DK + kk[:, None]) * DV + vv[None, :]
+    state_mask = k_mask[:, None] & v_mask[None, :]
+    S = tl.load(state_ptr + state_offs, mask=state_mask, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + hk * DK + kk, mask=k_mask, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + hk * DK + kk, mask=k_mask, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + h * DV + vv, mask=v_mask, other=0.0).to(tl.float32)
+    a = tl.load(a_ptr + h).to(tl.float32) + tl.load(dt_bias_ptr + h).to(tl.float32)
+    b = tl.load(b_ptr + h).to(tl.float32)
+    e = tl.exp(a)
+    u1 = 1.0 + e
+    softplus = tl.where(a > 20.0, a, tl.where(u1 == 1.0, e, tl.log(u1) * (e / (u1 - 1.0))))
+    g = -tl.exp(tl.load(A_log_ptr + h).to(tl.float32)) * softplus
+    beta = tl.sigmoid(b)
+    q = q * (tl.rsqrt(tl.sum(q * q, 0) + l2_eps) * scale)
+    k = k * tl.rsqrt(tl.sum(k * k, 0) + l2_eps)
+    S = S * tl.exp(g)
+    u = beta * (v - tl.sum(S * k[:, None], 0))
+    S = S + k[:, None] * u[None, :]
+    tl.store(state_ptr + state_offs, S.to(state_ptr.dtype.element_ty), mask=state_mask)
+    o = tl.sum(S * q[:, None], 0)
+    tl.store(o_ptr + h * DV + vv, o.to(o_ptr.dtype.element_ty), mask=v_mask)
+
+
+def _sigmoid_gate_mul_kernel(x_ptr, g_ptr, out_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, (x * tl.sigmoid(g)).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _blocks(Dk: int, Dv: int) -> tuple[int, int]:
+    block_k = max(16, triton.next_power_of_2(Dk))
+    block_v = min(max(16, triton.next_power_of_2(Dv)), 64 if block_k <= 64 else 32)
+    return block_k, block_v
+
+
+def gated_delta_prefill_triton(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps, chunk_size) -> Tensor:
+    assert state.is_contiguous(), "the delta state is updated in place and must be contiguous"
+    q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
+    T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[1:]
+    out = torch.empty_like(v)
+    block_k, block_v = _blocks(Dk, Dv)
+    # the chunk is a computation detail (any chunking computes the same recurrence): tl.dot wants a power of
+    # two of at least 16, and the row-by-row inverse costs BT³, so blocks of at most 64 tokens
+    block_t = min(64, max(16, triton.next_power_of_2(chunk_size)))
+    precision = "ieee" if v.dtype == torch.float32 else "tf32"
+    _jit(_gated_delta_chunk_kernel)[(Hv, triton.cdiv(Dv, block_v))](
+        q, k, v, a, b, A_log.contiguous(), dt_bias.contiguous(), state, out,
+        T, Hk, Hv, Dk, Dv, float(scale), float(l2_eps),
+        BT=block_t, BK=block_k, BV=block_v, DOT_PRECISION=precision, num_warps=4,
+    )
+    return out
+
+
+def gated_delta_step_triton(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps) -> Tensor:
+    assert state.is_contiguous(), "the delta state is updated in place and must be contiguous"
+    q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
+    Hk, Dk = q.shape
+    Hv, Dv = v.shape
+    out = torch.empty_like(v)
+    block_k, block_v = _blocks(Dk, Dv)
+    _jit(_gated_delta_step_kernel)[(Hv, triton.cdiv(Dv, block_v))](
+        q, k, v, a, b, A_log.contiguous(), dt_bias.contiguous(), state, out,
+        Hk, Hv, Dk, Dv, float(scale), float(l2_eps), BK=block_k, BV=block_v, num_warps=4,
+    )
+    return out
+
+
+def sigmoid_gate_mul_triton(x: Tensor, gate: Tensor) -> Tensor:
+    x, gate = x.contiguous(), gate.contiguous()
+    out = torch.empty_like(x)
+    n = x.numel()
+    block = 1024
+    _jit(_sigmoid_gate_mul_kernel)[(triton.cdiv(n, block),)](x, gate, out, n, BLOCK=block)
+    return out
+
+
+def _use_triton(x: Tensor) -> bool:
+    name = dispatch.get_backend()
+    if name == "torch" or (name == "auto" and not x.is_cuda):
+        return False
+    if not x.is_cuda and not triton.knobs.runtime.interpret:
+        raise RuntimeError("the triton backend on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1")
+    return True
+
+
+# ------------------------------------------------------------------------------------------------- ops
+
+
+def _check(q, k, v, a, b, A_log, dt_bias, state) -> None:
+    Hk, Dk = q.shape[-2:]
+    Hv, Dv = v.shape[-2:]
+    if k.shape != q.shape:
+        raise ValueError(f"q {list(q.shape)} and k {list(k.shape)} must agree")
+    if q.shape[:-2] != v.shape[:-2] or a.shape != v.shape[:-1] or b.shape != v.shape[:-1]:
+        raise ValueError(f"q {list(q.shape)}, v {list(v.shape)}, a {list(a.shape)}, b {list(b.shape)}: "
+                         "token dims disagree or a/b are not one per value head")
+    if Hv % Hk:
+        raise ValueError(f"{Hv} value heads are not a multiple of {Hk} key heads")
+    if tuple(A_log.shape) != (Hv,) or tuple(dt_bias.shape) != (Hv,):
+        raise ValueError(f"A_log {list(A_log.shape)} and dt_bias {list(dt_bias.shape)} must be [{Hv}]")
+    if tuple(state.shape) != (Hv, Dk, Dv):
+        raise ValueError(f"state {list(state.shape)} is not [Hv, Dk, Dv] = [{Hv}, {Dk}, {Dv}]")
+
+
+@torch.library.custom_op("vxc::gated_delta_prefill", mutates_args=("state",))
+def gated_delta_prefill(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+                        state: Tensor, scale: float, l2_eps: float, chunk_size: int) -> Tensor:
+    """``T`` tokens: q, k ``[T, Hk, Dk]``, v ``[T, Hv, Dv]``, a, b ``[T, Hv]``; state ``[Hv, Dk, Dv]`` in place."""
+    _check(q, k, v, a, b, A_log, dt_bias, state)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size {chunk_size} must be >= 1")
+    if _use_triton(q):
+        return gated_delta_prefill_triton(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps, chunk_size)
+    return gated_delta_prefill_twin(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps, chunk_size).to(v.dtype)
+
+
+@gated_delta_prefill.register_fake
+def _(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps, chunk_size):
+    return torch.empty_like(v)
+
+
+@torch.library.custom_op("vxc::gated_delta_step", mutates_args=("state",))
+def gated_delta_step(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+                     state: Tensor, scale: float, l2_eps: float) -> Tensor:
+    """One token: q, k ``[Hk, Dk]``, v ``[Hv, Dv]``, a, b ``[Hv]``; state ``[Hv, Dk, Dv]`` in place."""
+    _check(q, k, v, a, b, A_log, dt_bias, state)
+    if _use_triton(q):
+        return gated_delta_step_triton(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps)
+    return gated_delta_step_twin(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps).to(v.dtype)
+
+
+@gated_delta_step.register_fake
+def _(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps):
+    return torch.empty_like(v)
+
+
+@torch.library.custom_op("vxc::sigmoid_gate_mul", mutates_args=())
+def sigmoid_gate_mul(x: Tensor, gate: Tensor) -> Tensor:
+    """``x · σ(gate)`` elementwise (same shapes)."""
+    if x.shape != gate.shape:
+        raise ValueError(f"x {list(x.shape)} and gate {list(gate.shape)} must agree")
+    if _use_triton(x):
+        return sigmoid_gate_mul_triton(x, gate)
+    return sigmoid_gate_mul_twin(x, gate)
+
+
+@sigmoid_gate_mul.register_fake
+def _(x, gate):
+    return torch.empty_like(x)
+
+
+__all__ = [
+    "gated_delta_prefill", "gated_delta_step", "sigmoid_gate_mul", "gated_delta_prefill_twin",
+    "gated_delta_step_twin", "sigmoid_gate_mul_twin",
+]
