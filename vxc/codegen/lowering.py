@@ -88,7 +88,8 @@ class Lowered:
 
 
 ROPE_KEYS = ("rotary_dim", "rotary_base", "rope_type", "rope_factor", "rope_low_freq_factor",
-             "rope_high_freq_factor", "rope_original_max_position", "rope_beta_fast", "rope_beta_slow", "rope_attention_factor")
+             "rope_high_freq_factor", "rope_original_max_position", "rope_beta_fast", "rope_beta_slow", "rope_attention_factor",
+             "rope_truncate")
 
 
 class _Emitter:

@@ -1,9 +1,30 @@
-"""The ``kda`` mixer (Kimi Delta Attention): per-channel decay, sigmoid output gate."""
+"""The ``kda`` mixer (Kimi Delta Attention): a gated delta rule whose decay is per key
+channel, with a low-rank forget gate, a sigmoid output gate and three short convs.
+
+Math, per head h (``D = head_dim``; all of the recurrence in fp32):
+
+- ``q, k, v = SiLU(conv_q(x Wqᵀ)), SiLU(conv_k(x Wkᵀ)), SiLU(conv_v(x Wvᵀ))`` — three causal
+  depthwise convs (no bias), each with its own history;
+- ``g = −exp(A_log_h) · softplus(f_b(f_a(x)) + dt_bias)`` — ``[H, D]``, one log-decay per key channel;
+- ``β = σ(x Wbᵀ)`` — one per head;
+- ``q ← q / √(Σq² + l2_eps) · scale``, ``k ← k / √(Σk² + l2_eps)``;
+- ``S ← diag(e^{g}) S``; ``S ← S + β k (v − Sᵀk)ᵀ``; ``o = Sᵀq`` with ``S ∈ R^{D×D}``;
+- ``y = rmsnorm(o; norm_eps) · w · σ(g_b(g_a(x)))`` per head (``out_gate_act``), then ``out_proj``.
+
+State: the matrix ``S`` ``[H, D, D]`` (fixed fp32) and the three conv histories ``[H·D, conv_kernel]``
+of raw pre-conv inputs (compute dtype). ``chunk_size`` is the prefill chunk of the reference's
+chunked form; any chunking computes the same recurrence.
+"""
 
 from __future__ import annotations
 
 from ..roles import Role
-from . import OperatorDecl, RegionSpec, RoleSpec, attr, register
+from . import Attrs, OperatorDecl, RegionSpec, RoleSpec, attr, register
+
+
+def _hd(a: Attrs) -> int:
+    return a["heads"] * a["head_dim"]
+
 
 KDA = OperatorDecl(
     kind="kda",
@@ -14,34 +35,41 @@ KDA = OperatorDecl(
     attrs=(
         attr("d_model", "int"),
         attr("heads", "int"),
-        attr("head_dim", "int"),
+        attr("head_dim", "int", doc="key and value head dim (one D for both)"),
         attr("conv_kernel", "int"),
-        attr("norm_eps", "float"),
-        attr("l2_eps", "float"),
-        attr("chunk_size", "int"),
+        attr("conv_act", "enum", "silu", doc="activation after each short conv"),
+        attr("norm_eps", "float", doc="eps of the per-head output RMSNorm"),
+        attr("l2_eps", "float", doc="q,k ← x / √(Σx² + l2_eps)"),
+        attr("scale", "float", doc="query scale after the l2 norm"),
+        attr("out_gate_act", "enum", "sigmoid", doc="activation of the output gate g_b(g_a x)"),
+        attr("chunk_size", "int", doc="prefill chunk of the reference's chunked form"),
     ),
     roles=(
-        RoleSpec(Role.KdaQProj, lambda a: (a["heads"] * a["head_dim"], a["d_model"])),
-        RoleSpec(Role.KdaKProj, lambda a: (a["heads"] * a["head_dim"], a["d_model"])),
-        RoleSpec(Role.KdaVProj, lambda a: (a["heads"] * a["head_dim"], a["d_model"])),
-        RoleSpec(Role.KdaQConv1d, lambda a: (a["heads"] * a["head_dim"], a["conv_kernel"])),
-        RoleSpec(Role.KdaKConv1d, lambda a: (a["heads"] * a["head_dim"], a["conv_kernel"])),
-        RoleSpec(Role.KdaVConv1d, lambda a: (a["heads"] * a["head_dim"], a["conv_kernel"])),
+        RoleSpec(Role.KdaQProj, lambda a: (_hd(a), a["d_model"])),
+        RoleSpec(Role.KdaKProj, lambda a: (_hd(a), a["d_model"])),
+        RoleSpec(Role.KdaVProj, lambda a: (_hd(a), a["d_model"])),
+        RoleSpec(Role.KdaQConv1d, lambda a: (_hd(a), a["conv_kernel"])),
+        RoleSpec(Role.KdaKConv1d, lambda a: (_hd(a), a["conv_kernel"])),
+        RoleSpec(Role.KdaVConv1d, lambda a: (_hd(a), a["conv_kernel"])),
         RoleSpec(Role.KdaFAProj, lambda a: (a["head_dim"], a["d_model"])),
-        RoleSpec(Role.KdaFBProj, lambda a: (a["heads"] * a["head_dim"], a["head_dim"])),
+        RoleSpec(Role.KdaFBProj, lambda a: (_hd(a), a["head_dim"])),
         RoleSpec(Role.KdaBProj, lambda a: (a["heads"], a["d_model"])),
         RoleSpec(Role.KdaGAProj, lambda a: (a["head_dim"], a["d_model"])),
-        RoleSpec(Role.KdaGBProj, lambda a: (a["heads"] * a["head_dim"], a["head_dim"])),
+        RoleSpec(Role.KdaGBProj, lambda a: (_hd(a), a["head_dim"])),
         RoleSpec(Role.KdaALog, lambda a: (a["heads"],)),
-        RoleSpec(Role.KdaDtBias, lambda a: (a["heads"] * a["head_dim"],)),
+        RoleSpec(Role.KdaDtBias, lambda a: (_hd(a),)),
         RoleSpec(Role.KdaONorm, lambda a: (a["head_dim"],)),
-        RoleSpec(Role.KdaOutProj, lambda a: (a["d_model"], a["heads"] * a["head_dim"])),
+        RoleSpec(Role.KdaOutProj, lambda a: (a["d_model"], _hd(a))),
     ),
     regions=(
         RegionSpec("delta", "recurrent", lambda a: (a["heads"], a["head_dim"], a["head_dim"]), "f32", "fixed"),
-        RegionSpec("conv_q", "conv_history", lambda a: (a["heads"] * a["head_dim"], a["conv_kernel"]), "compute", "fixed"),
-        RegionSpec("conv_k", "conv_history", lambda a: (a["heads"] * a["head_dim"], a["conv_kernel"]), "compute", "fixed"),
-        RegionSpec("conv_v", "conv_history", lambda a: (a["heads"] * a["head_dim"], a["conv_kernel"]), "compute", "fixed"),
+        RegionSpec("conv_q", "conv_history", lambda a: (_hd(a), a["conv_kernel"]), "compute", "fixed"),
+        RegionSpec("conv_k", "conv_history", lambda a: (_hd(a), a["conv_kernel"]), "compute", "fixed"),
+        RegionSpec("conv_v", "conv_history", lambda a: (_hd(a), a["conv_kernel"]), "compute", "fixed"),
+    ),
+    rules=(
+        ("conv_kernel must be >= 1", lambda a: a["conv_kernel"] >= 1),
+        ("chunk_size must be >= 1", lambda a: a["chunk_size"] >= 1),
     ),
 )
 

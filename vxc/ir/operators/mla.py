@@ -1,8 +1,31 @@
-"""The ``mla`` mixer (multi-head latent attention, DeepSeek-V3 / Kimi): its state is a
-latent row per position — ``kv_lora_rank + qk_rope_head_dim`` values — its own
-region species, not a K/V pair."""
+"""The ``mla`` mixer (multi-head latent attention).
+
+Its state is one **latent row** per position — ``kv_lora_rank + qk_rope_head_dim`` values,
+``[c | k_pe]`` — its own region species, not a K/V pair.
+
+Math (``R = kv_lora_rank``, ``P = qk_rope_head_dim``, ``N = qk_nope_head_dim``, ``V = v_head_dim``):
+
+- ``q = x Wqᵀ`` (direct), or with ``q_lora``: ``q = rmsnorm(x Wq_aᵀ; norm_eps)·w_qa · Wq_bᵀ``;
+  per head ``[q_nope N | q_pe P]``;
+- ``[c | k_pe] = x Wkv_aᵀ``; ``c = rmsnorm(c; norm_eps)·w_kva`` — k_pe is one vector shared by all heads;
+- rotary on q_pe and k_pe as declared (``rotary_dim`` 0 = none: both pass through). ``rotary_layout``
+  names the pairs (``half``: (i, i+P/2); ``interleaved``: (2i, 2i+1)); ``rotary_output`` where each
+  rotated pair is written: ``in_place``, or ``split`` (first members of all pairs, then the second
+  members — for interleaved pairs: the rotated evens, then the rotated odds). q and k are rotated
+  alike, so the scores do not depend on it; it fixes the order of k_pe inside the latent rows;
+- ``Wkv_b`` per head ``[k_nope N | v V]`` rows over ``c``; scores ``scale·(q_nope·k_nope + q_pe·k_pe)``,
+  causal softmax; the output projection.
+- Decode absorbs ``Wkv_b`` into the query (``q_nope·Wk_b[h]``, ``R`` wide) and into the output
+  (``Wv_b[h]·Σ p c``), attending directly on the latent rows.
+
+``scale`` is declared in full; with YaRN it includes the softmax mscale, recorded in
+``rope_mscale`` / ``rope_mscale_all_dim`` (``scale = (N+P)^−½ · m²``,
+``m = 0.1·mscale_all_dim·ln(factor) + 1``).
+"""
 
 from __future__ import annotations
+
+import math
 
 from ..roles import Role
 from . import Attrs, OperatorDecl, RegionSpec, RoleSpec, attr, register
@@ -13,12 +36,23 @@ def _qk(a: Attrs) -> int:
     return a["qk_nope_head_dim"] + a["qk_rope_head_dim"]
 
 
+def yarn_softmax_mscale(factor: float, mscale_all_dim: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale_all_dim * math.log(factor) + 1.0
+
+
+def _scale_consistent(a: Attrs) -> bool:
+    if "rope_mscale_all_dim" not in a:
+        return True  # nothing declared to check the scale against
+    m = yarn_softmax_mscale(a.get("rope_factor", 1.0), a["rope_mscale_all_dim"]) if a["rope_mscale_all_dim"] else 1.0
+    return math.isclose(a["scale"], _qk(a) ** -0.5 * m * m, rel_tol=1e-9)
+
+
 MLA = OperatorDecl(
     kind="mla",
     slot="mixer",
     surfaces=("attention",),
     doc="q (direct or q-LoRA a→norm→b) split nope|rope; [c|k_pe]=kv_a(x), c=rmsnorm(c); kv_b(c) per head k_nope|v; "
-        "rotary on q_pe and the shared k_pe as declared; causal softmax; o_proj. Decode attends on latent rows (absorbed kv_b).",
+        "rotary on q_pe and the shared k_pe as declared; causal softmax; output projection. Decode attends on latent rows (absorbed kv_b).",
     attrs=(
         attr("d_model", "int"),
         attr("heads", "int"),
@@ -29,8 +63,11 @@ MLA = OperatorDecl(
         attr("qk_rope_head_dim", "int"),
         attr("v_head_dim", "int"),
         attr("norm_eps", "float", doc="eps of the q_a / kv_a RMSNorms"),
-        attr("scale", "float"),
+        attr("scale", "float", doc="softmax scale, in full (YaRN's mscale² included)"),
         *ROTARY_ATTRS,
+        attr("rotary_output", "enum", "in_place", "split", doc="where each rotated pair is written (see module doc)"),
+        attr("rope_mscale", "float", optional=True, doc="YaRN mscale (the cos/sin attention factor's numerator)"),
+        attr("rope_mscale_all_dim", "float", optional=True, doc="YaRN mscale_all_dim (its square is folded into scale)"),
     ),
     roles=(
         RoleSpec(Role.MlaQProj, lambda a: (a["heads"] * _qk(a), a["d_model"]), unless="q_lora"),
@@ -48,6 +85,11 @@ MLA = OperatorDecl(
     rules=(
         ("q_lora_rank must be > 0 exactly when q_lora", lambda a: (a["q_lora_rank"] > 0) == a["q_lora"]),
         ("rotary_dim must be 0 or qk_rope_head_dim", lambda a: a["rotary_dim"] in (0, a["qk_rope_head_dim"])),
+        ("rotary_layout must be none exactly when rotary_dim is 0",
+         lambda a: (a["rotary_layout"] == "none") == (a["rotary_dim"] == 0)),
+        ("qk_rope_head_dim must be even", lambda a: a["qk_rope_head_dim"] % 2 == 0),
+        ("with rope_mscale_all_dim declared, scale must be (qk_nope_head_dim+qk_rope_head_dim)^-0.5 times the YaRN mscale²",
+         _scale_consistent),
     ),
 )
 

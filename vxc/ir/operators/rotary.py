@@ -16,4 +16,5 @@ ROTARY_ATTRS = (
     attr("rope_beta_fast", "float", optional=True),
     attr("rope_beta_slow", "float", optional=True),
     attr("rope_attention_factor", "float", optional=True),
+    attr("rope_truncate", "bool", optional=True, doc="yarn: round the correction range outward to whole dims"),
 )
