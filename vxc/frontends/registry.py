@@ -46,6 +46,7 @@ def supported() -> list[str]:
 
 def _load() -> None:
     from . import llama, mamba2_hf, mamba_ssm, qwen2, qwen3  # noqa: F401  (registration)
+    from . import gpt_oss, qwen3_moe  # noqa: F401  (registration)
     from . import qwen3_next  # noqa: F401  (registration)
     from . import deepseek_v3, kimi_linear  # noqa: F401  (registration)
 
