@@ -32,14 +32,14 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def load_reference(mdir: Path, family: P.Family) -> P.Reference:
+def load_reference(mdir: Path, family: P.Family, **load_kw) -> P.Reference:
     """transformers at fp32 and fp64 (the MoE experts switched to the eager loop, which takes fp64)."""
     import transformers
 
     ref = P.Reference.__new__(P.Reference)
     ref.f = family
-    ref.m32 = transformers.AutoModelForCausalLM.from_pretrained(str(mdir), dtype=torch.float32).eval()
-    m64 = transformers.AutoModelForCausalLM.from_pretrained(str(mdir), dtype=torch.float32)
+    ref.m32 = transformers.AutoModelForCausalLM.from_pretrained(str(mdir), dtype=torch.float32, **load_kw).eval()
+    m64 = transformers.AutoModelForCausalLM.from_pretrained(str(mdir), dtype=torch.float32, **load_kw)
     m64.set_experts_implementation("eager")
     ref.m64 = m64.double().eval()
     return ref
@@ -110,8 +110,8 @@ class MoeParity:
         return r
 
 
-def measure_moe(family: P.Family, mdir: Path, ir: Path, router_of) -> MoeParity:
-    ref = load_reference(mdir, family)
+def measure_moe(family: P.Family, mdir: Path, ir: Path, router_of, **load_kw) -> MoeParity:
+    ref = load_reference(mdir, family, **load_kw)
     engine = P.engine_for(ir, max_context=256)
     par = P.measure(family, mdir, ir, ref=ref, engine=engine)
     seq = P.prompt_ids(family) + par.greedy_vxc  # the prompt and the whole greedy continuation
