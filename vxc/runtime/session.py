@@ -23,7 +23,10 @@ class SessionError(VxcError):
 class Session:
     def __init__(self, engine: Engine):
         self.engine = engine
-        self.pos = 0
+        # the state buffers belong to the engine and outlive a session: a new
+        # session starts at position 0, so it starts from zeroed state too
+        # (prefill continues from whatever the buffers hold)
+        self.reset()
 
     def reset(self) -> None:
         self.engine.state.zero_()
