@@ -317,3 +317,26 @@ def test_moe_block_lowers_and_executes():
     want = moe.shared_twin(h, routed, W[Role.SharedExpertGate], W[Role.SharedExpertUp], W[Role.SharedExpertDown],
                            W[Role.SharedExpertBranchGate])
     torch.testing.assert_close(got, want)
+
+
+# ------------------------------------------------------------------------------ registration
+
+
+def test_opcheck():
+    """Schemas and fakes (the shapes torch.fx / torch.compile trace with), on the torch twins."""
+    from torch.library import opcheck
+
+    T, d, E, I, k = 4, 32, 6, 8, 2
+    x = torch.randn(T, d)
+    idx = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
+    w = torch.rand(T, k)
+    opcheck(ops.moe_router.default, (x, torch.randn(E, d), torch.randn(E), None, "topk_softmax", k, False, 1.0, 1, 1))
+    opcheck(ops.moe_router.default, (x, torch.randn(E, d), None, torch.randn(E), "sigmoid_grouped", k, True, 2.0, 2, 1))
+    opcheck(ops.moe_experts.default, (x, w, idx, torch.randn(E, I, d), torch.randn(E, I, d), torch.randn(E, d, I),
+                                      None, None, "separate", "silu", None, None))
+    opcheck(ops.moe_experts.default, (x, w, idx, torch.randn(E, 2 * I, d), None, torch.randn(E, d, I), torch.randn(E, 2 * I),
+                                      torch.randn(E, d), "fused_interleaved", "clamped_glu", 1.702, 7.0))
+    opcheck(ops.moe_shared.default, (x, torch.randn(T, d), torch.randn(I, d), torch.randn(I, d), torch.randn(d, I),
+                                     torch.randn(1, d)))
+    opcheck(ops.mxfp4_dequant.default, (torch.randint(0, 256, (3, 5, 2, 16), dtype=torch.uint8),
+                                        torch.randint(120, 130, (3, 5, 2), dtype=torch.uint8), torch.float32))
