@@ -262,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--triton", action="store_true", help="run vxc's Triton kernels (needs TRITON_INTERPRET=1 on CPU)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--new-tokens", type=int, default=GREEDY_NEW)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (the miniatures are tiny)")
     a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
     if a.triton:
         from vxc.codegen import kernels
 
