@@ -4,6 +4,7 @@ declarations; the miniature geometry is written out as independent constants."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import shutil
@@ -41,7 +42,7 @@ HUB4 = {**DENSE, "num_hidden_layers": 4, "mlp_only_layers": list(range(4)),
         "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"]}
 
 PROMPT_LEN = 150  # three delta chunks of 64 (64 + 64 + 22)
-SPLIT = 100  # prefill 0..99 (a chunk and a partial one), then step 100..149
+SPLIT = 120  # prefill 0..119 (a chunk and a partial one), then step 120..149
 GREEDY_NEW = 32
 MIN_DISTINCT = 8
 
@@ -99,55 +100,54 @@ def prompt(seed: int = 0, n: int = PROMPT_LEN) -> list[int]:
 
 
 class Reference:
+    """transformers 5.24's Qwen3NextForCausalLM at fp32 and fp64 on the same weights."""
+
     def __init__(self, model_dir: Path, moe: bool):
         import transformers
 
         m32 = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-        m64 = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         if moe:
             # the eager expert loop: the grouped matmul refuses float64, and on CPU also these awkward widths
             # ("strides should be multiple of 16 bytes")
             m32.set_experts_implementation("eager")
-            m64.set_experts_implementation("eager")
-        self.m32, self.m64 = m32.eval(), m64.double().eval()
-        self.routers = [(i, layer.mlp.gate) for i, layer in enumerate(self.m32.model.layers) if hasattr(layer.mlp, "gate")]
+        self.m32 = m32.eval()
+        self.m64 = copy.deepcopy(m32).double().eval()
 
-    def full(self, ids, fp64: bool = False) -> torch.Tensor:
-        return R.hf_logits(self.m64 if fp64 else self.m32, ids)
-
-    def prefill_then_step(self, ids, k: int) -> torch.Tensor:
-        return R.hf_prefill_then_step(self.m32, ids, k)
+    @staticmethod
+    def _routers(model):
+        return [(i, layer.mlp.gate) for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "gate")]
 
     @torch.no_grad()
-    def selections(self, ids) -> dict[int, torch.Tensor]:
-        """layer → the experts its router selects for each token [T, top_k] (full fp32 prefill)."""
+    def full(self, ids) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """fp32 logits [T, V] and, per MoE layer, the experts its router selects for each token [T, top_k]."""
         got: dict[int, torch.Tensor] = {}
-        hooks = [router.register_forward_hook(lambda mod, inp, out, i=i: got.__setitem__(i, out[2].clone()))
-                 for i, router in self.routers]
+        hooks = [r.register_forward_hook(lambda mod, inp, out, i=i: got.__setitem__(i, out[2].clone()))
+                 for i, r in self._routers(self.m32)]
         try:
-            self.full(ids)
+            return R.hf_logits(self.m32, ids), got
         finally:
             for h in hooks:
                 h.remove()
-        return got
 
     @torch.no_grad()
-    def router_margins(self, ids) -> dict[int, torch.Tensor]:
-        """layer → per token, the probability gap between the k-th and (k+1)-th expert (fp64 reference)."""
+    def full64(self, ids) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """fp64 logits and, per MoE layer and token, the router probability gap between the k-th and the
+        (k+1)-th expert (how near the selection is to a tie)."""
         got: dict[int, torch.Tensor] = {}
-        routers = [(i, layer.mlp.gate) for i, layer in enumerate(self.m64.model.layers) if hasattr(layer.mlp, "gate")]
 
-        def hook(mod, inp, out, i):
+        def hook(mod, out, i):
             p = torch.softmax(out[0].double(), -1).sort(-1, descending=True).values
             got[i] = p[:, mod.top_k - 1] - p[:, mod.top_k]
 
-        hooks = [r.register_forward_hook(lambda mod, inp, out, i=i: hook(mod, inp, out, i)) for i, r in routers]
+        hooks = [r.register_forward_hook(lambda mod, inp, out, i=i: hook(mod, out, i)) for i, r in self._routers(self.m64)]
         try:
-            self.full(ids, fp64=True)
+            return R.hf_logits(self.m64, ids), got
         finally:
             for h in hooks:
                 h.remove()
-        return got
+
+    def prefill_then_step(self, ids, k: int) -> torch.Tensor:
+        return R.hf_prefill_then_step(self.m32, ids, k)
 
     @torch.no_grad()
     def greedy(self, ids, n: int) -> list[int]:
@@ -176,7 +176,6 @@ class RouterTap:
     graph's call targets to a recording wrapper (test instrumentation; the op itself is unchanged)."""
 
     def __init__(self, eng):
-        from torch import fx  # noqa: F401
 
         self.calls: list[torch.Tensor] = []
         target = torch.ops.vxc.moe_router.default
@@ -207,13 +206,12 @@ def vxc_run(eng, ids: list[int], k: int, n_new: int, tap: RouterTap | None = Non
     s = Session(eng)
     full = s.prefill(ids)
     sel = list(tap.calls) if tap is not None else []
+    greedy = s.generate(ids, n_new, Sampler(vocab=eng.vocab), logits=full[-1])  # continues after the prefill
     s.reset()
     rows = [s.prefill(ids[:k])]
     for t in ids[k:]:
         rows.append(s.step(t)[None])
     stepped = torch.cat(rows, 0)
-    s.reset()
-    greedy = s.generate(ids, n_new, Sampler(vocab=eng.vocab))
     return Run(full, stepped, greedy, sel)
 
 
