@@ -217,3 +217,43 @@ def vxc_run(eng, ids: list[int], k: int, n_new: int, tap: RouterTap | None = Non
 
 def maxabs(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max())
+
+
+# ------------------------------------------------------------------ Triton end to end (child process)
+
+E2E_PROMPT, E2E_SPLIT, E2E_GREEDY = 70, 66, 4  # two delta chunks (64 + 6), four steps, four greedy tokens
+
+
+def triton_child(model_dir: str) -> dict:
+    """Run in a fresh process with TRITON_INTERPRET=1: the miniature through every Triton launcher
+    (``set_backend("triton")``), against transformers (fp32, fp64).
+    Counts the calls reaching the gated-delta launchers and twins."""
+    import os
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    torch.set_num_threads(1)
+    from vxc.codegen import kernels as K
+    from vxc.codegen.kernels import delta
+    names = ("gated_delta_prefill", "gated_delta_step", "sigmoid_gate_mul")
+    counts = {"triton": dict.fromkeys(names, 0), "torch": dict.fromkeys(names, 0)}
+
+    def counting(which, name, fn):
+        def wrapped(*a, **kw):
+            counts[which][name] += 1
+            return fn(*a, **kw)
+        return wrapped
+
+    for n in names:
+        setattr(delta, f"{n}_triton", counting("triton", n, getattr(delta, f"{n}_triton")))
+        setattr(delta, f"{n}_twin", counting("torch", n, getattr(delta, f"{n}_twin")))
+    ids = prompt(5, n=E2E_PROMPT)
+    model_dir = Path(model_dir)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    ref = Reference(model_dir, moe=len(cfg["mlp_only_layers"]) < cfg["num_hidden_layers"])
+    r32, _ = ref.full(ids)
+    r64, _ = ref.full64(ids)
+    with K.backend("triton"):
+        run = vxc_run(engine(model_dir, 128), ids, E2E_SPLIT, E2E_GREEDY)
+    return {"counts": counts, "vs_ref": maxabs(run.full, r32), "step_vs_ref": maxabs(run.stepped, r32),
+            "step_vs_full": maxabs(run.stepped, run.full), "fp32_vs_fp64": maxabs(r32, r64),
+            "max_logit": float(r64.abs().max()), "greedy": run.greedy, "greedy_ref": ref.greedy(ids, E2E_GREEDY)}
