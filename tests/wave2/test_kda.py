@@ -5,7 +5,7 @@ compiled on CUDA); the operator declaration's regions.
 
 Triton on CPU needs TRITON_INTERPRET=1 before triton's kernels are decorated. This module sets it when it
 is imported first; when another module imported the kernels without it, the Triton cases run in a fresh
-process instead (``test_triton_cases_in_a_fresh_process``).
+process instead (tests/triton_support.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+
+from tests.triton_support import triton_case as triton_case_for  # noqa: E402
 
 from vxc.codegen import kernels  # noqa: E402
 from vxc.codegen.kernels import kda as K  # noqa: E402
@@ -143,8 +145,7 @@ def test_declaration_regions():
 
 # ------------------------------------------------------------------------------------------------ Triton
 
-triton_case = pytest.mark.skipif(not TRITON_HERE, reason="triton was decorated without its interpreter in this process; "
-                                 "see test_triton_cases_in_a_fresh_process")
+triton_case = triton_case_for(TRITON_HERE)
 
 
 @triton_case
@@ -166,11 +167,3 @@ def test_triton_triton_prefill_and_step(shape, dtype):
     want1 = ops.kda_step(*[x.cpu() for x in (q[0], k[0], v[0], f[0], b[0], A, dtb)], S1, D ** -0.5, 1e-6)
     torch.testing.assert_close(got1.cpu().float(), want1.float(), **tol)
     torch.testing.assert_close(S_tw.cpu(), S1, **TOL)
-
-
-def test_triton_cases_in_a_fresh_process():
-    if TRITON_HERE:
-        pytest.skip("the Triton cases ran in this process")
-    r = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", "test_triton_triton"],
-                       capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

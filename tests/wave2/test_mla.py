@@ -19,6 +19,8 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+from tests.triton_support import triton_case as triton_case_for  # noqa: E402
+
 from vxc.codegen import kernels  # noqa: E402
 from vxc.codegen.kernels import mla as M  # noqa: E402,F401  (registers the ops)
 from vxc.codegen.kernels import triton_impl  # noqa: E402
@@ -159,8 +161,7 @@ def test_declaration_region_and_rules():
 
 # ------------------------------------------------------------------------------------------------ Triton
 
-triton_case = pytest.mark.skipif(not TRITON_HERE, reason="triton was decorated without its interpreter in this process; "
-                                 "see test_triton_cases_in_a_fresh_process")
+triton_case = triton_case_for(TRITON_HERE)
 
 
 @triton_case
@@ -183,11 +184,3 @@ def test_triton_triton_against_twin(layout, out_order, dtype):
         assert got.dtype == dtype
         torch.testing.assert_close(got.float(), ref.float(), **tol)
         torch.testing.assert_close(cache.cpu().float(), ref_cache.float(), **tol)
-
-
-def test_triton_cases_in_a_fresh_process():
-    if TRITON_HERE:
-        pytest.skip("the Triton cases ran in this process")
-    r = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", "test_triton_triton"],
-                       capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

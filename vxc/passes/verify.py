@@ -125,5 +125,5 @@ class Verify:
         if self.check_files and ctx.model_dir is not None:
             for f in ctx.module.files:
                 if not (ctx.model_dir / f.path).is_file():
-                    out.append(Finding("missing-file", f"file @{f.sym} {f.path} does not exist in {ctx.model_dir}", tensor=f.path))
+                    out.append(Finding("missing-file", f"file @{f.sym} {f.path} does not exist in {ctx.model_dir} (if the checkpoint moved, point at it with --model-dir)", tensor=f.path))
         return out
