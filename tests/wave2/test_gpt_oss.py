@@ -280,3 +280,28 @@ def test_triton_backend_matches_torch_twins(built, variant):
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["max"] > 4.0 and out["err"] <= 1e-5 * out["max"] * 10, out
+
+
+def test_window_bounds_the_allocated_rows(built):
+    """A sliding-window layer holds only `window` KV rows (a ring): the provider allocates exactly the
+    bytes describe reports at that context, and a prompt longer than the window still matches the
+    full-prefill logits when fed token by token through the ring."""
+    from vxc.ir.parser import parse
+    from vxc.passes.surfaces import describe
+    from vxc.runtime.engine import Engine
+    from vxc.runtime.session import Session
+
+    mdir, ir = built["fused"]
+    ctx_len = 64
+    e = Engine(parse(ir.read_text()), mdir, max_context=ctx_len)
+    kv = {rid: b.shape for rid, b in e.state.buffers.items() if e.state.layout[rid] == "kv_rows"}
+    assert sorted(s[1] for s in kv.values()) == [WINDOW, WINDOW, ctx_len]  # layers 0, 2 slide; layer 1 is full
+    d = describe(e.plan, context=ctx_len, compute="f32")
+    assert d["state"]["at_context"]["bytes"] == e.state.nbytes()
+    assert e.state.nbytes() == 4 * 2 * KV * HD * (WINDOW + ctx_len + WINDOW)  # fp32, K and V rows
+    ids = P.prompt_ids(FUSED)[: 3 * WINDOW + 1]
+    s = Session(e)
+    full = s.prefill(ids)
+    s.reset()
+    stepped = torch.cat([s.prefill(ids[:2])] + [s.step(t)[None] for t in ids[2:]])
+    assert float((full - stepped).abs().max()) < 1e-4

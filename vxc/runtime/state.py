@@ -58,10 +58,10 @@ class StateProvider:
                 dt = torch.float32 if r.precision == "f32" else dtype
                 if r.growth == "fixed":
                     shape = tuple(r.shape)
-                elif r.kind == "kv_rows":  # [2, ...]: K rows and V rows, each [positions, ...]
-                    shape = (r.shape[0], max_context, *r.shape[1:])
                 else:
-                    shape = (max_context, *r.shape)
+                    # a window bounds the rows: held as a ring of `window` rows (see the attention op)
+                    n = min(r.window, max_context) if r.window else max_context
+                    shape = (r.shape[0], n, *r.shape[1:]) if r.kind == "kv_rows" else (n, *r.shape)  # kv: K rows, V rows
                 buffers[rid] = torch.zeros(shape, dtype=dt, device=device)
                 growing[rid] = r.growth == "per_token"
                 layout[rid] = r.kind

@@ -135,9 +135,32 @@ def attention(
     window: int = 0,
     sinks: Optional[Tensor] = None,
 ) -> Tensor:
-    if start + q.shape[0] > k_cache.shape[0]:
-        raise ValueError(f"rows {start}..{start + q.shape[0] - 1} do not fit a cache of {k_cache.shape[0]} rows")
-    return implementation(q).attention(q, k, v, k_cache, v_cache, start, scale, window, sinks)
+    T, rows = q.shape[0], k_cache.shape[0]
+    if start + T <= rows:
+        return implementation(q).attention(q, k, v, k_cache, v_cache, start, scale, window, sinks)
+    if not (0 < window <= rows):
+        raise ValueError(f"rows {start}..{start + T - 1} do not fit a cache of {rows} rows")
+    return _ring_attention(q, k, v, k_cache, v_cache, start, scale, window, sinks)
+
+
+def _ring_attention(q, k, v, k_cache, v_cache, start, scale, window, sinks):
+    """A sliding-window cache held as a ring of ``rows >= window`` rows (position p lives in row p % rows).
+
+    The rows still visible to this call (positions start-rows+1 .. start-1) are laid out in position order
+    ahead of the new ones, the implementation attends over that linear window (the same masks, positions
+    shifted), then the newest positions are written back into the ring.
+    """
+    T, rows = q.shape[0], k_cache.shape[0]
+    first = max(0, start - rows + 1)
+    old = torch.arange(first, start, device=q.device) % rows
+    k_lin = torch.cat([k_cache[old], torch.empty_like(k)])
+    v_lin = torch.cat([v_cache[old], torch.empty_like(v)])
+    out = implementation(q).attention(q, k, v, k_lin, v_lin, start - first, scale, window, sinks)
+    keep = min(T, rows)
+    dst = torch.arange(start + T - keep, start + T, device=q.device) % rows
+    k_cache[dst] = k[T - keep:].to(k_cache.dtype)
+    v_cache[dst] = v[T - keep:].to(v_cache.dtype)
+    return out
 
 
 @attention.register_fake
