@@ -1,0 +1,648 @@
+#!/usr/bin/env python
+"""vxc vs transformers (eager) on real-geometry models with random weights.
+
+One run of this script:
+
+1. builds (or reuses, keyed by geometry and checkpoint dtype) model
+   directories in a work dir outside the repository:
+   - ``mamba2-780m``: the witness config (mamba_ssm native dialect) with random
+     weights; vxc lowers that native dir.  transformers gets an equivalent
+     ``Mamba2ForCausalLM`` directory with the same weights renamed
+     (``tests/references.py::native_to_hf_mamba2``) written by save_pretrained.
+   - ``qwen3-0.6b``: a Qwen3-0.6B-shaped transformers ``Qwen3Config`` model
+     (random init) written by save_pretrained; vxc lowers the same dir.
+   Checkpoints are written at the run dtype (an fp32 copy for the fp32 runs, a
+   bf16 copy for the bf16 runs) unless ``--ckpt-dtype fp32`` is given.
+2. measures memory read bandwidth (tensor sum and GEMV over >= 1 GB, best of a
+   few) in a child process with the same thread count;
+3. runs each engine in its own child process (peak RSS is per engine), same
+   thread count, same weights: prefill tokens/s at each ``--prefill`` length
+   (fresh state each, one warm-up run first), decode tokens/s (batch 1,
+   ``--decode`` greedy tokens after a short prompt, each engine's own cache),
+   peak RSS (``ru_maxrss``);
+4. prints a markdown table with the ratios vxc/transformers and the fraction
+   of the memory-bandwidth bound for decode
+   (bound tok/s = bandwidth / weight bytes read per token).
+
+Usage::
+
+    .venv/bin/python benchmarks/bench.py --small                 # < 1 minute
+    .venv/bin/python benchmarks/bench.py --models mamba2-780m,qwen3-0.6b --dtypes fp32,bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+WITNESS_DIR = Path(os.environ.get("VXC_WITNESS_DIR", REPO.parent / "shared" / "witnesses"))
+if not WITNESS_DIR.is_dir():
+    WITNESS_DIR = Path("/work/shared/witnesses")
+
+MODELS = ("mamba2-780m", "qwen3-0.6b")
+ENGINE_NAMES = {"vxc": "vxc", "vxc-compiled": "vxc (compile_decode)", "hf": "transformers"}
+
+# ---------------------------------------------------------------------------
+# geometries
+# ---------------------------------------------------------------------------
+
+QWEN3_0_6B = {
+    "vocab_size": 151936,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "initializer_range": 0.02,
+}
+
+QWEN3_SMALL = dict(QWEN3_0_6B, vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048,
+                   bos_token_id=1, eos_token_id=2)
+
+
+def mamba2_config(small: bool) -> dict:
+    cfg = json.loads((WITNESS_DIR / "mamba2-780m.config.json").read_text())
+    if small:
+        cfg = dict(cfg, d_model=256, n_layer=4, vocab_size=1000)
+    return cfg
+
+
+def geometry(model: str, small: bool) -> dict:
+    if model == "mamba2-780m":
+        return {"family": "mamba2-native", "config": mamba2_config(small)}
+    if model == "qwen3-0.6b":
+        return {"family": "qwen3", "config": QWEN3_SMALL if small else QWEN3_0_6B}
+    raise SystemExit(f"unknown model {model!r}; known: {', '.join(MODELS)}")
+
+
+def geometry_key(geo: dict) -> str:
+    return hashlib.sha256(json.dumps(geo, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# ---------------------------------------------------------------------------
+# building model directories (in a child process, so the parent stays small)
+# ---------------------------------------------------------------------------
+
+
+def _convert_dir(src: Path, dst: Path, dtype_name: str) -> None:
+    """Copy a checkpoint dir, casting every floating tensor to ``dtype_name``."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    sizes = {}
+    for f in sorted(src.iterdir()):
+        if f.suffix == ".safetensors":
+            out = {}
+            with safe_open(str(f), framework="pt") as h:
+                meta = h.metadata() or {"format": "pt"}
+                for k in h.keys():
+                    t = h.get_tensor(k)
+                    out[k] = t.to(dt) if t.is_floating_point() else t
+            save_file(out, str(tmp / f.name), metadata=meta)
+            sizes.update({k: v.numel() * v.element_size() for k, v in out.items()})
+            del out
+        elif f.is_file():
+            shutil.copyfile(f, tmp / f.name)
+    cfg_path = tmp / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    for key in ("dtype", "torch_dtype"):
+        if key in cfg:
+            cfg[key] = {"bf16": "bfloat16", "fp32": "float32"}[dtype_name]
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    index = tmp / "model.safetensors.index.json"
+    if index.exists():
+        idx = json.loads(index.read_text())
+        idx.setdefault("metadata", {})["total_size"] = sum(sizes.values())
+        index.write_text(json.dumps(idx, indent=2))
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+
+
+def build_child(model: str, small: bool, out: Path, ckpt: str) -> None:
+    """Write ``out/vxc`` and ``out/hf`` (the same dir for qwen3) at ``ckpt`` dtype."""
+    import torch
+
+    sys.path.insert(0, str(REPO))
+    geo = geometry(model, small)
+    out.mkdir(parents=True, exist_ok=True)
+    if ckpt != "fp32":
+        base = out.parent / f"{out.name.rsplit('-', 1)[0]}-fp32"
+        if not (base / ".done").exists():
+            build_child(model, small, base, "fp32")
+        for sub in ("vxc", "hf"):
+            if (base / sub).is_symlink():
+                (out / sub).unlink(missing_ok=True)
+                (out / sub).symlink_to(os.readlink(base / sub))
+            else:
+                _convert_dir(base / sub, out / sub, ckpt)
+        (out / ".done").write_text(json.dumps(geo))
+        return
+    if geo["family"] == "mamba2-native":
+        from tests.builders import build_native_mamba
+        from tests.references import native_to_hf_mamba2
+
+        t0 = time.time()
+        build_native_mamba(out / "vxc", geo["config"], seed=0, dtype=torch.float32, scale=1.0)
+        print(f"[build] {model}: native dir written in {time.time() - t0:.0f} s", file=sys.stderr)
+        hf = native_to_hf_mamba2(out / "vxc", torch.float32)
+        hf.save_pretrained(str(out / "hf"), safe_serialization=True)
+        del hf
+    else:
+        import transformers
+
+        torch.manual_seed(0)
+        cfg = transformers.Qwen3Config(**geo["config"])
+        with torch.no_grad():
+            m = transformers.Qwen3ForCausalLM(cfg).float().eval()
+        m.save_pretrained(str(out / "hf"), safe_serialization=True)
+        del m
+        (out / "vxc").unlink(missing_ok=True)
+        (out / "vxc").symlink_to("hf")
+    (out / ".done").write_text(json.dumps(geo))
+
+
+def ensure_built(model: str, small: bool, ckpt: str, workdir: Path, env: dict) -> Path:
+    geo = geometry(model, small)
+    out = workdir / f"{model}{'-small' if small else ''}-{geometry_key(geo)}-{ckpt}"
+    if (out / ".done").exists():
+        return out
+    t0 = time.time()
+    print(f"[build] {model} ({ckpt} checkpoint) -> {out}", file=sys.stderr, flush=True)
+    cmd = [sys.executable, __file__, "--_build", model, "--_out", str(out), "--_ckpt", ckpt] + (["--small"] if small else [])
+    subprocess.run(cmd, check=True, env=env)
+    print(f"[build] {model} ({ckpt}) done in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# children: bandwidth and engines
+# ---------------------------------------------------------------------------
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _peak_rss_bytes() -> int:
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r if sys.platform == "darwin" else r * 1024
+
+
+def bandwidth_child(args, result: dict) -> None:
+    """Read bandwidth (bytes/s): a >= 1 GB fp32 sum, and fp32 / bf16 GEMV over a >= 1 GB matrix; best of a few."""
+    import torch
+
+    dev = args.device
+    n_gb = 1.0 if not args.small else 1.0
+    numel = int(n_gb * 2**30 / 4) + 2**20
+    x = torch.empty(numel, dtype=torch.float32, device=dev).normal_()
+    out = {}
+
+    def best(fn, nbytes, reps):
+        fn()
+        _sync(dev)
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            _sync(dev)
+            ts.append(time.perf_counter() - t0)
+        return nbytes / min(ts)
+
+    reps = 5
+    out["sum_fp32"] = best(lambda: x.sum(), x.numel() * 4, reps)
+    rows = 16384
+    cols = numel // rows
+    a = x[: rows * cols].view(rows, cols)
+    v = torch.randn(cols, dtype=torch.float32, device=dev)
+    out["gemv_fp32"] = best(lambda: torch.mv(a, v), a.numel() * 4, reps)
+    del a, v
+    xb = x[: numel].to(torch.bfloat16)  # 0.5 GB bf16 ...
+    del x
+    xb2 = torch.cat([xb, xb])  # ... -> >= 1 GB
+    del xb
+    cols_b = xb2.numel() // rows
+    ab = xb2[: rows * cols_b].view(rows, cols_b)
+    vb = torch.randn(cols_b, dtype=torch.bfloat16, device=dev)
+    out["gemv_bf16"] = best(lambda: torch.mv(ab, vb), ab.numel() * 2, reps)
+    out["sum_bf16"] = best(lambda: xb2.sum(), xb2.numel() * 2, reps)
+    result["bandwidth"] = out
+
+
+def _unique_bytes(tensors) -> int:
+    seen, n = set(), 0
+    for t in tensors:
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        n += t.numel() * t.element_size()
+    return n
+
+
+def engine_child(args, result: dict) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    dev = args.device
+    prefill_lens = [int(x) for x in args.prefill.split(",") if x]
+    gen = torch.Generator().manual_seed(1234)
+    model_dir = Path(args._dir)
+    result.update(threads=torch.get_num_threads(), torch=torch.__version__, loadavg_start=os.getloadavg()[0])
+
+    vocab_real = args._vocab  # the model's real (unpadded) vocabulary, the same for both engines
+    prompts = {n: torch.randint(0, int(vocab_real), (n,), generator=gen).tolist() for n in prefill_lens}
+    decode_prompt = torch.randint(0, int(vocab_real), (args.prompt,), generator=gen).tolist()
+    max_ctx = max(prefill_lens + [args.prompt + args.decode]) + 8
+
+    t0 = time.perf_counter()
+    if args._engine.startswith("vxc"):
+        sys.path.insert(0, str(REPO))
+        from vxc.frontends import lower
+        from vxc.runtime.engine import Engine
+        from vxc.runtime.session import Session
+
+        eng = Engine(lower(model_dir), model_dir, dtype=dtype, device=dev, max_context=max_ctx,
+                     compile_decode=args._engine == "vxc-compiled")
+        sess = Session(eng)
+        result["weight_bytes"] = eng.weight_bytes()
+        result["state_bytes"] = eng.state.nbytes()
+        emb_names = [n for n, b in eng.root.named_buffers() if n.startswith("w_")]
+        result["weight_buffers"] = len(emb_names)
+
+        def prefill(ids):
+            sess.reset()
+            return sess.prefill(ids)
+
+        def decode(prompt, n):
+            sess.reset()
+            last = sess.prefill(prompt)[-1]
+            out, steps = [], []
+            for i in range(n):
+                tok = int(last[:vocab_real].argmax())  # (a device sync)
+                out.append(tok)
+                if i + 1 < n:
+                    t = time.perf_counter()
+                    last = sess.step(tok)
+                    _sync(dev)
+                    steps.append(time.perf_counter() - t)
+            return out, steps
+    else:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        kw = {"dtype": dtype}
+        if args.hf_attn:
+            kw["attn_implementation"] = args.hf_attn
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), **kw).to(dev).eval()
+        result["hf_class"] = type(model).__name__
+        result["hf_attn"] = getattr(model.config, "_attn_implementation", None)
+        result["weight_bytes"] = _unique_bytes(list(model.parameters()) + list(model.buffers()))
+
+        @torch.no_grad()
+        def prefill(ids):
+            x = torch.tensor([ids], dtype=torch.long, device=dev)
+            return model(x, use_cache=True).logits[0]
+
+        @torch.no_grad()
+        def decode(prompt, n):
+            x = torch.tensor([prompt], dtype=torch.long, device=dev)
+            o = model(x, use_cache=True)
+            cache, last = o.cache, o.logits[0, -1]
+            out, steps = [], []
+            for i in range(n):
+                tok = int(last[:vocab_real].argmax())  # (a device sync)
+                out.append(tok)
+                if i + 1 < n:
+                    t = time.perf_counter()
+                    o = model(torch.tensor([[tok]], dtype=torch.long, device=dev), cache=cache, use_cache=True)
+                    cache, last = o.cache, o.logits[0, -1]
+                    _sync(dev)
+                    steps.append(time.perf_counter() - t)
+            return out, steps
+
+    _sync(dev)
+    result["load_s"] = time.perf_counter() - t0
+    result["rss_after_load"] = _peak_rss_bytes()
+
+    pf = {}
+    if not args._decode_only:
+        t = time.perf_counter()
+        prefill(prompts[prefill_lens[0]])  # warm-up
+        _sync(dev)
+        result["warmup_s"] = time.perf_counter() - t
+        for n in prefill_lens:
+            best = None
+            for _ in range(args.repeats):
+                _sync(dev)
+                t = time.perf_counter()
+                prefill(prompts[n])
+                _sync(dev)
+                dt = time.perf_counter() - t
+                best = dt if best is None else min(best, dt)
+            pf[str(n)] = n / best
+            print(f"  [{args._engine} {args.dtype}] prefill {n}: {n / best:.1f} tok/s", file=sys.stderr, flush=True)
+    result["prefill_tps"] = pf
+
+    t = time.perf_counter()
+    decode(decode_prompt, min(4, args.decode))  # warm-up (and compile, for compile_decode)
+    result["decode_warmup_s"] = time.perf_counter() - t
+    f0 = resource.getrusage(resource.RUSAGE_SELF)
+    # one run: the first new token comes from the prompt's logits, so n - 1 steps are timed
+    ids, steps = decode(decode_prompt, args.decode)
+    f1 = resource.getrusage(resource.RUSAGE_SELF)
+    result["decode_step_s"] = steps
+    result["decode_tps"] = len(steps) / sum(steps) if steps else None
+    result["decode_tps_median_step"] = 1 / sorted(steps)[len(steps) // 2] if steps else None
+    result["decode_faults"] = {"minor": f1.ru_minflt - f0.ru_minflt, "major": f1.ru_majflt - f0.ru_majflt,
+                               "involuntary_ctx_switches": f1.ru_nivcsw - f0.ru_nivcsw}
+    result["generated"] = ids
+    result["loadavg_end"] = os.getloadavg()[0]
+    print(f"  [{args._engine} {args.dtype}] decode: {result['decode_tps']:.2f} tok/s "
+          f"(median step {result['decode_tps_median_step']:.2f})", file=sys.stderr, flush=True)
+    if dev.startswith("cuda"):
+        result["cuda_max_allocated"] = torch.cuda.max_memory_allocated()
+    result["peak_rss"] = _peak_rss_bytes()
+
+
+def run_child(kind: str, argv: list[str], env: dict, timeout: float) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    try:
+        cmd = [sys.executable, __file__, "--_child", kind, "--_result", path] + argv
+        t0 = time.time()
+        p = subprocess.run(cmd, env=env, timeout=timeout)
+        text = Path(path).read_text()
+        res = json.loads(text) if text.strip() else {}
+        res["child_wall_s"] = time.time() - t0
+        if p.returncode != 0:
+            res["error"] = f"exit status {p.returncode}"
+        return res
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    finally:
+        Path(path).unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def cpu_flags() -> str:
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0]
+        have = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
+        return ",".join(have) or "-"
+    except (OSError, IndexError):
+        return "?"
+
+
+def fmt(x, nd=1):
+    if x is None:
+        return "—"
+    return f"{x:.{nd}f}"
+
+
+def weight_bytes_per_token(res: dict, tied: bool, emb_bytes: int) -> int:
+    """Bytes of weights one decode step reads: everything, except an untied input
+    embedding (one row is gathered); a tied table is read whole as the head."""
+    return res["weight_bytes"] - (0 if tied else emb_bytes)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--prefill", default="128,512", help="prefill lengths (comma-separated)")
+    ap.add_argument("--decode", type=int, default=64, help="new tokens per decode run")
+    ap.add_argument("--prompt", type=int, default=8, help="prompt length before decoding")
+    ap.add_argument("--repeats", type=int, default=2, help="timed prefill runs per length (the best is reported)")
+    ap.add_argument("--workdir", default=os.environ.get("VXC_BENCH_DIR", str(Path(tempfile.gettempdir()) / "vxc-bench")))
+    ap.add_argument("--ckpt-dtype", default="match", choices=("match", "fp32"),
+                    help="checkpoint dtype: 'match' writes a copy at each run dtype; 'fp32' converts at load")
+    ap.add_argument("--engines", default="vxc,hf", help="vxc, vxc-compiled (compile_decode=True; decode only), hf")
+    ap.add_argument("--hf-attn", default=None, help="transformers attn_implementation (default: its own default, sdpa)")
+    ap.add_argument("--small", action="store_true", help="tiny geometries (smoke run, < 1 minute)")
+    ap.add_argument("--timeout", type=float, default=3600, help="per-child timeout, seconds")
+    ap.add_argument("--json-out", default=None, help="also write every raw result here")
+    # internal (child processes)
+    ap.add_argument("--_child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_result", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_engine", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_dir", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_decode_only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--_vocab", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_build", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_out", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_ckpt", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args._build:
+        build_child(args._build, args.small, Path(args._out), args._ckpt)
+        return
+    if args._child:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        result: dict = {}
+        try:
+            (bandwidth_child if args._child == "bandwidth" else engine_child)(args, result)
+        finally:
+            Path(args._result).write_text(json.dumps(result))
+        return
+
+    t_start = time.time()
+    args._load0 = os.getloadavg()[0]
+    workdir = Path(args.workdir).resolve()
+    if workdir == REPO or REPO in workdir.parents:
+        raise SystemExit(f"--workdir {workdir} is inside the repository; pick a directory outside it")
+    workdir.mkdir(parents=True, exist_ok=True)
+    models = [m for m in args.models.split(",") if m]
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    engines = [e for e in args.engines.split(",") if e]
+    for e in engines:
+        if e not in ENGINE_NAMES:
+            raise SystemExit(f"unknown engine {e!r}; known: {', '.join(ENGINE_NAMES)}")
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: no CUDA device is available")
+    prefill_lens = [int(x) for x in args.prefill.split(",") if x]
+
+    env = dict(os.environ)
+    for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[k] = str(args.threads)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+
+    common = ["--threads", str(args.threads), "--device", args.device, "--prefill", args.prefill,
+              "--decode", str(args.decode), "--prompt", str(args.prompt), "--repeats", str(args.repeats)]
+    if args.hf_attn:
+        common += ["--hf-attn", args.hf_attn]
+
+    # -- build
+    dirs = {}
+    for m in models:
+        for d in dtypes:
+            ck = d if args.ckpt_dtype == "match" else "fp32"
+            dirs[(m, d)] = (ensure_built(m, args.small, ck, workdir, env), ck)
+
+    # -- bandwidth
+    print("[bench] measuring read bandwidth", file=sys.stderr, flush=True)
+    bw = run_child("bandwidth", common, env, args.timeout).get("bandwidth", {})
+
+    # -- engines
+    rows = []
+    for m in models:
+        for d in dtypes:
+            base, ck = dirs[(m, d)]
+            for e in engines:
+                sub = base / ("hf" if e == "hf" else "vxc")
+                vocab = int(geometry(m, args.small)["config"]["vocab_size"])
+                argv = common + ["--_engine", e, "--_dir", str(sub), "--dtype", d, "--_vocab", str(vocab)]
+                if e == "vxc-compiled":
+                    argv.append("--_decode_only")
+                print(f"[bench] {m} {d} {ENGINE_NAMES[e]}", file=sys.stderr, flush=True)
+                res = run_child("engine", argv, env, args.timeout)
+                if res.get("error"):
+                    print(f"[bench] {m} {d} {e}: {res['error']}", file=sys.stderr, flush=True)
+                rows.append({"model": m, "dtype": d, "ckpt": ck, "engine": e, **res})
+
+    # -- bandwidth again (the machine is shared: keep the better of the two measurements per kind)
+    print("[bench] measuring read bandwidth again", file=sys.stderr, flush=True)
+    bw2 = run_child("bandwidth", common, env, args.timeout).get("bandwidth", {})
+    bw = {k: max(bw.get(k, 0), bw2.get(k, 0)) for k in set(bw) | set(bw2)}
+    bandwidth = max(bw.values()) if bw else None
+
+    wall = time.time() - t_start
+    report(args, rows, bw, bandwidth, prefill_lens, wall)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"rows": rows, "bandwidth": bw, "wall_s": wall}, indent=2))
+
+
+def table_row(r: dict, head: list[str], prefill_lens: list[int], bandwidth) -> str:
+    wb = r.get("weight_bytes")
+    if r.get("error") and not wb:
+        cells = [r["model"], r["dtype"], r["ckpt"], ENGINE_NAMES[r["engine"]], f"failed: {r['error']}"]
+        return "| " + " | ".join(cells + [""] * (len(head) - len(cells))) + " |"
+    pf = r.get("prefill_tps", {})
+    dec = r.get("decode_tps")
+    frac = dec * wb / bandwidth if (dec and wb and bandwidth) else None
+    rss = r.get("peak_rss")
+    cells = [r["model"], r["dtype"], r["ckpt"], ENGINE_NAMES[r["engine"]]]
+    cells += [fmt(pf.get(str(n))) for n in prefill_lens]
+    cells += [fmt(dec, 2), fmt(r.get("decode_tps_median_step"), 2), fmt(rss / 1e9 if rss else None, 2), fmt(wb / 1e9, 3 if wb < 1e8 else 2),
+              fmt(rss / wb if rss else None, 2), f"{frac * 100:.0f}%" if frac is not None else "—",
+              fmt(r["rss_after_load"] / 1e9 if r.get("rss_after_load") else None, 2), fmt(r.get("load_s"), 1)]
+    if r.get("error"):
+        cells[-1] += f" ({r['error']})"
+    return "| " + " | ".join(cells) + " |"
+
+
+def report(args, rows, bw, bandwidth, prefill_lens, wall) -> None:
+    import torch
+
+    import transformers
+
+    date = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    print()
+    print(f"**{date}** · {cpu_model()} ({os.cpu_count()} CPUs, {cpu_flags()}) · device {args.device} · "
+          f"threads {args.threads} · torch {torch.__version__} · transformers {transformers.__version__} · "
+          f"{'small geometries' if args.small else 'real geometries, random weights'} · wall {wall / 60:.1f} min · "
+          f"load average {args._load0:.1f} at start, {os.getloadavg()[0]:.1f} at end")
+    if bw:
+        print(f"read bandwidth (best of 5 at the start and 5 at the end, >= 1 GB): sum fp32 {bw['sum_fp32'] / 1e9:.1f} GB/s, sum bf16 "
+              f"{bw['sum_bf16'] / 1e9:.1f}, GEMV fp32 {bw['gemv_fp32'] / 1e9:.1f}, GEMV bf16 {bw['gemv_bf16'] / 1e9:.1f}; "
+              f"bound uses the best, {bandwidth / 1e9:.1f} GB/s")
+    print()
+    pcols = [f"prefill{n} tok/s" for n in prefill_lens]
+    head = ["model", "dtype", "ckpt", "engine"] + pcols + ["decode tok/s", "decode tok/s (median step)", "peak RSS GB", "weight GB", "RSS/weights",
+                                                          "decode / bw bound", "RSS after load GB", "load s"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join("---" for _ in head) + "|")
+    by = {(r["model"], r["dtype"], r["engine"]): r for r in rows}
+    ratio = lambda a, b: f"**{a / b:.2f}×**" if a and b else "—"  # noqa: E731
+    groups = list(dict.fromkeys((r["model"], r["dtype"]) for r in rows))
+    for g in groups:
+        group = [r for r in rows if (r["model"], r["dtype"]) == g]
+        for r in group:
+            print(table_row(r, head, prefill_lens, bandwidth))
+        hf = by.get((*g, "hf"))
+        for r in group:
+            if not r["engine"].startswith("vxc") or not hf or hf.get("error") or r.get("error"):
+                continue
+            pf, hpf = r.get("prefill_tps", {}), hf.get("prefill_tps", {})
+            gen_v, gen_h = r.get("generated") or [], hf.get("generated") or []
+            same = next((i for i, (a, b) in enumerate(zip(gen_v, gen_h)) if a != b), min(len(gen_v), len(gen_h)))
+            cells = ["", "", "", f"*{ENGINE_NAMES[r['engine']]} / transformers*"]
+            cells += [ratio(pf.get(str(n)), hpf.get(str(n))) for n in prefill_lens]
+            cells += [ratio(r.get("decode_tps"), hf.get("decode_tps")),
+                      ratio(r.get("decode_tps_median_step"), hf.get("decode_tps_median_step")),
+                      ratio(r.get("peak_rss"), hf.get("peak_rss")),
+                      "", "", f"greedy: first {same}/{len(gen_v)} tokens equal", "", ""]
+            print("| " + " | ".join(cells) + " |")
+    print()
+    print("Notes: checkpoint dtype `ckpt` is the dtype of the safetensors files loaded (`match`: written at the run "
+          "dtype; `fp32`: converted at load). Prefill: one warm-up run, then a fresh state per length "
+          f"(best of {args.repeats}); full-width logits at every position on both engines. Decode: batch 1, "
+          f"{args.decode} greedy tokens after a {args.prompt}-token prompt (after a 4-token warm-up), each engine's "
+          f"own cache; tok/s = {args.decode - 1} timed steps / their total time, and 1 / the median step time (robust "
+          "to other processes on a shared machine). vxc uses `Engine(..., compile_decode=False)` (the Engine default) unless the "
+          "row says compile_decode. transformers: `from_pretrained(dtype=...)`, eager (no torch.compile), its default "
+          "attention implementation. Bound = read bandwidth / weight bytes read per token (both models tie the head "
+          "to the embedding, so every weight byte is read each step; recurrent/KV state traffic is not counted). "
+          "Peak RSS = ru_maxrss of the engine's own process (prefill activations included); RSS after load = "
+          "ru_maxrss right after loading (vxc maps weights lazily, so pages become resident on first use). "
+          "Ratio rows: vxc / transformers for each throughput and for peak RSS; greedy = how many leading generated "
+          "tokens agree (bf16 rounding differs between engines, so bf16 runs diverge early).")
+
+
+if __name__ == "__main__":
+    main()
