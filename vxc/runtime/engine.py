@@ -49,7 +49,7 @@ class Engine:
         self.root = root
         self.prefill_graph = build_graph_module(self.lowered["prefill"], root)
         self.decode_graph = build_graph_module(self.lowered["decode"], root)
-        self.decode_fn = torch.compile(self.decode_graph, dynamic=False) if compile_decode else self.decode_graph
+        self.decode_fn = torch.compile(self.decode_graph, dynamic=True) if compile_decode else self.decode_graph
         emb = self.plan.nodes["embedding"]["op"].attrs
         self.vocab, self.padded_vocab = emb["vocab"], emb["padded_vocab"]
 
