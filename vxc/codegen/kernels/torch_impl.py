@@ -272,6 +272,9 @@ def _sdpa(q: Tensor, keys: Tensor, values: Tensor, start: int, scale: float) -> 
     else:
         mask = torch.arange(S, device=q.device)[None, :] <= torch.arange(start, start + T, device=q.device)[:, None]
         causal = False
+    group = qh.shape[0] // kh.shape[0]
+    if group > 1 and T > 1:  # expanded heads take the fused flash kernel; enable_gqa falls back to the math path
+        kh, vh = kh.repeat_interleave(group, 0), vh.repeat_interleave(group, 0)
     o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal, scale=scale,
                                        enable_gqa=kh.shape[0] != qh.shape[0])
     return o.transpose(0, 1).contiguous()
