@@ -11,6 +11,9 @@ One run of this script:
      (``tests/references.py::native_to_hf_mamba2``) written by save_pretrained.
    - ``qwen3-0.6b``: a Qwen3-0.6B-shaped transformers ``Qwen3Config`` model
      (random init) written by save_pretrained; vxc lowers the same dir.
+   - ``qwen3-next-shaped`` / ``kimi-linear-shaped``: the witness configs' hidden sizes and head geometry
+     with 4 layers (the real layer pattern) and 32 experts, random init (decay rates as tests/wave2's
+     miniatures), written by save_pretrained; vxc lowers the same dir.
    Checkpoints are written at the run dtype (an fp32 copy for the fp32 runs, a
    bf16 copy for the bf16 runs) unless ``--ckpt-dtype fp32`` is given.
 2. measures memory read bandwidth (tensor sum and GEMV over >= 1 GB, best of a
@@ -51,7 +54,8 @@ WITNESS_DIR = Path(os.environ.get("VXC_WITNESS_DIR", REPO.parent / "shared" / "w
 if not WITNESS_DIR.is_dir():
     WITNESS_DIR = Path("/work/shared/witnesses")
 
-MODELS = ("mamba2-780m", "qwen3-0.6b")
+MODELS = ("mamba2-780m", "qwen3-0.6b")  # the default set
+KNOWN_MODELS = MODELS + ("qwen3-next-shaped", "kimi-linear-shaped")
 ENGINE_NAMES = {"vxc": "vxc", "vxc-compiled": "vxc (compile_decode)", "hf": "transformers"}
 
 # ---------------------------------------------------------------------------
@@ -82,6 +86,116 @@ QWEN3_SMALL = dict(QWEN3_0_6B, vocab_size=4096, hidden_size=256, intermediate_si
                    bos_token_id=1, eos_token_id=2)
 
 
+# Qwen3-Next-80B-A3B's hidden size and head geometry (shared/witnesses/qwen3-next-80b-a3b.config.json), cut to
+# 4 layers keeping the real pattern (full_attention_interval 4: gated delta on 0-2, gated softmax on 3) and
+# 32 of the 512 experts (top-10 as real, moe/shared intermediate 512 as real, MoE on every layer).
+QWEN3_NEXT_SHAPED = {
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 5120,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    "max_position_embeddings": 4096,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 32,
+    "num_experts_per_tok": 10,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "pad_token_id": 151643,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "initializer_range": 0.02,
+}
+QWEN3_NEXT_SMALL = dict(QWEN3_NEXT_SHAPED, vocab_size=4096, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
+                        linear_key_head_dim=32, linear_value_head_dim=32, num_experts=8, num_experts_per_tok=2,
+                        moe_intermediate_size=64, shared_expert_intermediate_size=64, max_position_embeddings=2048,
+                        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+# Kimi-Linear-48B-A3B's hidden size and head geometry (shared/witnesses/kimi-linear-48b-a3b.config.json), cut to
+# 4 layers: KDA on 0-2, NoPE MLA on 3 (the real stack's first MLA layer is 1-based 4), layer 0 a dense FFN
+# (first_k_dense_replace 1), MoE on 1-3 with 32 of the 256 experts (top-8 as real, one shared expert).
+KIMI_LINEAR_SHAPED = {
+    "vocab_size": 163840,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "moe_intermediate_size": 1024,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "mlp_layer_types": ["dense"] + ["sparse"] * 3,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "kv_lora_rank": 512,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "linear_head_dim": 128,
+    "linear_num_heads": 32,
+    "linear_conv_kernel_dim": 4,
+    "num_local_experts": 32,
+    "num_experts_per_tok": 8,
+    "n_shared_experts": 1,
+    "routed_scaling_factor": 2.446,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "pad_token_id": 163839,
+    "bos_token_id": 163584,
+    "eos_token_id": 163586,
+    "initializer_range": 0.02,
+}
+KIMI_LINEAR_SMALL = dict(KIMI_LINEAR_SHAPED, vocab_size=4096, hidden_size=256, intermediate_size=512, moe_intermediate_size=64,
+                         num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=64, qk_nope_head_dim=32,
+                         qk_rope_head_dim=16, v_head_dim=32, linear_head_dim=32, linear_num_heads=4,
+                         num_local_experts=8, num_experts_per_tok=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def describe_geometry(model: str, small: bool) -> str:
+    """One line: the (reduced) geometry a model is benchmarked at."""
+    c = geometry(model, small)["config"]
+    if model == "qwen3-next-shaped":
+        mix = ", ".join("gated_delta" if t == "linear_attention" else "gated_softmax" for t in c["layer_types"])
+        rp = c["rope_parameters"]
+        return (f"hidden {c['hidden_size']}, vocab {c['vocab_size']} (untied head), {c['num_hidden_layers']} layers [{mix}] "
+                f"(real: 48); gated delta {c['linear_num_key_heads']} k-heads × {c['linear_key_head_dim']}, "
+                f"{c['linear_num_value_heads']} v-heads × {c['linear_value_head_dim']}, conv {c['linear_conv_kernel_dim']}; "
+                f"softmax {c['num_attention_heads']} q × {c['head_dim']}, {c['num_key_value_heads']} kv, output gate, rotary "
+                f"{rp['partial_rotary_factor']} × {c['head_dim']} θ {rp['rope_theta']:g}; MoE on every layer: "
+                f"{c['num_experts']} experts (real: 512) top-{c['num_experts_per_tok']} × {c['moe_intermediate_size']} + shared "
+                f"expert × {c['shared_expert_intermediate_size']} (gated)")
+    if model == "kimi-linear-shaped":
+        mix = ", ".join("kda" if t == "linear_attention" else "mla" for t in c["layer_types"])
+        return (f"hidden {c['hidden_size']}, vocab {c['vocab_size']} (untied head), {c['num_hidden_layers']} layers [{mix}] "
+                f"(real: 27); KDA {c['linear_num_heads']} heads × {c['linear_head_dim']}, conv {c['linear_conv_kernel_dim']}; "
+                f"MLA (NoPE) {c['num_attention_heads']} heads, kv_lora {c['kv_lora_rank']}, nope {c['qk_nope_head_dim']} + rope "
+                f"{c['qk_rope_head_dim']}, v {c['v_head_dim']}; FFN: layer 0 dense × {c['intermediate_size']}, layers 1-"
+                f"{c['num_hidden_layers'] - 1} MoE {c['num_local_experts']} experts (real: 256) top-{c['num_experts_per_tok']} × "
+                f"{c['moe_intermediate_size']} + {c['n_shared_experts']} shared, sigmoid router, scaling {c['routed_scaling_factor']}")
+    if model == "qwen3-0.6b":
+        return (f"hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, {c['num_attention_heads']} q / "
+                f"{c['num_key_value_heads']} kv heads × {c['head_dim']}, ffn {c['intermediate_size']}, vocab {c['vocab_size']} (tied)")
+    c = geometry(model, small)["config"]
+    return f"d_model {c.get('d_model')}, {c.get('n_layer')} layers, vocab {c.get('vocab_size')} (witness config)"
+
+
 def mamba2_config(small: bool) -> dict:
     cfg = json.loads((WITNESS_DIR / "mamba2-780m.config.json").read_text())
     if small:
@@ -94,7 +208,11 @@ def geometry(model: str, small: bool) -> dict:
         return {"family": "mamba2-native", "config": mamba2_config(small)}
     if model == "qwen3-0.6b":
         return {"family": "qwen3", "config": QWEN3_SMALL if small else QWEN3_0_6B}
-    raise SystemExit(f"unknown model {model!r}; known: {', '.join(MODELS)}")
+    if model == "qwen3-next-shaped":
+        return {"family": "qwen3_next", "config": QWEN3_NEXT_SMALL if small else QWEN3_NEXT_SHAPED}
+    if model == "kimi-linear-shaped":
+        return {"family": "kimi_linear", "config": KIMI_LINEAR_SMALL if small else KIMI_LINEAR_SHAPED}
+    raise SystemExit(f"unknown model {model!r}; known: {', '.join(KNOWN_MODELS)}")
 
 
 def geometry_key(geo: dict) -> str:
@@ -175,12 +293,37 @@ def build_child(model: str, small: bool, out: Path, ckpt: str) -> None:
         hf.save_pretrained(str(out / "hf"), safe_serialization=True)
         del hf
     else:
+        import math
+
         import transformers
 
         torch.manual_seed(0)
-        cfg = transformers.Qwen3Config(**geo["config"])
-        with torch.no_grad():
-            m = transformers.Qwen3ForCausalLM(cfg).float().eval()
+        if geo["family"] == "qwen3":
+            cfg = transformers.Qwen3Config(**geo["config"])
+            with torch.no_grad():
+                m = transformers.Qwen3ForCausalLM(cfg).float().eval()
+        else:
+            # qwen3_next / kimi_linear: random init, then (as tests/wave2 builds its miniatures) the decay rates
+            # exp(A_log) log-uniform in [0.05, 2] (the reference init, up to 16, decays the state to nothing
+            # within a token or two), dt_bias spread, norms moved off their initial values, and a nonzero
+            # router selection bias (kimi: e_score_correction_bias starts at 0)
+            cfg = transformers.AutoConfig.for_model(geo["family"], **geo["config"])
+            t0 = time.time()
+            with torch.no_grad():
+                m = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+                g = torch.Generator().manual_seed(1)
+                for name, p in m.named_parameters():
+                    if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                        p.add_(0.15 * torch.randn(p.shape, generator=g))
+                    elif name.endswith("dt_bias"):
+                        p.add_(0.5 * torch.randn(p.shape, generator=g))
+                    elif name.endswith("A_log"):
+                        p.copy_(torch.empty(p.shape).uniform_(math.log(0.05), math.log(2.0), generator=g))
+                for name, b in m.named_buffers():
+                    if name.endswith("e_score_correction_bias"):
+                        b.copy_(0.1 * torch.randn(b.shape, generator=g))
+            print(f"[build] {model}: {sum(p.numel() for p in m.parameters()) / 1e9:.2f} B parameters initialised in "
+                  f"{time.time() - t0:.0f} s", file=sys.stderr)
         m.save_pretrained(str(out / "hf"), safe_serialization=True)
         del m
         (out / "vxc").unlink(missing_ok=True)
@@ -269,6 +412,28 @@ def _unique_bytes(tensors) -> int:
     return n
 
 
+def _active_bytes(model) -> int:
+    """Weight bytes one decode step reads: every tensor once, except an untied input embedding (one row is
+    gathered) and the routed-expert banks, of which top_k / experts is read (shared experts count whole)."""
+    emb = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight.data_ptr() == emb.data_ptr()
+    cfg = model.config
+    k, e = getattr(cfg, "num_experts_per_tok", None), getattr(cfg, "num_experts", None)
+    seen, n = set(), 0
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        b = t.numel() * t.element_size()
+        if t.data_ptr() == emb.data_ptr() and not tied:
+            b = emb.shape[-1] * emb.element_size()
+        elif ".experts." in name and k and e:
+            b = b * k / e
+        n += b
+    return int(n)
+
+
 def engine_child(args, result: dict) -> None:
     import torch
 
@@ -329,6 +494,8 @@ def engine_child(args, result: dict) -> None:
         result["hf_class"] = type(model).__name__
         result["hf_attn"] = getattr(model.config, "_attn_implementation", None)
         result["weight_bytes"] = _unique_bytes(list(model.parameters()) + list(model.buffers()))
+        result["hf_experts"] = getattr(model.config, "_experts_implementation", None)
+        result["active_bytes"] = _active_bytes(model)
 
         @torch.no_grad()
         def prefill(ids):
@@ -506,6 +673,8 @@ def main() -> None:
     models = [m for m in args.models.split(",") if m]
     dtypes = [d for d in args.dtypes.split(",") if d]
     engines = [e for e in args.engines.split(",") if e]
+    for m in models:
+        geometry(m, args.small)  # unknown names fail here, before anything is built
     for e in engines:
         if e not in ENGINE_NAMES:
             raise SystemExit(f"unknown engine {e!r}; known: {', '.join(ENGINE_NAMES)}")
@@ -567,18 +736,30 @@ def main() -> None:
         Path(args.json_out).write_text(json.dumps({"rows": rows, "bandwidth": bw, "wall_s": wall}, indent=2))
 
 
-def table_row(r: dict, head: list[str], prefill_lens: list[int], bandwidth) -> str:
+def active_fraction(r: dict, hf: dict | None) -> float:
+    """The fraction of a row's weight bytes one decode step reads, from the transformers row of the same
+    model and dtype (the same weights): 1 for the tied dense models, less with an untied embedding or MoE."""
+    if r.get("active_bytes") and r.get("weight_bytes"):
+        return r["active_bytes"] / r["weight_bytes"]
+    if hf and hf.get("active_bytes") and hf.get("weight_bytes"):
+        return hf["active_bytes"] / hf["weight_bytes"]
+    return 1.0
+
+
+def table_row(r: dict, head: list[str], prefill_lens: list[int], bandwidth, hf: dict | None = None) -> str:
     wb = r.get("weight_bytes")
     if r.get("error") and not wb:
         cells = [r["model"], r["dtype"], r["ckpt"], ENGINE_NAMES[r["engine"]], f"failed: {r['error']}"]
         return "| " + " | ".join(cells + [""] * (len(head) - len(cells))) + " |"
     pf = r.get("prefill_tps", {})
     dec = r.get("decode_tps")
-    frac = dec * wb / bandwidth if (dec and wb and bandwidth) else None
+    read = wb * active_fraction(r, hf) if wb else None
+    frac = dec * read / bandwidth if (dec and read and bandwidth) else None
     rss = r.get("peak_rss")
     cells = [r["model"], r["dtype"], r["ckpt"], ENGINE_NAMES[r["engine"]]]
     cells += [fmt(pf.get(str(n))) for n in prefill_lens]
     cells += [fmt(dec, 2), fmt(r.get("decode_tps_median_step"), 2), fmt(rss / 1e9 if rss else None, 2), fmt(wb / 1e9, 3 if wb < 1e8 else 2),
+              fmt(read / 1e9 if read else None, 3 if (read or 0) < 1e8 else 2),
               fmt(rss / wb if rss else None, 2), f"{frac * 100:.0f}%" if frac is not None else "—",
               fmt(r["rss_after_load"] / 1e9 if r.get("rss_after_load") else None, 2), fmt(r.get("load_s"), 1)]
     if r.get("error"):
@@ -603,7 +784,8 @@ def report(args, rows, bw, bandwidth, prefill_lens, wall) -> None:
               f"bound uses the best, {bandwidth / 1e9:.1f} GB/s")
     print()
     pcols = [f"prefill{n} tok/s" for n in prefill_lens]
-    head = ["model", "dtype", "ckpt", "engine"] + pcols + ["decode tok/s", "decode tok/s (median step)", "peak RSS GB", "weight GB", "RSS/weights",
+    head = ["model", "dtype", "ckpt", "engine"] + pcols + ["decode tok/s", "decode tok/s (median step)", "peak RSS GB", "weight GB",
+                                                          "read GB/token", "RSS/weights",
                                                           "decode / bw bound", "RSS after load GB", "load s"]
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
@@ -612,9 +794,9 @@ def report(args, rows, bw, bandwidth, prefill_lens, wall) -> None:
     groups = list(dict.fromkeys((r["model"], r["dtype"]) for r in rows))
     for g in groups:
         group = [r for r in rows if (r["model"], r["dtype"]) == g]
-        for r in group:
-            print(table_row(r, head, prefill_lens, bandwidth))
         hf = by.get((*g, "hf"))
+        for r in group:
+            print(table_row(r, head, prefill_lens, bandwidth, hf))
         for r in group:
             if not r["engine"].startswith("vxc") or not hf or hf.get("error") or r.get("error"):
                 continue
@@ -626,8 +808,15 @@ def report(args, rows, bw, bandwidth, prefill_lens, wall) -> None:
             cells += [ratio(r.get("decode_tps"), hf.get("decode_tps")),
                       ratio(r.get("decode_tps_median_step"), hf.get("decode_tps_median_step")),
                       ratio(r.get("peak_rss"), hf.get("peak_rss")),
-                      "", "", f"greedy: first {same}/{len(gen_v)} tokens equal", "", ""]
+                      "", "", "", f"greedy: first {same}/{len(gen_v)} tokens equal", "", ""]
             print("| " + " | ".join(cells) + " |")
+    print()
+    print("Geometry (random weights):")
+    for m in dict.fromkeys(r["model"] for r in rows):
+        print(f"- **{m}**: {describe_geometry(m, args.small)}")
+    impl = {f"{r['model']} {r['dtype']}": r.get("hf_experts") for r in rows if r["engine"] == "hf" and r.get("hf_experts")}
+    if impl:
+        print("- transformers experts implementation: " + ", ".join(f"{k}: {v}" for k, v in impl.items()))
     print()
     print("Notes: checkpoint dtype `ckpt` is the dtype of the safetensors files loaded (`match`: written at the run "
           "dtype; `fp32`: converted at load). Prefill: one warm-up run, then a fresh state per length "
@@ -636,8 +825,10 @@ def report(args, rows, bw, bandwidth, prefill_lens, wall) -> None:
           f"own cache; tok/s = {args.decode - 1} timed steps / their total time, and 1 / the median step time (robust "
           "to other processes on a shared machine). vxc uses `Engine(..., compile_decode=False)` (the Engine default) unless the "
           "row says compile_decode. transformers: `from_pretrained(dtype=...)`, eager (no torch.compile), its default "
-          "attention implementation. Bound = read bandwidth / weight bytes read per token (both models tie the head "
-          "to the embedding, so every weight byte is read each step; recurrent/KV state traffic is not counted). "
+          "attention implementation (and experts implementation, listed above for the MoE models). Bound = read "
+          "bandwidth / weight bytes read per token (`read GB/token`: every weight once, except an untied input embedding, "
+          "of which one row is read, and the routed experts, of which top_k / experts is read; the tied dense models "
+          "read every byte; recurrent/KV state traffic is not counted). "
           "Peak RSS = ru_maxrss of the engine's own process (prefill activations included); RSS after load = "
           "ru_maxrss right after loading (vxc maps weights lazily, so pages become resident on first use). "
           "Ratio rows: vxc / transformers for each throughput and for peak RSS; greedy = how many leading generated "
