@@ -302,8 +302,17 @@ def op(kind: str, attrs: dict[str, Any], defaults: set[str] | None = None, role:
 class Attrs:
     """Reads a config dict, recording which values were filled from a default."""
 
-    def __init__(self, cfg: dict[str, Any], where: str):
+    def __init__(self, cfg: dict[str, Any], where: str, defaults: dict[str, Any] | None = None):
         self.cfg, self.where = cfg, where
+        self.defaults = defaults or {}
+        self.filled: set[str] = set()  # keys take() filled from ``defaults``
+
+    def take(self, key: str) -> Any:
+        """The config value, or the family default for ``key`` — recorded in ``filled``."""
+        v, was_default = self.get(key, self.defaults[key])
+        if was_default:
+            self.filled.add(key)
+        return v
 
     def need(self, key: str) -> Any:
         if key not in self.cfg or self.cfg[key] is None:

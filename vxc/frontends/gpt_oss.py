@@ -111,15 +111,9 @@ def _rope(cfg: dict, where: str, head_dim: int, max_pos: int) -> tuple[dict, set
 @by_model_type("gpt_oss")
 def lower_gpt_oss(model_dir: Path, cfg: dict, sha: str, relative_to: Path | None) -> Module:
     where = f"{model_dir}/config.json (gpt_oss)"
-    A = Attrs(cfg, where)
+    A = Attrs(cfg, where, DEFAULTS)
     d, n_layer, heads, vocab = (A.need(k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"))
-    filled: set[str] = set()
-
-    def get(key: str):
-        v, was_default = A.get(key, DEFAULTS[key])
-        if was_default:
-            filled.add(key)
-        return v
+    filled, get = A.filled, A.take
 
     # an explicit null means "as many as the query heads" / "hidden_size // heads" (GptOssConfig.__post_init__)
     kv = heads if "num_key_value_heads" in cfg and cfg["num_key_value_heads"] is None else get("num_key_value_heads")

@@ -95,15 +95,9 @@ def _rope(cfg: dict, where: str, head_dim: int) -> tuple[dict, set[str], str]:
 @by_model_type("qwen3_next")
 def lower_qwen3_next(model_dir: Path, cfg: dict, sha: str, relative_to: Path | None) -> Module:
     where = f"{model_dir}/config.json (qwen3_next)"
-    A = Attrs(cfg, where)
+    A = Attrs(cfg, where, DEFAULTS)
     d, n_layer, heads, vocab = (A.need(k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"))
-    filled: set[str] = set()
-
-    def get(key: str):
-        v, was_default = A.get(key, DEFAULTS[key])
-        if was_default:
-            filled.add(key)
-        return v
+    filled, get = A.filled, A.take
 
     act = get("hidden_act")
     if act != "silu":
