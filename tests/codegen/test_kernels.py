@@ -33,7 +33,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.library import opcheck  # noqa: E402
 
 from vxc.codegen import kernels  # noqa: E402
-from vxc.codegen.kernels import dispatch, torch_impl, triton_impl  # noqa: E402
+from vxc.codegen.kernels import dispatch, native_impl, torch_impl, triton_impl  # noqa: E402
 
 TRITON_IN_PROCESS = torch.cuda.is_available() or triton_impl.INTERPRETED
 
@@ -535,7 +535,9 @@ def test_opcheck(backend):
 def test_backend_switch():
     tensor = torch.zeros(1, device=DEVICE)
     assert kernels.get_backend() == "auto"
-    assert dispatch.implementation(torch.zeros(1)) is torch_impl
+    assert dispatch.implementation(torch.zeros(1)) is native_impl  # CPU tensors: the native kernels
+    with kernels.backend("native"):
+        assert dispatch.implementation(torch.zeros(1)) is native_impl
     with kernels.backend("triton"):
         assert kernels.get_backend() == "triton"
         if TRITON_IN_PROCESS:

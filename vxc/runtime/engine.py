@@ -13,6 +13,8 @@ from ..codegen.lowering import Lowered, RopeRef, StateRef, Weight, lower_plan
 from ..ir.module import Module
 from ..passes.context import Context
 from ..passes.manager import DEFAULT_PIPELINE, PassManager, parse_pipeline
+from ..codegen.kernels import dispatch
+from .replay import DecodeReplay
 from .rope import tables
 from .state import StateBuffers, StateProvider
 from .weights import Weights
@@ -22,7 +24,8 @@ DTYPES = {"fp32": torch.float32, "f32": torch.float32, "bf16": torch.bfloat16, "
 
 class Engine:
     def __init__(self, module: Module, model_dir: Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                 max_context: int = 2048, provider: StateProvider | None = None, compile_decode: bool = False):
+                 max_context: int = 2048, provider: StateProvider | None = None, compile_decode: bool = False,
+                 replay: bool = True):
         ctx = PassManager(parse_pipeline(DEFAULT_PIPELINE), emit=lambda s: None).run(Context(module, model_dir=Path(model_dir)))
         self.module, self.plan = ctx.module, ctx.plan
         self.dtype, self.device, self.max_context = dtype, torch.device(device), max_context
@@ -50,8 +53,27 @@ class Engine:
         self.prefill_graph = build_graph_module(self.lowered["prefill"], root)
         self.decode_graph = build_graph_module(self.lowered["decode"], root)
         self.decode_fn = torch.compile(self.decode_graph, dynamic=True) if compile_decode else self.decode_graph
+        # the decode step reads its token from one static buffer, so a captured step can be replayed
+        self.decode_ids = torch.zeros(1, dtype=torch.int64, device=self.device)
+        use_replay = replay and self.device.type == "cpu" and not compile_decode
+        self.replay = DecodeReplay(self.decode_graph, self.decode_ids) if use_replay else None
         emb = self.plan.nodes["embedding"]["op"].attrs
         self.vocab, self.padded_vocab = emb["vocab"], emb["padded_vocab"]
+
+    def decode(self, token: int, pos: int) -> torch.Tensor:
+        """Logits ``[1, padded_vocab]`` (compute dtype) of ``token`` at position ``pos``: the fixed-shape
+        decode graph, or its native replay once captured (CPU, native kernels, not --compile)."""
+        self.decode_ids[0] = token
+        if self.replay is not None and dispatch.get_backend() in ("auto", "native"):
+            return self.replay(pos)
+        return self.decode_fn(self.decode_ids, pos)
+
+    def replay_status(self) -> str:
+        if self.replay is None:
+            return "off"
+        if self.replay.ready:
+            return f"replaying {len(self.replay.program)} native calls per step"
+        return f"refused: {self.replay.refused}" if self.replay.refused else "capturing"
 
     def weight_bytes(self) -> int:
         seen, n = set(), 0

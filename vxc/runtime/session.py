@@ -48,8 +48,10 @@ class Session:
             raise SessionError(f"token ids outside the vocabulary 0..{self.engine.padded_vocab - 1}: {bad[:5]}")
         # one token runs the fixed-shape decode graph, so a resumed single-token
         # continuation is bit-identical to an uninterrupted step
-        graph = self.engine.decode_fn if ids.numel() == 1 else self.engine.prefill_graph
-        logits = graph(ids, self.pos)
+        if ids.numel() == 1:
+            logits = self.engine.decode(int(ids[0]), self.pos)
+        else:
+            logits = self.engine.prefill_graph(ids, self.pos)
         self.pos += ids.numel()
         return logits.float()
 
@@ -59,8 +61,7 @@ class Session:
         self._room(1)
         if not (0 <= token < self.engine.padded_vocab):
             raise SessionError(f"token id {token} outside the vocabulary")
-        ids = torch.tensor([token], dtype=torch.int64, device=self.engine.device)
-        logits = self.engine.decode_fn(ids, self.pos)
+        logits = self.engine.decode(token, self.pos)
         self.pos += 1
         return logits[0].float()
 

@@ -1,0 +1,364 @@
+/* vxc's native CPU kernels: the decode-time hot loops of the torch twins, one pass over memory each.
+ *
+ * Built at first use by ``vxc/codegen/kernels/native_impl.py`` with the host compiler (-O3 -march=native
+ * -fopenmp) and loaded after torch, so its OpenMP regions share torch's libgomp thread pool (same soname).
+ * Every function mirrors one function of ``torch_impl.py`` (the oracle the tests compare against): fp32
+ * arithmetic, results rounded once to the output dtype (bf16: round to nearest even, as torch does).
+ * Activations are bf16 (``bf = 1``) or fp32 (``bf = 0``); recurrent state is fp32. Batch 1, contiguous rows.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <omp.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+typedef uint16_t bf16_t;
+
+
+static inline float bf2f(bf16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline bf16_t f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+
+static inline float ld(const void *p, long i, int bf) {
+    return bf ? bf2f(((const bf16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static inline void st(void *p, long i, float v, int bf) {
+    if (bf) ((bf16_t *)p)[i] = f2bf(v);
+    else ((float *)p)[i] = v;
+}
+
+/* round through the activation dtype (a value the torch twin materialises at x.dtype) */
+static inline float rnd(float v, int bf) { return bf ? bf2f(f2bf(v)) : v; }
+
+static inline float silu(float v) { return v / (1.0f + expf(-v)); }
+static inline float sigm(float v) { return 1.0f / (1.0f + expf(-v)); }
+static inline float act(float v, int a) { return a == 1 ? silu(v) : a == 2 ? sigm(v) : v; }
+
+int vxc_abi_version(void) { return 3; }
+
+int vxc_has_avx512bf16(void) {
+#if defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* ------------------------------------------------------------------------------------------------ GEMV */
+
+/* Four dot products W[r] . x of length K (rows ``rows`` <= 4 of a block starting at w0, stride K). */
+static inline void dot4_bf16(const bf16_t *w0, const bf16_t *x, long K, long rows, float acc[4]) {
+#if defined(__AVX512BF16__)
+    if (rows == 4) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const bf16_t *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+        long k = 0;
+        for (; k + 32 <= K; k += 32) {
+            __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(x + k));
+            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(w0 + k)), xv);
+            a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512((const void *)(w1 + k)), xv);
+            a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512((const void *)(w2 + k)), xv);
+            a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512((const void *)(w3 + k)), xv);
+        }
+        if (k < K) {
+            __mmask32 m = (__mmask32)((1ull << (K - k)) - 1);
+            __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x + k);
+            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_maskz_loadu_epi16(m, w0 + k), xv);
+            a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_maskz_loadu_epi16(m, w1 + k), xv);
+            a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_maskz_loadu_epi16(m, w2 + k), xv);
+            a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_maskz_loadu_epi16(m, w3 + k), xv);
+        }
+        acc[0] = _mm512_reduce_add_ps(a0);
+        acc[1] = _mm512_reduce_add_ps(a1);
+        acc[2] = _mm512_reduce_add_ps(a2);
+        acc[3] = _mm512_reduce_add_ps(a3);
+        return;
+    }
+#endif
+    for (long r = 0; r < rows; r++) {
+        const bf16_t *w = w0 + r * K;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (long k = 0; k < K; k++) s += bf2f(w[k]) * bf2f(x[k]);
+        acc[r] = s;
+    }
+}
+
+static inline void dot4_f32(const float *w0, const float *x, long K, long rows, float acc[4]) {
+#if defined(__AVX512F__)
+    if (rows == 4) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const float *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+        long k = 0;
+        for (; k + 16 <= K; k += 16) {
+            __m512 xv = _mm512_loadu_ps(x + k);
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + k), xv, a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + k), xv, a1);
+            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + k), xv, a2);
+            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + k), xv, a3);
+        }
+        if (k < K) {
+            __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
+            __m512 xv = _mm512_maskz_loadu_ps(m, x + k);
+            a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w0 + k), xv, a0);
+            a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w1 + k), xv, a1);
+            a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w2 + k), xv, a2);
+            a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w3 + k), xv, a3);
+        }
+        acc[0] = _mm512_reduce_add_ps(a0);
+        acc[1] = _mm512_reduce_add_ps(a1);
+        acc[2] = _mm512_reduce_add_ps(a2);
+        acc[3] = _mm512_reduce_add_ps(a3);
+        return;
+    }
+#endif
+    for (long r = 0; r < rows; r++) {
+        const float *w = w0 + r * K;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (long k = 0; k < K; k++) s += w[k] * x[k];
+        acc[r] = s;
+    }
+}
+
+static inline void dot4(const void *W, const void *x, long n0, long K, long rows, int bf, float acc[4]) {
+    if (bf) dot4_bf16((const bf16_t *)W + n0 * K, (const bf16_t *)x, K, rows, acc);
+    else dot4_f32((const float *)W + n0 * K, (const float *)x, K, rows, acc);
+}
+
+/* torch_impl.linear for one row: y[n] = W[n] . x (+ bias[n]), fp32 accumulation, W [N, K] row-major in the
+ * activation dtype; the product is rounded to that dtype before the bias is added (as the twin's mv + add). */
+void vxc_gemv(const void *W, const void *x, const void *bias, void *y, long N, long K, int bf) {
+#pragma omp parallel for schedule(static)
+    for (long n0 = 0; n0 < N; n0 += 4) {
+        long rows = N - n0 < 4 ? N - n0 : 4;
+        float acc[4];
+        dot4(W, x, n0, K, rows, bf, acc);
+        for (long r = 0; r < rows; r++) {
+            float v = rnd(acc[r], bf);
+            if (bias) v += ld(bias, n0 + r, bf);
+            st(y, n0 + r, v, bf);
+        }
+    }
+}
+
+/* The first half of torch_impl.swiglu for one row: h[n] = silu(Wg[n] . x) * (Wu[n] . x), each product and
+ * the activation rounded to the activation dtype as the twin materialises them. */
+void vxc_swiglu_up(const void *Wg, const void *Wu, const void *x, void *h, long N, long K, int bf) {
+#pragma omp parallel for schedule(static)
+    for (long n0 = 0; n0 < N; n0 += 4) {
+        long rows = N - n0 < 4 ? N - n0 : 4;
+        float g[4], u[4];
+        dot4(Wg, x, n0, K, rows, bf, g);
+        dot4(Wu, x, n0, K, rows, bf, u);
+        for (long r = 0; r < rows; r++) st(h, n0 + r, rnd(silu(rnd(g[r], bf)), bf) * rnd(u[r], bf), bf);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ norms */
+
+/* torch_impl.add_rmsnorm over T rows of width D. x, out: activation dtype; residual (may be NULL) and
+ * new_residual: fp32 when res_f32 else the activation dtype; weight: w_bf selects bf16 / fp32. */
+void vxc_add_rmsnorm(const void *x, const void *residual, const void *weight, void *out, void *new_residual,
+                     long T, long D, float eps, int zero_centred, int res_f32, int bf, int w_bf) {
+    int rbf = res_f32 ? 0 : bf;
+#pragma omp parallel for schedule(static) if (T > 1)
+    for (long t = 0; t < T; t++) {
+        float ss = 0.0f;
+        for (long i = 0; i < D; i++) {
+            float r = ld(x, t * D + i, bf);
+            if (residual) r += ld(residual, t * D + i, rbf);
+            r = rnd(r, rbf);
+            st(new_residual, t * D + i, r, rbf);
+            ss += r * r;
+        }
+        float inv = 1.0f / sqrtf(ss / (float)D + eps);
+        for (long i = 0; i < D; i++) {
+            float nrm = ld(new_residual, t * D + i, rbf) * inv;
+            float w = ld(weight, i, w_bf);
+            float v = zero_centred ? nrm * (1.0f + w) : rnd(w, bf) * rnd(nrm, bf);
+            st(out, t * D + i, v, bf);
+        }
+    }
+}
+
+/* torch_impl.gated_rmsnorm over T rows of width D in groups of G channels; act 1 silu, 2 sigmoid. */
+void vxc_gated_rmsnorm(const void *x, const void *z, const void *weight, void *out, long T, long D, long G,
+                       float eps, int norm_before_gate, int a, int bf, int w_bf) {
+#pragma omp parallel for schedule(static) if (T * D >= 65536)
+    for (long t = 0; t < T; t++) {
+        for (long g0 = 0; g0 < D; g0 += G) {
+            float ss = 0.0f;
+            for (long i = g0; i < g0 + G; i++) {
+                float h = ld(x, t * D + i, bf);
+                if (!norm_before_gate) h *= act(ld(z, t * D + i, bf), a);
+                ss += h * h;
+            }
+            float inv = 1.0f / sqrtf(ss / (float)G + eps);
+            for (long i = g0; i < g0 + G; i++) {
+                float gate = act(ld(z, t * D + i, bf), a);
+                float h = ld(x, t * D + i, bf);
+                if (!norm_before_gate) h *= gate;
+                float v = h * inv * ld(weight, i, w_bf);
+                if (norm_before_gate) v *= gate;
+                st(out, t * D + i, v, bf);
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ conv */
+
+/* torch_impl.conv1d_step: x [C], weight [C, K], bias [C] or NULL, state [C, K] (oldest first; s_bf: its
+ * dtype), out [C]; act 0 none, 1 silu. */
+void vxc_conv1d_step(const void *x, const void *weight, const void *bias, void *state, void *out, long C, long K,
+                     int a, int bf, int w_bf, int s_bf) {
+#pragma omp parallel for schedule(static) if (C >= 8192)
+    for (long c = 0; c < C; c++) {
+        float y = 0.0f;
+        for (long j = 0; j < K; j++) {
+            float h = j + 1 < K ? ld(state, c * K + j + 1, s_bf) : ld(x, c, bf);
+            st(state, c * K + j, h, s_bf);
+            y += h * ld(weight, c * K + j, w_bf); /* the twin convolves the unrounded history */
+        }
+        if (bias) y += ld(bias, c, w_bf);
+        st(out, c, act(y, a), bf);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ SSD */
+
+static inline float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
+/* torch_impl.ssd_step: x [H, P], dt [H], B, C [G, N] (activation dtype); A_log, D, dt_bias [H] (w_bf);
+ * state [H, P, N] fp32, updated in place in one pass that also forms y = state C + D x. */
+void vxc_ssd_step(const void *x, const void *dt, const void *A_log, const void *B, const void *Cm, const void *Dv,
+                  const void *dt_bias, float dt_min, float dt_max, int clamp, float *state, void *out, long H, long P,
+                  long G, long N, int bf, int w_bf) {
+    long per_group = H / G;
+#pragma omp parallel for schedule(static)
+    for (long h = 0; h < H; h++) {
+        float b[1024], cc[1024]; /* N <= 1024, checked by the caller */
+        long g = h / per_group;
+        for (long n = 0; n < N; n++) {
+            b[n] = ld(B, g * N + n, bf);
+            cc[n] = ld(Cm, g * N + n, bf);
+        }
+        float d = softplus(ld(dt, h, bf) + ld(dt_bias, h, w_bf));
+        if (clamp) d = d < dt_min ? dt_min : (d > dt_max ? dt_max : d);
+        float decay = expf(d * -expf(ld(A_log, h, w_bf)));
+        float Dh = ld(Dv, h, w_bf);
+        for (long p = 0; p < P; p++) {
+            float xv = ld(x, h * P + p, bf);
+            float dx = d * xv;
+            float *s = state + (h * P + p) * N;
+            float y = 0.0f;
+#pragma omp simd reduction(+ : y)
+            for (long n = 0; n < N; n++) {
+                float v = s[n] * decay + dx * b[n];
+                s[n] = v;
+                y += v * cc[n];
+            }
+            st(out, h * P + p, y + Dh * xv, bf);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ embedding */
+
+/* torch_impl.embedding for T ids: out[t] = table[ids[t]] (rows of D elements of esize bytes). */
+void vxc_embedding(const int64_t *ids, const void *table, void *out, long T, long D, long esize) {
+    for (long t = 0; t < T; t++)
+        memcpy((char *)out + t * D * esize, (const char *)table + ids[t] * D * esize, (size_t)(D * esize));
+}
+
+/* ------------------------------------------------------------------------------------------------ rotary */
+
+/* torch_impl.rotary for x [T, H, Dh] with tables cos, sin [T, R/2] (c_bf: their dtype): the first R dims of
+ * each head rotate in pairs (i, i + R/2) or (2i, 2i + 1), the rest pass through. */
+void vxc_rotary(const void *x, const void *cos_t, const void *sin_t, void *out, long T, long H, long Dh, long R,
+                int interleaved, int bf, int c_bf) {
+    long half = R / 2;
+    for (long t = 0; t < T; t++)
+        for (long h = 0; h < H; h++) {
+            long base = (t * H + h) * Dh;
+            for (long i = 0; i < half; i++) {
+                long i1 = interleaved ? 2 * i : i, i2 = interleaved ? 2 * i + 1 : i + half;
+                float c = ld(cos_t, t * half + i, c_bf), s = ld(sin_t, t * half + i, c_bf);
+                float x1 = ld(x, base + i1, bf), x2 = ld(x, base + i2, bf);
+                st(out, base + i1, x1 * c - x2 * s, bf);
+                st(out, base + i2, x2 * c + x1 * s, bf);
+            }
+            for (long i = R; i < Dh; i++) st(out, base + i, ld(x, base + i, bf), bf);
+        }
+}
+
+/* ------------------------------------------------------------------------------------------------ attention */
+
+/* torch_impl.attention for one query at position ``start`` (no window, no sinks): writes k, v [Hkv, Dk|Dv]
+ * into cache row ``start`` (caches [rows, Hkv, Dk|Dv], the activation dtype), then each of the Hq heads
+ * attends over rows 0..start of its KV head h / (Hq / Hkv). q [Hq, Dk], out [Hq, Dv]; fp32 softmax.
+ * scratch: (start + 1) * Hq floats. */
+void vxc_attention_step(const void *q, const void *k, const void *v, void *k_cache, void *v_cache, void *out,
+                        long start, float scale, long Hq, long Hkv, long Dk, long Dv, float *scratch, int bf) {
+    long es = bf ? 2 : 4, S = start + 1, group = Hq / Hkv;
+    memcpy((char *)k_cache + start * Hkv * Dk * es, k, (size_t)(Hkv * Dk * es));
+    memcpy((char *)v_cache + start * Hkv * Dv * es, v, (size_t)(Hkv * Dv * es));
+#pragma omp parallel for schedule(static) if (S * Hq * Dk >= 32768)
+    for (long h = 0; h < Hq; h++) {
+        long g = h / group;
+        float qv[1024], acc[1024]; /* Dk, Dv <= 1024, checked by the caller */
+        float *p = scratch + h * S;
+        for (long d = 0; d < Dk; d++) qv[d] = ld(q, h * Dk + d, bf);
+        float mx = -INFINITY;
+        for (long s = 0; s < S; s++) {
+            float dot = 0.0f;
+            long kb = (s * Hkv + g) * Dk;
+            if (bf) {
+                const bf16_t *kr = (const bf16_t *)k_cache + kb;
+#pragma omp simd reduction(+ : dot)
+                for (long d = 0; d < Dk; d++) dot += qv[d] * bf2f(kr[d]);
+            } else {
+                const float *kr = (const float *)k_cache + kb;
+#pragma omp simd reduction(+ : dot)
+                for (long d = 0; d < Dk; d++) dot += qv[d] * kr[d];
+            }
+            p[s] = dot * scale;
+            if (p[s] > mx) mx = p[s];
+        }
+        float den = 0.0f;
+        for (long s = 0; s < S; s++) {
+            p[s] = expf(p[s] - mx);
+            den += p[s];
+        }
+        for (long d = 0; d < Dv; d++) acc[d] = 0.0f;
+        for (long s = 0; s < S; s++) {
+            float w = p[s] / den;
+            long vb = (s * Hkv + g) * Dv;
+            if (bf) {
+                const bf16_t *vr = (const bf16_t *)v_cache + vb;
+#pragma omp simd
+                for (long d = 0; d < Dv; d++) acc[d] += w * bf2f(vr[d]);
+            } else {
+                const float *vr = (const float *)v_cache + vb;
+#pragma omp simd
+                for (long d = 0; d < Dv; d++) acc[d] += w * vr[d];
+            }
+        }
+        for (long d = 0; d < Dv; d++) st(out, h * Dv + d, acc[d], bf);
+    }
+}

@@ -1,0 +1,327 @@
+"""Native CPU kernels: the torch twins' single-token hot loops as compiled C (``native/vxc_cpu.c``).
+
+A decode step is many small operations on a few KB of activations between GEMVs that stream the weights;
+the torch twins spend most of that time in per-op dispatch and in temporaries (a Mamba2 step reads and
+writes its [H, P, N] state four times). These functions run each such op in one pass, and the GEMVs with
+AVX-512 (BF16 dot products for bf16 weights) over OpenMP threads shared with torch's own pool.
+
+Each function has the signature of its ``torch_impl`` twin and falls back to the twin for anything it does
+not cover (other dtypes, non-contiguous operands, sequences where only the single-token form is native).
+The library is compiled at first use with the host C compiler into a cache directory (``VXC_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/vxc``, else ``~/.cache/vxc``) keyed by the source, flags, compiler and CPU;
+``VXC_NATIVE=0`` turns it off. ``status()`` says whether it is loaded and, if not, why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import torch_impl
+
+SOURCE = Path(__file__).parent / "native" / "vxc_cpu.c"
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *os.environ.get("VXC_NATIVE_CFLAGS", "").split()]
+ABI_VERSION = 3
+MAX_STATE_N = 1024  # the SSD step keeps B and C rows of N <= 1024 on the stack
+MAX_HEAD_DIM = 1024  # the attention step keeps one query row and one output row on the stack
+
+_lib: Optional[ctypes.CDLL] = None
+_why_not: Optional[str] = None
+_tried = False
+
+_P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
+_SIGNATURES = {
+    "vxc_gemv": [_P, _P, _P, _P, _L, _L, _I],
+    "vxc_swiglu_up": [_P, _P, _P, _P, _L, _L, _I],
+    "vxc_add_rmsnorm": [_P, _P, _P, _P, _P, _L, _L, _F, _I, _I, _I, _I],
+    "vxc_gated_rmsnorm": [_P, _P, _P, _P, _L, _L, _L, _F, _I, _I, _I, _I],
+    "vxc_conv1d_step": [_P, _P, _P, _P, _P, _L, _L, _I, _I, _I, _I],
+    "vxc_ssd_step": [_P, _P, _P, _P, _P, _P, _P, _F, _F, _I, _P, _P, _L, _L, _L, _L, _I, _I],
+    "vxc_embedding": [_P, _P, _P, _L, _L, _L],
+    "vxc_rotary": [_P, _P, _P, _P, _L, _L, _L, _L, _I, _I, _I],
+    "vxc_attention_step": [_P, _P, _P, _P, _P, _P, _L, _F, _L, _L, _L, _L, _P, _I],
+}
+
+# the torch.ops.vxc operators with a native single-token form (the others always run their twins)
+NATIVE_OPS = frozenset({"linear", "swiglu", "add_rmsnorm", "gated_rmsnorm", "conv1d_step", "ssd_step", "embedding",
+                        "rotary", "attention"})
+
+
+def _cache_dir() -> Path:
+    if os.environ.get("VXC_CACHE_DIR"):
+        return Path(os.environ["VXC_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "vxc"
+
+
+def _cpu_key() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _compiler() -> Optional[str]:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _build(cc: str) -> Path:
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    key = hashlib.sha256(
+        "\0".join([SOURCE.read_text(), " ".join(FLAGS), cc, *version, _cpu_key()]).encode()
+    ).hexdigest()[:16]
+    out = _cache_dir() / f"vxc_cpu-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        r = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"{cc} failed: {r.stderr.strip()[-800:]}")
+        os.replace(tmp, out)  # atomic: concurrent builders never see a partial library
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def load() -> Optional[ctypes.CDLL]:
+    """The compiled library, building it on first call; None (with ``status()`` saying why) if unavailable."""
+    global _lib, _why_not, _tried
+    if _tried:
+        return _lib
+    _tried = True
+    if os.environ.get("VXC_NATIVE", "1") == "0":
+        _why_not = "disabled by VXC_NATIVE=0"
+        return None
+    cc = _compiler()
+    if cc is None:
+        _why_not = "no C compiler found (set CC)"
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(cc)))
+        if lib.vxc_abi_version() != ABI_VERSION:
+            raise RuntimeError(f"library ABI {lib.vxc_abi_version()} != {ABI_VERSION}")
+        for name, argtypes in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = argtypes, None
+    except Exception as e:  # a broken toolchain leaves the torch twins in charge, and says so
+        _why_not = f"native kernels unavailable: {e}"
+        return None
+    _lib = lib
+    return lib
+
+
+def available() -> bool:
+    return load() is not None
+
+
+def status() -> str:
+    lib = load()
+    if lib is None:
+        return _why_not or "not loaded"
+    return f"loaded ({'AVX-512 BF16' if lib.vxc_has_avx512bf16() else 'no AVX-512 BF16'})"
+
+
+# ------------------------------------------------------------------------------------------------ recording
+# A decode step made only of native calls can be captured (every call, with its raw arguments) and replayed
+# without torch: ``vxc.runtime.replay``. While a Recorder is active, outputs come from its pool (the same
+# buffers on every captured step, so the arguments of two captures line up), and a fallback to a twin marks
+# the capture as unusable.
+
+
+class Recorder:
+    def __init__(self, pool: list[Tensor] | None = None):
+        self.calls: list[tuple[str, tuple]] = []
+        self.pool: list[Tensor] = [] if pool is None else pool
+        self.next = 0
+        self.failed: Optional[str] = None
+
+    def out(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        i, self.next = self.next, self.next + 1
+        if i == len(self.pool):
+            self.pool.append(torch.empty(shape, dtype=dtype))
+        t = self.pool[i]
+        if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+            self.failed = f"output {i} changed shape between captured steps ({list(t.shape)} → {list(shape)})"
+            return torch.empty(shape, dtype=dtype)
+        return t
+
+
+_rec: Optional[Recorder] = None
+
+
+class recording:
+    """``with recording(rec):`` native calls are recorded into ``rec`` (and still run)."""
+
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+
+    def __enter__(self) -> Recorder:
+        global _rec
+        self.prev, _rec = _rec, self.rec
+        return self.rec
+
+    def __exit__(self, *exc) -> None:
+        global _rec
+        _rec = self.prev
+
+
+def _empty(*shape: int, dtype: torch.dtype) -> Tensor:
+    return torch.empty(shape, dtype=dtype) if _rec is None else _rec.out(shape, dtype)
+
+
+def _call(name: str, *args) -> None:
+    getattr(_lib, name)(*args)
+    if _rec is not None:
+        _rec.calls.append((name, args))
+
+
+def _twin(name: str):
+    fn = getattr(torch_impl, name)
+    if _rec is not None:
+        _rec.failed = f"{name} ran its torch twin (not covered natively)"
+    return fn
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+_BF = {torch.bfloat16: 1, torch.float32: 0}
+
+
+def _ok(*ts: Optional[Tensor]) -> bool:
+    return all(t is None or (t.device.type == "cpu" and t.is_contiguous() and t.dtype in _BF) for t in ts)
+
+
+def _p(t: Optional[Tensor]):
+    return None if t is None else t.data_ptr()
+
+
+# ------------------------------------------------------------------------------------------------ kernels
+# (same signatures as torch_impl; anything not covered goes to the twin)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    if x.shape[0] == 1 and _ok(x, weight, bias) and x.dtype == weight.dtype and (bias is None or bias.dtype == x.dtype):
+        N, K = weight.shape
+        y = _empty(1, N, dtype=x.dtype)
+        _call("vxc_gemv", weight.data_ptr(), x.data_ptr(), _p(bias), y.data_ptr(), N, K, _BF[x.dtype])
+        return y
+    return _twin("linear")(x, weight, bias)
+
+
+def swiglu(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
+    if x.shape[0] == 1 and _ok(x, w_gate, w_up, w_down) and x.dtype == w_gate.dtype == w_up.dtype == w_down.dtype:
+        N, K = w_gate.shape
+        h = _empty(N, dtype=x.dtype)
+        bf = _BF[x.dtype]
+        _call("vxc_swiglu_up", w_gate.data_ptr(), w_up.data_ptr(), x.data_ptr(), h.data_ptr(), N, K, bf)
+        y = _empty(1, w_down.shape[0], dtype=x.dtype)
+        _call("vxc_gemv", w_down.data_ptr(), h.data_ptr(), None, y.data_ptr(), w_down.shape[0], N, bf)
+        return y
+    return _twin("swiglu")(x, w_gate, w_up, w_down)
+
+
+def add_rmsnorm(x: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float, zero_centred: bool,
+                residual_fp32: bool) -> tuple[Tensor, Tensor]:
+    res_dtype = torch.float32 if residual_fp32 else x.dtype
+    if _ok(x, residual, weight) and (residual is None or residual.dtype == res_dtype) and x.dim() == 2:
+        T, D = x.shape
+        out, new_res = _empty(T, D, dtype=x.dtype), _empty(T, D, dtype=res_dtype)
+        _call("vxc_add_rmsnorm", x.data_ptr(), _p(residual), weight.data_ptr(), out.data_ptr(), new_res.data_ptr(),
+                             T, D, eps, int(zero_centred), int(residual_fp32), _BF[x.dtype], _BF[weight.dtype])
+        return out, new_res
+    return _twin("add_rmsnorm")(x, residual, weight, eps, zero_centred, residual_fp32)
+
+
+_ACT = {"none": 0, "silu": 1, "sigmoid": 2}
+
+
+def gated_rmsnorm(x: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int, norm_before_gate: bool,
+                  act: str) -> Tensor:
+    if _ok(x, z, weight) and z.dtype == x.dtype and z.shape == x.shape and act in _ACT:
+        D = x.shape[-1]
+        out = _empty(*x.shape, dtype=x.dtype)
+        _call("vxc_gated_rmsnorm", x.data_ptr(), z.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // D, D,
+                               group_size, eps, int(norm_before_gate), _ACT[act], _BF[x.dtype], _BF[weight.dtype])
+        return out
+    return _twin("gated_rmsnorm")(x, z, weight, eps, group_size, norm_before_gate, act)
+
+
+def conv1d_step(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str, conv_state: Tensor) -> Tensor:
+    if _ok(x, weight, bias, conv_state) and (bias is None or bias.dtype == weight.dtype) and x.dim() == 1:
+        C, K = weight.shape
+        out = _empty(*x.shape, dtype=x.dtype)
+        _call("vxc_conv1d_step", x.data_ptr(), weight.data_ptr(), _p(bias), conv_state.data_ptr(), out.data_ptr(), C, K,
+                             _ACT[activation], _BF[x.dtype], _BF[weight.dtype], _BF[conv_state.dtype])
+        return out
+    return _twin("conv1d_step")(x, weight, bias, activation, conv_state)
+
+
+def ssd_step(x: Tensor, dt: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, dt_bias: Tensor,
+             dt_min: float, dt_max: float, ssm_state: Tensor) -> Tensor:
+    w_dtypes = {A_log.dtype, D.dtype, dt_bias.dtype}
+    if (_ok(x, dt, A_log, B, C, D, dt_bias, ssm_state) and ssm_state.dtype == torch.float32 and len(w_dtypes) == 1
+            and dt.dtype == B.dtype == C.dtype == x.dtype and B.shape[-1] <= MAX_STATE_N):
+        H, P = x.shape
+        G, N = B.shape
+        out = _empty(*x.shape, dtype=x.dtype)
+        clamp = not (dt_min == 0.0 and dt_max == float("inf"))
+        _call("vxc_ssd_step", x.data_ptr(), dt.data_ptr(), A_log.data_ptr(), B.data_ptr(), C.data_ptr(), D.data_ptr(),
+                          dt_bias.data_ptr(), dt_min, dt_max if clamp else 0.0, int(clamp), ssm_state.data_ptr(),
+                          out.data_ptr(), H, P, G, N, _BF[x.dtype], _BF[A_log.dtype])
+        return out
+    return _twin("ssd_step")(x, dt, A_log, B, C, D, dt_bias, dt_min, dt_max, ssm_state)
+
+
+def embedding(ids: Tensor, table: Tensor) -> Tensor:
+    if _ok(table) and ids.dtype == torch.int64 and ids.is_contiguous() and ids.dim() == 1 and table.dim() == 2:
+        out = _empty(ids.shape[0], table.shape[1], dtype=table.dtype)
+        _call("vxc_embedding", ids.data_ptr(), table.data_ptr(), out.data_ptr(), ids.shape[0], table.shape[1],
+              table.element_size())
+        return out
+    return _twin("embedding")(ids, table)
+
+
+def rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    if _ok(x, cos, sin) and x.dim() == 3 and cos.dtype == sin.dtype and cos.shape == sin.shape and cos.dim() == 2:
+        T, H, Dh = x.shape
+        out = _empty(T, H, Dh, dtype=x.dtype)
+        _call("vxc_rotary", x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), T, H, Dh, 2 * cos.shape[-1],
+              int(interleaved), _BF[x.dtype], _BF[cos.dtype])
+        return out
+    return _twin("rotary")(x, cos, sin, interleaved)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, start: int, scale: float,
+              window: int = 0, sinks: Optional[Tensor] = None) -> Tensor:
+    if (q.shape[0] == 1 and window == 0 and sinks is None and _ok(q, k, v, k_cache, v_cache)
+            and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype
+            and max(q.shape[-1], v.shape[-1]) <= MAX_HEAD_DIM and start < k_cache.shape[0]):
+        _, Hq, Dk = q.shape
+        Hkv, Dv = k.shape[1], v.shape[-1]
+        out = _empty(1, Hq, Dv, dtype=q.dtype)
+        scratch = _empty(k_cache.shape[0] * Hq, dtype=torch.float32)
+        _call("vxc_attention_step", q.data_ptr(), k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+              out.data_ptr(), start, scale, Hq, Hkv, Dk, Dv, scratch.data_ptr(), _BF[q.dtype])
+        return out
+    return _twin("attention")(q, k, v, k_cache, v_cache, start, scale, window, sinks)
+
+
+def __getattr__(name: str):
+    """Every other kernel is the torch twin's."""
+    return _twin(name)
