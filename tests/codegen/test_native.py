@@ -1,0 +1,181 @@
+"""The native CPU kernels (``native_impl``, compiled from ``native/vxc_cpu.c``) against their torch twins.
+
+Shapes are awkward on purpose: GEMV rows not a multiple of the 4-row block, reduction lengths not a multiple of
+the 16/32-lane vector (the masked tails), more than one OpenMP chunk. fp32 is compared tightly (only the
+summation order differs); bf16 within one rounding of the output (the native code rounds where the twin
+materialises bf16 values, but its fp32 sums run in another order, so an output may land one ulp away).
+Everything here must run natively: a kernel that silently ran its twin would compare the twin with itself,
+so each call is recorded and the recorder must hold the native call.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vxc.codegen import kernels
+from vxc.codegen.kernels import native_impl as N
+from vxc.codegen.kernels import torch_impl as T
+
+DTYPES = [torch.float32, torch.bfloat16]
+TOL = {torch.float32: dict(rtol=2e-5, atol=2e-5), torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def r(*shape, scale=1.0, dtype=torch.float32):
+    return (torch.randn(*shape) * scale).to(dtype)
+
+
+def native(fn, *args, expect: str):
+    """Run a native_impl function, asserting that it made the native call ``expect`` (not its twin)."""
+    rec = N.Recorder()
+    with N.recording(rec):
+        out = fn(*args)
+    assert rec.failed is None, rec.failed
+    assert [name for name, _ in rec.calls][:1] == [expect], rec.calls
+    return out
+
+
+def close(a, b, dtype):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    torch.testing.assert_close(a.float(), b.float(), **TOL[dtype])
+
+
+def test_library_builds_and_is_the_cpu_default():
+    assert N.available(), N.status()
+    assert N.status().startswith("loaded")
+    assert kernels.dispatch.implementation(torch.zeros(1)) is N
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N_out, K, bias", [(1001, 777, True), (6, 33, False), (3, 16, True), (257, 64, False)])
+def test_gemv(dtype, N_out, K, bias):
+    x, w = r(1, K, dtype=dtype), r(N_out, K, scale=K ** -0.5, dtype=dtype)
+    b = r(N_out, dtype=dtype) if bias else None
+    close(native(N.linear, x, w, b, expect="vxc_gemv"), T.linear(x, w, b), dtype)
+    # fp32 against fp64, independently of the twin
+    if dtype == torch.float32:
+        exact = x.double() @ w.double().T + (b.double() if bias else 0.0)
+        torch.testing.assert_close(native(N.linear, x, w, b, expect="vxc_gemv").double(), exact, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu(dtype):
+    x = r(1, 203, dtype=dtype)
+    wg, wu, wd = r(70, 203, scale=0.1, dtype=dtype), r(70, 203, scale=0.1, dtype=dtype), r(203, 70, scale=0.1, dtype=dtype)
+    close(native(N.swiglu, x, wg, wu, wd, expect="vxc_swiglu_up"), T.swiglu(x, wg, wu, wd), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("zero_centred, residual, residual_fp32", [(False, True, True), (True, True, False),
+                                                                   (False, False, False), (True, False, True)])
+def test_add_rmsnorm(dtype, zero_centred, residual, residual_fp32):
+    x, w = r(5, 201, dtype=dtype), r(201, dtype=dtype)
+    res = r(5, 201, dtype=torch.float32 if residual_fp32 else dtype) if residual else None
+    got = native(N.add_rmsnorm, x, res, w, 1e-6, zero_centred, residual_fp32, expect="vxc_add_rmsnorm")
+    want = T.add_rmsnorm(x, res, w, 1e-6, zero_centred, residual_fp32)
+    close(got[0], want[0], dtype)
+    assert torch.equal(got[1], want[1])  # the residual is one exact sum, rounded once
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm_before_gate, act, group", [(False, "silu", 67), (True, "sigmoid", 201)])
+def test_gated_rmsnorm(dtype, norm_before_gate, act, group):
+    x, z, w = r(3, 201, dtype=dtype), r(3, 201, dtype=dtype), r(201, dtype=dtype)
+    got = native(N.gated_rmsnorm, x, z, w, 1e-5, group, norm_before_gate, act, expect="vxc_gated_rmsnorm")
+    close(got, T.gated_rmsnorm(x, z, w, 1e-5, group, norm_before_gate, act), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias, activation", [(True, "silu"), (False, "none")])
+def test_conv1d_step(dtype, bias, activation):
+    C, K = 97, 4
+    x, w = r(C, dtype=dtype), r(C, K, dtype=dtype)
+    b = r(C, dtype=dtype) if bias else None
+    s1 = r(C, K, dtype=dtype)
+    s2 = s1.clone()
+    got = native(N.conv1d_step, x, w, b, activation, s1, expect="vxc_conv1d_step")
+    close(got, T.conv1d_step(x, w, b, activation, s2), dtype)
+    assert torch.equal(s1, s2)  # the history shifts exactly
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dt_limit", [(0.0, math.inf), (0.05, 0.8)])
+def test_ssd_step(dtype, dt_limit):
+    H, P, G, Nst = 6, 12, 2, 37
+    x, dt, B, C = r(H, P, dtype=dtype), r(H, dtype=dtype), r(G, Nst, dtype=dtype), r(G, Nst, dtype=dtype)
+    A_log, D, dt_bias = r(H, scale=0.5), r(H), r(H, scale=0.5)
+    s1 = r(H, P, Nst)
+    s2 = s1.clone()
+    got = native(N.ssd_step, x, dt, A_log, B, C, D, dt_bias, *dt_limit, s1, expect="vxc_ssd_step")
+    close(got, T.ssd_step(x, dt, A_log, B, C, D, dt_bias, *dt_limit, s2), dtype)
+    torch.testing.assert_close(s1, s2, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved, R", [(False, 12), (True, 20), (False, 20)])
+def test_rotary(dtype, interleaved, R):
+    x, cos, sin = r(1, 6, 20, dtype=dtype), r(1, R // 2), r(1, R // 2)
+    close(native(N.rotary, x, cos, sin, interleaved, expect="vxc_rotary"), T.rotary(x, cos, sin, interleaved), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Hq, Hkv, start", [(6, 2, 0), (6, 6, 13), (4, 1, 40)])
+def test_attention_step(dtype, Hq, Hkv, start):
+    S, Dk, Dv = 48, 20, 12
+    q, k, v = r(1, Hq, Dk, dtype=dtype), r(1, Hkv, Dk, dtype=dtype), r(1, Hkv, Dv, dtype=dtype)
+    kc, vc = r(S, Hkv, Dk, dtype=dtype), r(S, Hkv, Dv, dtype=dtype)
+    kc[start + 1:], vc[start + 1:] = math.nan, math.nan  # rows past the position are never read
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = native(N.attention, q, k, v, kc, vc, start, 0.3, expect="vxc_attention_step")
+    want = T.attention(q, k, v, kc2, vc2, start, 0.3)
+    close(got, want, dtype)
+    assert torch.equal(kc[: start + 1], kc2[: start + 1]) and torch.equal(vc[: start + 1], vc2[: start + 1])
+    # and against the softmax written out (fp32)
+    if dtype == torch.float32:
+        keys = kc[: start + 1].repeat_interleave(Hq // Hkv, 1)
+        vals = vc[: start + 1].repeat_interleave(Hq // Hkv, 1)
+        p = (torch.einsum("hd,shd->hs", q[0].double(), keys.double()) * 0.3).softmax(-1)
+        torch.testing.assert_close(got[0].double(), torch.einsum("hs,shd->hd", p, vals.double()), rtol=1e-5, atol=1e-5)
+
+
+def test_embedding():
+    for dtype in DTYPES:
+        ids, table = torch.tensor([3, 0, 49, 3]), r(50, 33, dtype=dtype)
+        assert torch.equal(native(N.embedding, ids, table, expect="vxc_embedding"), F.embedding(ids, table))
+
+
+def test_uncovered_cases_run_the_twin_and_say_so():
+    """Non-contiguous weights, sequences where only the single-token form is native, windows: the twin."""
+    x, w = r(1, 40), r(40, 30).T  # a transposed view
+    rec = N.Recorder()
+    with N.recording(rec):
+        got = N.linear(x, w, None)
+    assert rec.calls == [] and "linear ran its torch twin" in rec.failed
+    torch.testing.assert_close(got, T.linear(x, w, None))
+    rec = N.Recorder()
+    q, k, v, kc, vc = r(2, 4, 8), r(2, 2, 8), r(2, 2, 8), r(16, 2, 8), r(16, 2, 8)
+    with N.recording(rec):
+        N.attention(q, k, v, kc, vc, 3, 0.3)
+    assert "attention ran its torch twin" in rec.failed
+    rec = N.Recorder()
+    with N.recording(rec):
+        N.conv1d_prefill(r(5, 8), r(8, 4), None, "silu", r(8, 4))  # no native form at all
+    assert "conv1d_prefill ran its torch twin" in rec.failed
+
+
+def test_ops_dispatch_to_native_on_cpu():
+    """``torch.ops.vxc.*`` on CPU tensors reaches the native code under the default backend, the twin
+    under ``backend("torch")``."""
+    x, w = r(1, 50), r(20, 50)
+    rec = N.Recorder()
+    with N.recording(rec):
+        torch.ops.vxc.linear(x, w, None)
+        with kernels.backend("torch"):
+            torch.ops.vxc.linear(x, w, None)
+    assert [n for n, _ in rec.calls] == ["vxc_gemv"]

@@ -1,0 +1,121 @@
+"""Decode replay (``vxc.runtime.replay``): a captured decode step replayed as native calls.
+
+Replayed steps must be bit-identical to the graph's steps (same kernels, same buffers), return fresh tensors,
+and follow the position (rotary rows, attention length); a step that cannot be captured faithfully must be
+refused with its reason while decoding goes on through the graph.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.runtime import parity_table as P
+from vxc.codegen import kernels
+from vxc.codegen.kernels import native_impl
+from vxc.runtime.replay import CAPTURES, DecodeReplay
+from vxc.runtime.session import Session
+
+STEPS = 12
+
+
+def _steps(engine, ids: list[int], tokens: list[int]) -> list[torch.Tensor]:
+    s = Session(engine)
+    s.prefill(ids)
+    return [s.step(t) for t in tokens]
+
+
+def _tokens(f: P.Family) -> list[int]:
+    g = torch.Generator().manual_seed(7)
+    return torch.randint(0, f.vocab, (STEPS,), generator=g).tolist()
+
+
+@pytest.mark.parametrize("name", sorted(P.FAMILIES))
+def test_replay_is_bit_identical_to_the_graph(lab, name):
+    f = P.FAMILIES[name]
+    _, ir = lab.built(name)
+    ids = P.prompt_ids(f)[:20]
+    replayed = P.engine_for(ir, max_context=64)
+    plain = P.engine_for(ir, max_context=64, replay=False)
+    got, want = _steps(replayed, ids, _tokens(f)), _steps(plain, ids, _tokens(f))
+    assert replayed.replay_status().startswith("replaying"), replayed.replay_status()
+    assert plain.replay_status() == "off"
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), f"step {i}: max diff {(a - b).abs().max().item():.3e}"
+    # results are fresh tensors, not views of the replay's buffers
+    assert len({t.data_ptr() for t in got}) == len(got)
+    # and the twins agree within fp32 summation-order noise
+    with kernels.backend("torch"):
+        twin = _steps(P.engine_for(ir, max_context=64), ids, _tokens(f))
+    for a, b in zip(got, twin):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
+@pytest.mark.parametrize("name", ["mamba2-native", "qwen3", "oute-base1"])
+def test_bf16_replay_is_bit_identical(lab, name):
+    f = P.FAMILIES[name]
+    _, ir = lab.built(name)
+    ids = P.prompt_ids(f)[:20]
+    got = _steps(P.engine_for(ir, max_context=64, dtype=torch.bfloat16), ids, _tokens(f))
+    want = _steps(P.engine_for(ir, max_context=64, dtype=torch.bfloat16, replay=False), ids, _tokens(f))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_a_step_with_a_non_native_kernel_is_refused(lab, monkeypatch):
+    """An op without a native form would be skipped by a replay: the capture refuses, naming it."""
+    monkeypatch.setattr(native_impl, "NATIVE_OPS", native_impl.NATIVE_OPS - {"ssd_step"})
+    f = P.FAMILIES["mamba2-native"]
+    _, ir = lab.built("mamba2-native")
+    ids = P.prompt_ids(f)[:20]
+    e = P.engine_for(ir, max_context=64)
+    got = _steps(e, ids, _tokens(f))
+    assert e.replay_status() == "refused: vxc::ssd_step has no native form"
+    want = _steps(P.engine_for(ir, max_context=64, replay=False), ids, _tokens(f))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def _attention_graph(start_of):
+    """A one-kernel 'decode graph' whose attention length is ``start_of(pos)``."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 4, 8), torch.randn(1, 2, 8), torch.randn(1, 2, 8)
+    kc, vc = torch.randn(32, 2, 8), torch.randn(32, 2, 8)
+
+    def graph(ids, pos):
+        return torch.ops.vxc.attention(q, k, v, kc, vc, start_of(pos), 0.3)
+
+    return graph, (q, k, v, kc, vc)
+
+
+def test_arguments_that_move_with_the_position_are_followed():
+    graph, (q, k, v, kc, vc) = _attention_graph(lambda pos: 2 * pos + 1)
+    rep = DecodeReplay(graph, torch.zeros(1, dtype=torch.int64))
+    for pos in range(CAPTURES):
+        rep(pos)
+    assert rep.ready
+    for pos in (5, 9):
+        out = rep(pos)
+        kc2, vc2 = kc.clone(), vc.clone()
+        from vxc.codegen.kernels import torch_impl
+
+        torch.testing.assert_close(out, torch_impl.attention(q, k, v, kc2, vc2, 2 * pos + 1, 0.3), rtol=1e-5, atol=1e-5)
+
+
+def test_a_non_linear_argument_is_refused():
+    graph, _ = _attention_graph(lambda pos: pos * pos)
+    rep = DecodeReplay(graph, torch.zeros(1, dtype=torch.int64))
+    for pos in range(CAPTURES + 1):
+        rep(pos)
+    assert not rep.ready
+    assert rep.refused == "vxc_attention_step argument 6 changes with the position non-linearly"
+
+
+def test_graph_level_compute_is_refused():
+    """Arithmetic outside the vxc kernels would not be replayed: refused."""
+    w = torch.randn(8, 8)
+
+    def graph(ids, pos):
+        return torch.ops.vxc.linear(torch.ones(1, 8) * 2, w, None)
+
+    rep = DecodeReplay(graph, torch.zeros(1, dtype=torch.int64))
+    rep(0)
+    assert rep.refused is not None and "is not a view" in rep.refused
