@@ -253,10 +253,11 @@ def ssd_inputs(T, H=6, P=12, G=2, N=10, dtype=torch.float32, device=DEVICE):
     return x, dt, A_log, B, C, D, dt_bias
 
 
-@pytest.mark.parametrize("T, chunk_size", [(37, 16), (5, 16), (32, 8)])
+@pytest.mark.parametrize("T, chunk_size", [(37, 16), (5, 16), (32, 8), (150, 256)])
 @pytest.mark.parametrize("dt_limit", [(0.0, INF), (0.05, 0.8)])
 def test_ssd_prefill_twin(T, chunk_size, dt_limit):
-    """Chunked SSD with a short last chunk (37 = 16+16+5), a sequence shorter than one chunk, exact chunks."""
+    """Chunked SSD with a short last chunk (37 = 16+16+5), a sequence shorter than one chunk, exact chunks,
+    and a declared chunk longer than the CPU's blocking (150 tokens of chunk 256: blocks of 64, 64, 22)."""
     inputs = ssd_inputs(T, device="cpu")
     state = cpu(6, 12, 10)
     expected_y, expected_state = naive_ssd(*inputs, *dt_limit, state)

@@ -68,13 +68,11 @@ def conv1d_prefill(
     recent raw inputs, oldest first.
     """
     T, K = x.shape[0], weight.shape[1]
-    history = conv_state.float().T  # [K, C], oldest first
-    xx = torch.cat([history[1:], x.float()])  # [K-1+T, C]
-    w = weight.float()
-    y = sum(w[:, j] * xx[j : j + T] for j in range(K))
-    if bias is not None:
-        y = y + bias.float()
-    conv_state.copy_(torch.cat([history, x.float()])[-K:].T)
+    history = conv_state.float()  # [C, K], oldest first
+    xx = torch.cat([history, x.float().T], dim=1)  # [C, K+T]
+    y = F.conv1d(xx[None, :, 1:], weight.float()[:, None, :], None if bias is None else bias.float(),
+                 groups=weight.shape[0])[0].T.contiguous()  # [T, C]: output t reads inputs t-K+1 .. t
+    conv_state.copy_(xx[:, -K:])
     return _activate(y, activation).to(x.dtype)
 
 
@@ -112,6 +110,9 @@ def _segment_sum(a: Tensor) -> Tensor:
     return sums.masked_fill(~lower, -math.inf)
 
 
+CPU_SSD_CHUNK = 64
+
+
 def ssd_prefill(
     x: Tensor,
     dt: Tensor,
@@ -131,27 +132,42 @@ def ssd_prefill(
     each chunk (the last may be shorter) adds its intra-chunk term ``((C Bᵀ) ∘ L)(x·dt)``, ``L[i, j] =
     exp(a[j+1] + ... + a[i])`` with ``a = dt·A``, to the decayed contribution of the state carried in, then
     carries the state to its end. ``ssm_state [H, P, N]`` is the initial state and receives the final one.
+
+    ``C Bᵀ`` is formed once per group of heads (the heads of a group share B and C), and the exponents
+    ``a[j+1] + ... + a[i]`` are differences of one fp64 running sum (exact to fp32 rounding however long
+    the chunk), so the work per chunk is two batched GEMMs per group and one [H, L, L] elementwise pass.
+    On CPU the scan steps through chunks of at most ``CPU_SSD_CHUNK`` tokens: the chunk length is a
+    blocking choice of the algorithm, not part of the math (any length gives the same recurrence up to fp32
+    rounding), and [H, L, L] blocks of 64 stay in cache where blocks of 256 stream through memory.
     """
-    T, H, _ = x.shape
+    T, H, P = x.shape
+    G, N = B.shape[-2], B.shape[-1]
+    hpg = H // G
     x32 = x.float()
     dt = _discretised_dt(dt, dt_bias, dt_min, dt_max)  # [T, H]
     A = -torch.exp(A_log.float())
-    B, C = _per_head(B, H), _per_head(C, H)  # [T, H, N]
-    state = ssm_state.float()
+    Bg, Cg = B.float(), C.float()  # [T, G, N]
+    state = ssm_state.float().reshape(G, hpg * P, N)  # heads of a group side by side
     y = torch.empty_like(x32)
-    for start in range(0, T, chunk_size):
-        chunk = slice(start, min(start + chunk_size, T))
-        xc, dtc, Bc, Cc = x32[chunk], dt[chunk], B[chunk], C[chunk]
-        a = (dtc * A).T  # [H, L]
-        decay = torch.exp(_segment_sum(a))  # [H, L, L]
-        scores = torch.einsum("ihn,jhn->hij", Cc, Bc) * decay
-        carried = torch.einsum("ihn,hpn->ihp", Cc, state) * torch.exp(a.cumsum(-1)).T[..., None]
-        y[chunk] = torch.einsum("hij,jhp->ihp", scores, xc * dtc[..., None]) + carried
-        to_end = decay[:, -1, :].T * dtc  # [L, H]: exp(a[j+1] + ... + a[L-1]) · dt_j
-        state = state * torch.exp(a.sum(-1))[:, None, None] + torch.einsum(
-            "jhp,jhn->hpn", xc * to_end[..., None], Bc
-        )
-    ssm_state.copy_(state)
+    step = min(chunk_size, CPU_SSD_CHUNK)
+    for start in range(0, T, step):
+        chunk = slice(start, min(start + step, T))
+        L = chunk.stop - chunk.start
+        xc, dtc, Bc, Cc = x32[chunk], dt[chunk], Bg[chunk].transpose(0, 1), Cg[chunk].transpose(0, 1)  # [G, L, N]
+        run = (dtc * A).T.double().cumsum(-1)  # [H, L]: a[0] + ... + a[i]
+        lower = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+        decay = torch.exp((run[:, :, None] - run[:, None, :]).float()).masked_fill_(~lower, 0.0)  # [H, L, L]
+        scores = (torch.bmm(Cc, Bc.transpose(1, 2))[:, None] * decay.view(G, hpg, L, L)).view(H, L, L)
+        xdt = (xc * dtc[..., None]).transpose(0, 1)  # [H, L, P]
+        intra = torch.bmm(scores, xdt)  # [H, L, P]
+        into = torch.exp(run.float()).T  # [L, H]: decay from the chunk's start to i
+        carried = torch.bmm(Cc, state.transpose(1, 2)).view(G, L, hpg, P).permute(1, 0, 2, 3).reshape(L, H, P)
+        y[chunk] = intra.transpose(0, 1) + carried * into[..., None]
+        to_end = torch.exp((run[:, -1:] - run).float()).T * dtc  # [L, H]: exp(a[j+1] + ... + a[L-1]) · dt_j
+        w = (xc * to_end[..., None]).view(L, G, hpg * P).permute(1, 2, 0)  # [G, hpg·P, L]
+        state = state * torch.exp(run[:, -1].float()).view(G, hpg, 1, 1).expand(G, hpg, P, 1).reshape(G, hpg * P, 1) \
+            + torch.bmm(w, Bc)
+    ssm_state.copy_(state.view(H, P, N))
     return (y + D.float()[:, None] * x32).to(x.dtype)
 
 
