@@ -291,8 +291,9 @@ def _sdpa(q: Tensor, keys: Tensor, values: Tensor, start: int, scale: float) -> 
     group = qh.shape[0] // kh.shape[0]
     if group > 1 and T > 1:  # expanded heads take the fused flash kernel; enable_gqa falls back to the math path
         kh, vh = kh.repeat_interleave(group, 0), vh.repeat_interleave(group, 0)
-    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal, scale=scale,
-                                       enable_gqa=kh.shape[0] != qh.shape[0])
+    # a batch dimension: torch's fused CPU (flash) kernel takes only 4-d inputs, 3-d ones go to the math path
+    o = F.scaled_dot_product_attention(qh[None], kh[None], vh[None], attn_mask=mask, is_causal=causal, scale=scale,
+                                       enable_gqa=kh.shape[0] != qh.shape[0])[0]
     return o.transpose(0, 1).contiguous()
 
 

@@ -8,6 +8,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <omp.h>
 #if defined(__AVX512F__)
@@ -171,53 +172,104 @@ void vxc_swiglu_up(const void *Wg, const void *Wu, const void *x, void *h, long 
 
 /* ------------------------------------------------------------------------------------------------ norms */
 
+static inline void load_row(const void *p, long off, long D, int bf, float *dst) {
+    if (bf) {
+        const bf16_t *src = (const bf16_t *)p + off;
+#pragma omp simd
+        for (long i = 0; i < D; i++) dst[i] = bf2f(src[i]);
+    } else {
+        memcpy(dst, (const float *)p + off, (size_t)D * sizeof(float));
+    }
+}
+
+static inline void store_row(void *p, long off, long D, int bf, const float *src) {
+    if (bf) {
+        bf16_t *dst = (bf16_t *)p + off;
+#pragma omp simd
+        for (long i = 0; i < D; i++) dst[i] = f2bf(src[i]);
+    } else {
+        memcpy((float *)p + off, src, (size_t)D * sizeof(float));
+    }
+}
+
+static inline void round_row(float *v, long D) {
+#pragma omp simd
+    for (long i = 0; i < D; i++) v[i] = bf2f(f2bf(v[i]));
+}
+
 /* torch_impl.add_rmsnorm over T rows of width D. x, out: activation dtype; residual (may be NULL) and
  * new_residual: fp32 when res_f32 else the activation dtype; weight: w_bf selects bf16 / fp32. */
 void vxc_add_rmsnorm(const void *x, const void *residual, const void *weight, void *out, void *new_residual,
                      long T, long D, float eps, int zero_centred, int res_f32, int bf, int w_bf) {
     int rbf = res_f32 ? 0 : bf;
-#pragma omp parallel for schedule(static) if (T > 1)
-    for (long t = 0; t < T; t++) {
-        float ss = 0.0f;
-        for (long i = 0; i < D; i++) {
-            float r = ld(x, t * D + i, bf);
-            if (residual) r += ld(residual, t * D + i, rbf);
-            r = rnd(r, rbf);
-            st(new_residual, t * D + i, r, rbf);
-            ss += r * r;
+#pragma omp parallel if (T * D >= 32768)
+    {
+        float *r = (float *)malloc((size_t)D * 3 * sizeof(float)), *r2 = r + D, *w = r2 + D;
+        load_row(weight, 0, D, w_bf, w);
+        if (zero_centred) {
+            for (long i = 0; i < D; i++) w[i] += 1.0f;
+        } else if (bf) {
+            round_row(w, D); /* the twin multiplies by the weight cast to the activation dtype */
         }
-        float inv = 1.0f / sqrtf(ss / (float)D + eps);
-        for (long i = 0; i < D; i++) {
-            float nrm = ld(new_residual, t * D + i, rbf) * inv;
-            float w = ld(weight, i, w_bf);
-            float v = zero_centred ? nrm * (1.0f + w) : rnd(w, bf) * rnd(nrm, bf);
-            st(out, t * D + i, v, bf);
+#pragma omp for schedule(static)
+        for (long t = 0; t < T; t++) {
+            load_row(x, t * D, D, bf, r);
+            if (residual) {
+                load_row(residual, t * D, D, rbf, r2);
+#pragma omp simd
+                for (long i = 0; i < D; i++) r[i] += r2[i];
+            }
+            if (rbf) round_row(r, D);
+            store_row(new_residual, t * D, D, rbf, r);
+            float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+            for (long i = 0; i < D; i++) ss += r[i] * r[i];
+            float inv = 1.0f / sqrtf(ss / (float)D + eps);
+            if (zero_centred || !bf) {
+#pragma omp simd
+                for (long i = 0; i < D; i++) r[i] = r[i] * inv * w[i];
+            } else {
+#pragma omp simd
+                for (long i = 0; i < D; i++) r[i] = w[i] * bf2f(f2bf(r[i] * inv));
+            }
+            store_row(out, t * D, D, bf, r);
         }
+        free(r);
     }
 }
 
 /* torch_impl.gated_rmsnorm over T rows of width D in groups of G channels; act 1 silu, 2 sigmoid. */
 void vxc_gated_rmsnorm(const void *x, const void *z, const void *weight, void *out, long T, long D, long G,
                        float eps, int norm_before_gate, int a, int bf, int w_bf) {
-#pragma omp parallel for schedule(static) if (T * D >= 65536)
-    for (long t = 0; t < T; t++) {
-        for (long g0 = 0; g0 < D; g0 += G) {
-            float ss = 0.0f;
-            for (long i = g0; i < g0 + G; i++) {
-                float h = ld(x, t * D + i, bf);
-                if (!norm_before_gate) h *= act(ld(z, t * D + i, bf), a);
-                ss += h * h;
+#pragma omp parallel if (T * D >= 32768)
+    {
+        float *h = (float *)malloc((size_t)D * 3 * sizeof(float)), *gate = h + D, *w = gate + D;
+        load_row(weight, 0, D, w_bf, w);
+#pragma omp for schedule(static)
+        for (long t = 0; t < T; t++) {
+            load_row(x, t * D, D, bf, h);
+            load_row(z, t * D, D, bf, gate);
+            for (long i = 0; i < D; i++) gate[i] = act(gate[i], a);
+            if (!norm_before_gate) {
+#pragma omp simd
+                for (long i = 0; i < D; i++) h[i] *= gate[i];
             }
-            float inv = 1.0f / sqrtf(ss / (float)G + eps);
-            for (long i = g0; i < g0 + G; i++) {
-                float gate = act(ld(z, t * D + i, bf), a);
-                float h = ld(x, t * D + i, bf);
-                if (!norm_before_gate) h *= gate;
-                float v = h * inv * ld(weight, i, w_bf);
-                if (norm_before_gate) v *= gate;
-                st(out, t * D + i, v, bf);
+            for (long g0 = 0; g0 < D; g0 += G) {
+                float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+                for (long i = g0; i < g0 + G; i++) ss += h[i] * h[i];
+                float inv = 1.0f / sqrtf(ss / (float)G + eps);
+                if (norm_before_gate) {
+#pragma omp simd
+                    for (long i = g0; i < g0 + G; i++) h[i] = h[i] * inv * w[i] * gate[i];
+                } else {
+#pragma omp simd
+                    for (long i = g0; i < g0 + G; i++) h[i] = h[i] * inv * w[i];
+                }
             }
+            store_row(out, t * D, D, bf, h);
         }
+        free(h);
     }
 }
 
