@@ -85,7 +85,15 @@ def _build(cc: str) -> Path:
     out = _cache_dir() / f"vxc_cpu-{key}.so"
     if out.exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(out.parent, os.W_OK):
+            raise PermissionError(str(out.parent))
+    except OSError:  # an unwritable cache (read-only home): a per-user temporary directory
+        out = Path(tempfile.gettempdir()) / f"vxc-{os.getuid()}" / out.name
+        if out.exists():
+            return out
+        out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
