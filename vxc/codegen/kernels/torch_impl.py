@@ -98,18 +98,6 @@ def _per_head(groups: Tensor, heads: int) -> Tensor:
     return groups.float().repeat_interleave(heads // groups.shape[-2], dim=-2)
 
 
-def _segment_sum(a: Tensor) -> Tensor:
-    """``[..., L] -> [..., L, L]``: ``out[i, j] = a[j+1] + ... + a[i]`` for j <= i, -inf above the diagonal.
-
-    Summing masked copies (rather than subtracting two cumulative sums) keeps the small sums exact.
-    """
-    L = a.shape[-1]
-    strictly_lower = torch.tril(torch.ones(L, L, dtype=torch.bool, device=a.device), diagonal=-1)
-    sums = a[..., :, None].expand(*a.shape, L).masked_fill(~strictly_lower, 0.0).cumsum(dim=-2)
-    lower = torch.tril(torch.ones(L, L, dtype=torch.bool, device=a.device))
-    return sums.masked_fill(~lower, -math.inf)
-
-
 CPU_SSD_CHUNK = 64
 
 
