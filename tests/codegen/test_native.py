@@ -92,6 +92,45 @@ def test_gated_rmsnorm(dtype, norm_before_gate, act, group):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_gated_rmsnorm_row_strided(dtype):
+    # x and z as column slices of one [T, 3D+5] projection (as the Mamba2 in_proj split hands them over), T * D
+    # large enough to split the rows across threads
+    T_, D = 70, 603
+    proj = r(T_, 3 * D + 5, dtype=dtype)
+    z, x = proj[:, :D], proj[:, D + 5: 2 * D + 5]
+    w = r(D, dtype=dtype)
+    got = native(N.gated_rmsnorm, x, z, w, 1e-5, 201, False, "silu", expect="vxc_gated_rmsnorm")
+    close(got, T.gated_rmsnorm(x, z, w, 1e-5, 201, False, "silu"), dtype)
+    assert got.is_contiguous()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T_, bias, activation", [(1, True, "silu"), (2, False, "none"), (3, True, "silu"),
+                                                  (61, True, "silu"), (47, False, "none")])
+def test_conv1d_prefill(dtype, T_, bias, activation):
+    # T_ < K - 1 keeps part of the old history in the new one; x is a row-strided column slice; C * T_ for 61 and
+    # 47 tokens splits the rows across threads
+    C, K = 701, 4
+    proj = r(T_, C + 9, dtype=dtype)
+    x, w = proj[:, 4: 4 + C], r(C, K, scale=0.5, dtype=dtype)
+    b = r(C, dtype=dtype) if bias else None
+    s0 = r(C, K, dtype=dtype)
+    s1, s2 = s0.clone(), s0.clone()
+    got = native(N.conv1d_prefill, x, w, b, activation, s1, expect="vxc_conv1d_prefill")
+    close(got, T.conv1d_prefill(x, w, b, activation, s2), dtype)
+    assert torch.equal(s1, s2)  # the new history holds raw inputs, exactly
+    xx = torch.cat([s0.double(), x.double().T], 1)  # [C, K + T]: the old history, then the inputs
+    assert torch.equal(s1.double(), xx[:, -K:])
+    if dtype == torch.float32:  # and against the convolution written out, in fp64
+        want = torch.stack([(xx[:, t + 1: t + 1 + K] * w.double()).sum(1) for t in range(T_)])
+        if bias:
+            want = want + b.double()
+        if activation == "silu":
+            want = want * torch.sigmoid(want)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias, activation", [(True, "silu"), (False, "none")])
 def test_conv1d_step(dtype, bias, activation):
     C, K = 97, 4
@@ -118,9 +157,12 @@ def test_ssd_step(dtype, dt_limit):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("interleaved, R", [(False, 12), (True, 20), (False, 20)])
-def test_rotary(dtype, interleaved, R):
-    x, cos, sin = r(1, 6, 20, dtype=dtype), r(1, R // 2), r(1, R // 2)
+@pytest.mark.parametrize("interleaved, R, T_", [(False, 12, 1), (True, 20, 1), (False, 20, 1),
+                                                (False, 96, 37), (True, 64, 37)])
+def test_rotary(dtype, interleaved, R, T_):
+    # T_=37: 37 tokens x 14 heads x 130 dims, past the kernel's threshold for splitting rows across threads
+    H, Dh = (6, 20) if T_ == 1 else (14, 130)
+    x, cos, sin = r(T_, H, Dh, dtype=dtype), r(T_, R // 2), r(T_, R // 2)
     close(native(N.rotary, x, cos, sin, interleaved, expect="vxc_rotary"), T.rotary(x, cos, sin, interleaved), dtype)
 
 
@@ -165,7 +207,12 @@ def test_uncovered_cases_run_the_twin_and_say_so():
     assert "attention ran its torch twin" in rec.failed
     rec = N.Recorder()
     with N.recording(rec):
-        N.conv1d_prefill(r(5, 8), r(8, 4), None, "silu", r(8, 4))  # no native form at all
+        N.ssd_prefill(r(5, 2, 4), r(5, 2), r(2), r(5, 1, 3), r(5, 1, 3), r(2), r(2), 0.0, math.inf,
+                      r(2, 4, 3), 4)  # no native form at all
+    assert "ssd_prefill ran its torch twin" in rec.failed
+    rec = N.Recorder()
+    with N.recording(rec):  # a transposed (non-contiguous) conv weight
+        N.conv1d_prefill(r(5, 8), r(4, 8).T, None, "silu", r(8, 4))
     assert "conv1d_prefill ran its torch twin" in rec.failed
 
 

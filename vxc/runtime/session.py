@@ -38,7 +38,8 @@ class Session:
 
     @torch.no_grad()
     def prefill(self, tokens: Iterable[int]) -> torch.Tensor:
-        """Logits [T, padded_vocab] (fp32) for ``tokens``, continuing from the current position."""
+        """Logits [T, padded_vocab] in the compute dtype (as the references return them; ``--logits-out``
+        widens to fp32) for ``tokens``, continuing from the current position."""
         ids = torch.tensor(list(tokens), dtype=torch.int64, device=self.engine.device)
         if ids.numel() == 0:
             raise SessionError("prefill needs at least one token")
@@ -53,17 +54,17 @@ class Session:
         else:
             logits = self.engine.prefill_graph(ids, self.pos)
         self.pos += ids.numel()
-        return logits.float()
+        return logits
 
     @torch.no_grad()
     def step(self, token: int) -> torch.Tensor:
-        """Logits [padded_vocab] (fp32) after one more token (the fixed-shape decode graph)."""
+        """Logits [padded_vocab] (compute dtype) after one more token (the fixed-shape decode graph)."""
         self._room(1)
         if not (0 <= token < self.engine.padded_vocab):
             raise SessionError(f"token id {token} outside the vocabulary")
         logits = self.engine.decode(token, self.pos)
         self.pos += 1
-        return logits[0].float()
+        return logits[0]
 
     def generate(self, prompt: list[int], max_new_tokens: int, sampler: Sampler,
                  on_token: Callable[[int], None] | None = None, logits: torch.Tensor | None = None) -> list[int]:

@@ -30,7 +30,7 @@ from . import torch_impl
 
 SOURCE = Path(__file__).parent / "native" / "vxc_cpu.c"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *os.environ.get("VXC_NATIVE_CFLAGS", "").split()]
-ABI_VERSION = 3
+ABI_VERSION = 6
 MAX_STATE_N = 1024  # the SSD step keeps B and C rows of N <= 1024 on the stack
 MAX_HEAD_DIM = 1024  # the attention step keeps one query row and one output row on the stack
 
@@ -43,7 +43,8 @@ _SIGNATURES = {
     "vxc_gemv": [_P, _P, _P, _P, _L, _L, _I],
     "vxc_swiglu_up": [_P, _P, _P, _P, _L, _L, _I],
     "vxc_add_rmsnorm": [_P, _P, _P, _P, _P, _L, _L, _F, _I, _I, _I, _I],
-    "vxc_gated_rmsnorm": [_P, _P, _P, _P, _L, _L, _L, _F, _I, _I, _I, _I],
+    "vxc_gated_rmsnorm": [_P, _P, _P, _P, _L, _L, _L, _F, _I, _I, _I, _I, _L, _L],
+    "vxc_conv1d_prefill": [_P, _P, _P, _P, _P, _L, _L, _L, _I, _I, _I, _I, _L],
     "vxc_conv1d_step": [_P, _P, _P, _P, _P, _L, _L, _I, _I, _I, _I],
     "vxc_ssd_step": [_P, _P, _P, _P, _P, _P, _P, _F, _F, _I, _P, _P, _L, _L, _L, _L, _I, _I],
     "vxc_embedding": [_P, _P, _P, _L, _L, _L],
@@ -53,7 +54,7 @@ _SIGNATURES = {
 
 # the torch.ops.vxc operators with a native single-token form (the others always run their twins)
 NATIVE_OPS = frozenset({"linear", "swiglu", "add_rmsnorm", "gated_rmsnorm", "conv1d_step", "ssd_step", "embedding",
-                        "rotary", "attention"})
+                        "rotary", "attention"})  # (conv1d_prefill is native too, but only prefill runs it)
 
 
 def _cache_dir() -> Path:
@@ -212,7 +213,8 @@ _BF = {torch.bfloat16: 1, torch.float32: 0}
 
 
 def _ok(*ts: Optional[Tensor]) -> bool:
-    return all(t is None or (t.device.type == "cpu" and t.is_contiguous() and t.dtype in _BF) for t in ts)
+    """The library is built (building it on first use) and every tensor is a contiguous fp32/bf16 CPU tensor."""
+    return (_lib is not None or load() is not None) and all(t is None or (t.device.type == "cpu" and t.is_contiguous() and t.dtype in _BF) for t in ts)
 
 
 def _p(t: Optional[Tensor]):
@@ -259,15 +261,43 @@ def add_rmsnorm(x: Tensor, residual: Optional[Tensor], weight: Tensor, eps: floa
 _ACT = {"none": 0, "silu": 1, "sigmoid": 2}
 
 
+def _rows(t: Tensor) -> Optional[int]:
+    """The row stride of ``t`` seen as [rows, last dim] when its rows are dense (e.g. a column slice of one
+    projection's output), else None."""
+    if t.dim() == 0 or t.stride(-1) != 1:
+        return None
+    if t.is_contiguous():
+        return t.shape[-1]
+    return t.stride(0) if t.dim() == 2 else None
+
+
+def _okv(*ts: Optional[Tensor]) -> bool:
+    """As ``_ok``, but row-strided 2-d views are accepted (the kernel takes their row strides)."""
+    return (_lib is not None or load() is not None) and all(
+        t is None or (t.device.type == "cpu" and t.dtype in _BF and _rows(t) is not None) for t in ts)
+
+
 def gated_rmsnorm(x: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int, norm_before_gate: bool,
                   act: str) -> Tensor:
-    if _ok(x, z, weight) and z.dtype == x.dtype and z.shape == x.shape and act in _ACT:
+    if _okv(x, z) and _ok(weight) and z.dtype == x.dtype and z.shape == x.shape and act in _ACT:
         D = x.shape[-1]
         out = _empty(*x.shape, dtype=x.dtype)
         _call("vxc_gated_rmsnorm", x.data_ptr(), z.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // D, D,
-                               group_size, eps, int(norm_before_gate), _ACT[act], _BF[x.dtype], _BF[weight.dtype])
+              group_size, eps, int(norm_before_gate), _ACT[act], _BF[x.dtype], _BF[weight.dtype], _rows(x), _rows(z))
         return out
     return _twin("gated_rmsnorm")(x, z, weight, eps, group_size, norm_before_gate, act)
+
+
+def conv1d_prefill(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str, conv_state: Tensor) -> Tensor:
+    if (_okv(x) and _ok(weight, bias, conv_state) and x.dim() == 2 and (bias is None or bias.dtype == weight.dtype)
+            and activation in _ACT and x.shape[1] == weight.shape[0] == conv_state.shape[0]
+            and weight.shape[1] == conv_state.shape[1]):
+        T, C = x.shape
+        out = _empty(T, C, dtype=x.dtype)
+        _call("vxc_conv1d_prefill", x.data_ptr(), weight.data_ptr(), _p(bias), conv_state.data_ptr(), out.data_ptr(),
+              T, C, weight.shape[1], _ACT[activation], _BF[x.dtype], _BF[weight.dtype], _BF[conv_state.dtype], _rows(x))
+        return out
+    return _twin("conv1d_prefill")(x, weight, bias, activation, conv_state)
 
 
 def conv1d_step(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str, conv_state: Tensor) -> Tensor:
@@ -306,7 +336,8 @@ def embedding(ids: Tensor, table: Tensor) -> Tensor:
 
 
 def rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    if _ok(x, cos, sin) and x.dim() == 3 and cos.dtype == sin.dtype and cos.shape == sin.shape and cos.dim() == 2:
+    if (_ok(x, cos, sin) and x.dim() == 3 and cos.dtype == sin.dtype and cos.shape == sin.shape and cos.dim() == 2
+            and x.shape[-1] <= MAX_HEAD_DIM):
         T, H, Dh = x.shape
         out = _empty(T, H, Dh, dtype=x.dtype)
         _call("vxc_rotary", x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), T, H, Dh, 2 * cos.shape[-1],

@@ -45,11 +45,47 @@ static inline void st(void *p, long i, float v, int bf) {
 /* round through the activation dtype (a value the torch twin materialises at x.dtype) */
 static inline float rnd(float v, int bf) { return bf ? bf2f(f2bf(v)) : v; }
 
-static inline float silu(float v) { return v / (1.0f + expf(-v)); }
-static inline float sigm(float v) { return 1.0f / (1.0f + expf(-v)); }
+/* exp for the activations, written so that ``omp simd`` loops vectorise it (libm's expf is a scalar call):
+ * exp(x) = 2^n e^r, n = round(x log2 e), r = x - n ln 2 (two-part ln 2), e^r by the Cephes degree-6 polynomial.
+ * Within 2 ulp of expf over [-87, 88]; the input is clamped there (exp(-87) ~ 1.6e-38: the activations using
+ * it saturate long before). */
+#pragma omp declare simd notinbranch
+static inline float vexp(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return y * scale;
+}
+
+#pragma omp declare simd notinbranch
+static inline float silu(float v) { return v / (1.0f + vexp(-v)); }
+#pragma omp declare simd notinbranch
+static inline float sigm(float v) { return 1.0f / (1.0f + vexp(-v)); }
 static inline float act(float v, int a) { return a == 1 ? silu(v) : a == 2 ? sigm(v) : v; }
 
-int vxc_abi_version(void) { return 3; }
+/* act over a row, in place (vectorised) */
+static inline void act_row(float *v, long n, int a) {
+    if (a == 1) {
+#pragma omp simd
+        for (long i = 0; i < n; i++) v[i] = silu(v[i]);
+    } else if (a == 2) {
+#pragma omp simd
+        for (long i = 0; i < n; i++) v[i] = sigm(v[i]);
+    }
+}
+
+int vxc_abi_version(void) { return 6; }
 
 int vxc_has_avx512bf16(void) {
 #if defined(__AVX512BF16__)
@@ -238,18 +274,20 @@ void vxc_add_rmsnorm(const void *x, const void *residual, const void *weight, vo
     }
 }
 
-/* torch_impl.gated_rmsnorm over T rows of width D in groups of G channels; act 1 silu, 2 sigmoid. */
+/* torch_impl.gated_rmsnorm over T rows of width D in groups of G channels; act 1 silu, 2 sigmoid.
+ * x and z may be row-strided views (row strides sx, sz elements; e.g. slices of one projection); out is
+ * contiguous [T, D]. */
 void vxc_gated_rmsnorm(const void *x, const void *z, const void *weight, void *out, long T, long D, long G,
-                       float eps, int norm_before_gate, int a, int bf, int w_bf) {
+                       float eps, int norm_before_gate, int a, int bf, int w_bf, long sx, long sz) {
 #pragma omp parallel if (T * D >= 32768)
     {
         float *h = (float *)malloc((size_t)D * 3 * sizeof(float)), *gate = h + D, *w = gate + D;
         load_row(weight, 0, D, w_bf, w);
 #pragma omp for schedule(static)
         for (long t = 0; t < T; t++) {
-            load_row(x, t * D, D, bf, h);
-            load_row(z, t * D, D, bf, gate);
-            for (long i = 0; i < D; i++) gate[i] = act(gate[i], a);
+            load_row(x, t * sx, D, bf, h);
+            load_row(z, t * sz, D, bf, gate);
+            act_row(gate, D, a);
             if (!norm_before_gate) {
 #pragma omp simd
                 for (long i = 0; i < D; i++) h[i] *= gate[i];
@@ -290,6 +328,54 @@ void vxc_conv1d_step(const void *x, const void *weight, const void *bias, void *
         if (bias) y += ld(bias, c, w_bf);
         st(out, c, act(y, a), bf);
     }
+}
+
+/* torch_impl.conv1d_prefill: x [T, C] (row stride sx elements), weight [C, K], bias [C] or NULL, state [C, K]
+ * (oldest first; s_bf: its dtype), out [T, C] contiguous. Output t reads inputs t-K+1 .. t, where the inputs
+ * before x[0] are the last K-1 state columns; afterwards the state holds the K most recent inputs. fp32 sums,
+ * vectorised over channels: the weight and the history are transposed to [K, C] fp32 first. */
+void vxc_conv1d_prefill(const void *x, const void *weight, const void *bias, void *state, void *out, long T, long C,
+                        long K, int a, int bf, int w_bf, int s_bf, long sx) {
+    float *wt = (float *)malloc((size_t)(2 * K + 1) * C * sizeof(float)), *hist = wt + K * C, *b = hist + K * C;
+    for (long c = 0; c < C; c++) {
+        for (long j = 0; j < K; j++) {
+            wt[j * C + c] = ld(weight, c * K + j, w_bf);
+            hist[j * C + c] = ld(state, c * K + j, s_bf);
+        }
+        b[c] = bias ? ld(bias, c, w_bf) : 0.0f;
+    }
+#pragma omp parallel if (T * C >= 32768)
+    {
+        float *row = (float *)malloc((size_t)C * 2 * sizeof(float)), *acc = row + C;
+#pragma omp for schedule(static)
+        for (long t = 0; t < T; t++) {
+            memcpy(acc, b, (size_t)C * sizeof(float));
+            for (long j = 0; j < K; j++) {
+                long i = t + 1 + j; /* index into [history (K) | x (T)] */
+                const float *wj = wt + j * C, *src;
+                if (i < K) {
+                    src = hist + i * C;
+                } else {
+                    load_row(x, (i - K) * sx, C, bf, row);
+                    src = row;
+                }
+#pragma omp simd
+                for (long c = 0; c < C; c++) acc[c] += wj[c] * src[c];
+            }
+            act_row(acc, C, a);
+            store_row(out, t * C, C, bf, acc);
+        }
+        free(row);
+    }
+    /* the new history: the last K of [history | x] */
+    for (long j = 0; j < K; j++) {
+        long i = T + j;
+        for (long c = 0; c < C; c++) {
+            float v = i < K ? hist[i * C + c] : ld(x, (i - K) * sx + c, bf);
+            st(state, c * K + j, v, s_bf);
+        }
+    }
+    free(wt);
 }
 
 /* ------------------------------------------------------------------------------------------------ SSD */
@@ -345,18 +431,31 @@ void vxc_embedding(const int64_t *ids, const void *table, void *out, long T, lon
 void vxc_rotary(const void *x, const void *cos_t, const void *sin_t, void *out, long T, long H, long Dh, long R,
                 int interleaved, int bf, int c_bf) {
     long half = R / 2;
-    for (long t = 0; t < T; t++)
-        for (long h = 0; h < H; h++) {
-            long base = (t * H + h) * Dh;
+    /* one (token, head) row at a time through fp32 scratch: contiguous vector loads for the half-split layout */
+#pragma omp parallel for schedule(static) if (T * H * Dh >= 65536)
+    for (long th = 0; th < T * H; th++) {
+        long t = th / H, base = th * Dh;
+        float xv[1024], ov[1024], c[512], s[512]; /* Dh <= 1024, checked by the caller */
+        load_row(x, base, Dh, bf, xv);
+        load_row(cos_t, t * half, half, c_bf, c);
+        load_row(sin_t, t * half, half, c_bf, s);
+        if (interleaved) {
             for (long i = 0; i < half; i++) {
-                long i1 = interleaved ? 2 * i : i, i2 = interleaved ? 2 * i + 1 : i + half;
-                float c = ld(cos_t, t * half + i, c_bf), s = ld(sin_t, t * half + i, c_bf);
-                float x1 = ld(x, base + i1, bf), x2 = ld(x, base + i2, bf);
-                st(out, base + i1, x1 * c - x2 * s, bf);
-                st(out, base + i2, x2 * c + x1 * s, bf);
+                float x1 = xv[2 * i], x2 = xv[2 * i + 1];
+                ov[2 * i] = x1 * c[i] - x2 * s[i];
+                ov[2 * i + 1] = x2 * c[i] + x1 * s[i];
             }
-            for (long i = R; i < Dh; i++) st(out, base + i, ld(x, base + i, bf), bf);
+        } else {
+#pragma omp simd
+            for (long i = 0; i < half; i++) {
+                float x1 = xv[i], x2 = xv[i + half];
+                ov[i] = x1 * c[i] - x2 * s[i];
+                ov[i + half] = x2 * c[i] + x1 * s[i];
+            }
         }
+        for (long i = R; i < Dh; i++) ov[i] = xv[i];
+        store_row(out, base, Dh, bf, ov);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------------ attention */
