@@ -40,6 +40,7 @@ import triton.language as tl
 from torch import Tensor
 
 from . import dispatch
+from .torch_impl import exp_clamped
 
 # ------------------------------------------------------------------------------------------- torch twin
 
@@ -88,15 +89,15 @@ def gated_delta_prefill_twin(q, k, v, a, b, A_log, dt_bias, state, scale: float,
         L = gc.shape[-1]
         c = gc.cumsum(-1)  # [Hv, L]
         lower = torch.ones(L, L, dtype=torch.bool, device=c.device).tril()
-        decay = torch.exp((c[:, :, None] - c[:, None, :]).masked_fill(~lower, -torch.inf))  # e^{c_i - c_j}, j <= i
+        decay = exp_clamped(c[:, :, None] - c[:, None, :]).masked_fill_(~lower, 0.0)  # e^{c_i - c_j}, j <= i
         kb = kc * bc[..., None]
         system = (kb @ kc.transpose(-1, -2) * decay).tril(-1) + torch.eye(L, device=c.device)
         U = torch.linalg.solve_triangular(system, vc * bc[..., None], upper=False, unitriangular=True)
-        W = torch.linalg.solve_triangular(system, kb * torch.exp(c)[..., None], upper=False, unitriangular=True)
+        W = torch.linalg.solve_triangular(system, kb * exp_clamped(c)[..., None], upper=False, unitriangular=True)
         delta = U - W @ S
-        out[:, sl] = (qc * torch.exp(c)[..., None]) @ S + (qc @ kc.transpose(-1, -2) * decay) @ delta
+        out[:, sl] = (qc * exp_clamped(c)[..., None]) @ S + (qc @ kc.transpose(-1, -2) * decay) @ delta
         last = c[:, -1:]
-        S = S * torch.exp(last)[..., None] + (kc * torch.exp(last - c)[..., None]).transpose(-1, -2) @ delta
+        S = S * exp_clamped(last)[..., None] + (kc * exp_clamped(last - c)[..., None]).transpose(-1, -2) @ delta
     state.copy_(S)
     return out.transpose(0, 1)
 

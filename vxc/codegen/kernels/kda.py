@@ -27,6 +27,7 @@ import triton.language as tl
 from torch import Tensor
 
 from . import dispatch
+from .torch_impl import exp_clamped
 
 # ------------------------------------------------------------------------------------------- torch twin
 
@@ -74,16 +75,16 @@ def kda_prefill_twin(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps, chunk_
         lower = torch.tril(torch.ones(L, L, dtype=torch.bool, device=q.device))
         strict = torch.tril(torch.ones(L, L, dtype=torch.bool, device=q.device), diagonal=-1)
         # [H, i, j, D]: e^{G_i − G_j} for j <= i (a product of decays <= 1), 0 above the diagonal
-        decay = (G[:, :, None, :] - G[:, None, :, :]).masked_fill(~lower[None, :, :, None], -float("inf")).exp()
+        decay = exp_clamped(G[:, :, None, :] - G[:, None, :, :]).masked_fill_(~lower[None, :, :, None], 0.0)
         A = torch.einsum("hid,hjd,hijd->hij", kc, kc, decay).masked_fill(~strict, 0.0)
         Bm = torch.einsum("hid,hjd,hijd->hij", qc, kc, decay)
-        eG = torch.exp(G)
+        eG = exp_clamped(G)
         rhs = bc[..., None] * (vc - torch.einsum("hid,hdv->hiv", eG * kc, S))
         M = torch.eye(L, device=q.device) + bc[..., None] * A
         U = torch.linalg.solve_triangular(M, rhs, upper=False, unitriangular=True)
         out[:, sl] = torch.einsum("hid,hdv->hiv", eG * qc, S) + Bm @ U
-        to_end = torch.exp(G[:, -1:, :] - G)  # [H, L, D]
-        S = torch.exp(G[:, -1, :])[..., None] * S + torch.einsum("hjd,hjv->hdv", to_end * kc, U)
+        to_end = exp_clamped(G[:, -1:, :] - G)  # [H, L, D]
+        S = exp_clamped(G[:, -1, :])[..., None] * S + torch.einsum("hjd,hjv->hdv", to_end * kc, U)
     state.copy_(S)
     return out.transpose(0, 1)
 
