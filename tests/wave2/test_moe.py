@@ -118,6 +118,40 @@ def test_swiglu_experts_match_qwen3_moe_banks_as_slices():
 
 
 @torch.no_grad()
+def test_bf16_experts_and_shared_track_the_bf16_reference():
+    """In a bf16 run the expert and shared-expert GEMMs run at bf16 on the bf16 banks (no fp32 copy of an expert
+    per call): against the fp64 result on the same bf16 weights, vxc's error is of the size transformers' own bf16
+    experts make (the reference module run in bf16), not larger."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    E, d, I, k, T = 7, 72, 40, 3, 9
+    ex = Qwen3MoeExperts(_eager(Qwen3MoeConfig(hidden_size=d, num_experts=E, moe_intermediate_size=I)))
+    torch.nn.init.normal_(ex.gate_up_proj, std=0.2)
+    torch.nn.init.normal_(ex.down_proj, std=0.2)
+    ex = ex.bfloat16()
+    x = torch.randn(T, d).bfloat16()
+    idx = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
+    w = torch.rand(T, k).bfloat16()
+    exact = Qwen3MoeExperts(_eager(Qwen3MoeConfig(hidden_size=d, num_experts=E, moe_intermediate_size=I))).double()
+    exact.load_state_dict({n: p.double() for n, p in ex.state_dict().items()})
+    want = exact(x.double(), idx, w.double())
+    ref_err = float((ex(x, idx, w).double() - want).abs().max())
+    gate, up = ex.gate_up_proj[:, :I], ex.gate_up_proj[:, I:]
+    got = ops.moe_experts(x, w, idx, gate, up, ex.down_proj, None, None, "separate", "silu", None, None)
+    assert got.dtype == torch.bfloat16
+    err = float((got.double() - want).abs().max())
+    assert 0 < err <= 2 * ref_err, (err, ref_err)
+
+    g, u, dn = (ex.gate_up_proj[0, :I], ex.gate_up_proj[0, I:], ex.down_proj[0])
+    routed = torch.randn(T, d).bfloat16()
+    shared = torch.nn.functional.silu(x.double() @ g.double().T) * (x.double() @ u.double().T) @ dn.double().T
+    got = ops.moe_shared(x, routed, g, u, dn, None)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), routed.double() + shared, rtol=2e-2, atol=2e-2 * float(shared.abs().max()))
+
+
+@torch.no_grad()
 def test_clamped_glu_experts_match_gpt_oss_input_major_bank():
     from transformers import GptOssConfig
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts

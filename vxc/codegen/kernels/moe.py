@@ -97,6 +97,17 @@ def _gated(g: Tensor, u: Tensor, act: str, alpha: Optional[float], limit: Option
     return (u + 1.0) * (g * torch.sigmoid(g * alpha))
 
 
+def _matmul(h: Tensor, w: Tensor, dtype: torch.dtype) -> Tensor:
+    """``h [M, IN] (fp32) @ w[OUT, IN]ᵀ`` as fp32. When the activations' dtype ``dtype`` is the weight's and
+    narrower than fp32 (a bf16 run), the GEMM runs at that dtype (fp32 accumulation inside the BLAS) on ``h``
+    rounded to it, and its result, rounded to it as a reference running at that dtype materialises it, comes
+    back widened: no fp32 copy of an expert's weight is made per call (a bf16 decode step used to write and
+    read one for every selected expert). Otherwise (fp32 runs) exactly ``h @ w.float()ᵀ``."""
+    if w.dtype == dtype != torch.float32:
+        return F.linear(h.to(dtype), w).float()
+    return h @ w.float().T
+
+
 def experts_twin(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit):
     x32 = x.float()
     out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float32, device=x.device)
@@ -104,13 +115,13 @@ def experts_twin(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, 
         tok, slot = torch.where(experts == e)
         h = x32[tok]
         if layout == "separate":
-            g, u = h @ w_in[e].float().T, h @ w_up[e].float().T
+            g, u = _matmul(h, w_in[e], x.dtype), _matmul(h, w_up[e], x.dtype)
         else:
-            gu = h @ w_in[e].float().T
+            gu = _matmul(h, w_in[e], x.dtype)
             if b_in is not None:
                 gu = gu + b_in[e].float()
             g, u = gu[:, 0::2], gu[:, 1::2]
-        y = _gated(g, u, act, alpha, limit) @ w_down[e].float().T
+        y = _matmul(_gated(g, u, act, alpha, limit), w_down[e], x.dtype)
         if b_down is not None:
             y = y + b_down[e].float()
         out.index_add_(0, tok, y * weights[tok, slot, None].float())
@@ -119,9 +130,9 @@ def experts_twin(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, 
 
 def shared_twin(x, routed, w_gate, w_up, w_down, branch_gate):
     x32 = x.float()
-    y = (F.silu(x32 @ w_gate.float().T) * (x32 @ w_up.float().T)) @ w_down.float().T
+    y = _matmul(F.silu(_matmul(x32, w_gate, x.dtype)) * _matmul(x32, w_up, x.dtype), w_down, x.dtype)
     if branch_gate is not None:
-        y = torch.sigmoid(x32 @ branch_gate.float().T) * y
+        y = torch.sigmoid(_matmul(x32, branch_gate, x.dtype)) * y
     return (routed.float() + y).to(routed.dtype)
 
 
