@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import dispatch, triton_impl
+from . import dispatch, native_impl, torch_impl, triton_impl
 
 ROUTERS = ("softmax_topk", "sigmoid_grouped", "topk_softmax")
 LAYOUTS = ("separate", "fused_interleaved")
@@ -104,7 +104,7 @@ def _matmul(h: Tensor, w: Tensor, dtype: torch.dtype) -> Tensor:
     back widened: no fp32 copy of an expert's weight is made per call (a bf16 decode step used to write and
     read one for every selected expert). Otherwise (fp32 runs) exactly ``h @ w.float()ᵀ``."""
     if w.dtype == dtype != torch.float32:
-        return F.linear(h.to(dtype), w).float()
+        return torch_impl.gemm(h.to(dtype), w).float()  # (one row: torch's GEMV, which streams faster)
     return h @ w.float().T
 
 
@@ -392,6 +392,10 @@ def _triton(x: Tensor) -> bool:
     return dispatch.implementation(x) is triton_impl
 
 
+def _native(x: Tensor) -> bool:
+    return dispatch.implementation(x) is native_impl
+
+
 @torch.library.custom_op("vxc::moe_router", mutates_args=())
 def moe_router(x: Tensor, weight: Tensor, bias: Optional[Tensor], selection_bias: Optional[Tensor], router: str,
                top_k: int, norm_topk_prob: bool, routed_scaling: float, n_group: int,
@@ -431,6 +435,10 @@ def moe_experts(x: Tensor, weights: Tensor, experts: Tensor, w_in: Tensor, w_up:
     rows = 2 * I if layout == "fused_interleaved" else I
     if tuple(w_in.shape) != (E, rows, x.shape[1]) or w_down.shape[1] != x.shape[1]:
         raise ValueError(f"expert banks {list(w_in.shape)} / {list(w_down.shape)} do not fit x {list(x.shape)} ({layout})")
+    if _native(x):  # one token natively; anything else runs the twin
+        out = native_impl.moe_experts(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit)
+        if out is not None:
+            return out
     fn = experts_triton if _triton(x) else experts_twin
     return fn(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit)
 
@@ -443,6 +451,10 @@ def _(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha,
 @torch.library.custom_op("vxc::moe_shared", mutates_args=())
 def moe_shared(x: Tensor, routed: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
                branch_gate: Optional[Tensor]) -> Tensor:
+    if _native(x):
+        out = native_impl.moe_shared(x, routed, w_gate, w_up, w_down, branch_gate)
+        if out is not None:
+            return out
     fn = shared_triton if _triton(x) else shared_twin
     return fn(x, routed, w_gate, w_up, w_down, branch_gate)
 

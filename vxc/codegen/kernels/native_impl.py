@@ -30,7 +30,7 @@ from . import torch_impl
 
 SOURCE = Path(__file__).parent / "native" / "vxc_cpu.c"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *os.environ.get("VXC_NATIVE_CFLAGS", "").split()]
-ABI_VERSION = 6
+ABI_VERSION = 7
 MAX_STATE_N = 1024  # the SSD step keeps B and C rows of N <= 1024 on the stack
 MAX_HEAD_DIM = 1024  # the attention step keeps one query row and one output row on the stack
 
@@ -46,6 +46,7 @@ _SIGNATURES = {
     "vxc_gated_rmsnorm": [_P, _P, _P, _P, _L, _L, _L, _F, _I, _I, _I, _I, _L, _L],
     "vxc_conv1d_prefill": [_P, _P, _P, _P, _P, _L, _L, _L, _I, _I, _I, _I, _L],
     "vxc_conv1d_step": [_P, _P, _P, _P, _P, _L, _L, _I, _I, _I, _I],
+    "vxc_moe_ffn_step": [_P, _P, _P, _L, _P, _P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _I, _I, _F, _F, _I],
     "vxc_ssd_step": [_P, _P, _P, _P, _P, _P, _P, _F, _F, _I, _P, _P, _L, _L, _L, _L, _I, _I],
     "vxc_embedding": [_P, _P, _P, _L, _L, _L],
     "vxc_rotary": [_P, _P, _P, _P, _L, _L, _L, _L, _I, _I, _I],
@@ -54,7 +55,8 @@ _SIGNATURES = {
 
 # the torch.ops.vxc operators with a native single-token form (the others always run their twins)
 NATIVE_OPS = frozenset({"linear", "swiglu", "add_rmsnorm", "gated_rmsnorm", "conv1d_step", "ssd_step", "embedding",
-                        "rotary", "attention"})  # (conv1d_prefill is native too, but only prefill runs it)
+                        "rotary", "attention", "moe_experts", "moe_shared"})
+MAX_TOP_K = 64  # the MoE step sorts its selected experts on the stack  # (conv1d_prefill is native too, but only prefill runs it)
 
 
 def _cache_dir() -> Path:
@@ -364,3 +366,52 @@ def attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
 def __getattr__(name: str):
     """Every other kernel is the torch twin's."""
     return _twin(name)
+
+
+# ------------------------------------------------------------------------------------------------ MoE (one token)
+
+_MOE_ACT = {"silu": 1, "clamped_glu": 3}
+
+
+def _bank(t: Optional[Tensor], dtype: torch.dtype) -> bool:
+    """A CPU bank [E, rows, cols] at ``dtype`` whose experts are each one contiguous matrix (the bank itself may
+    be a slice of a wider one: its expert stride is passed)."""
+    return t is None or (t.device.type == "cpu" and t.dtype == dtype and t.dim() == 3 and t.stride(2) == 1
+                         and t.stride(1) == t.shape[2])
+
+
+def moe_experts(x: Tensor, weights: Tensor, experts: Tensor, w_in: Tensor, w_up: Optional[Tensor], w_down: Tensor,
+                b_in: Optional[Tensor], b_down: Optional[Tensor], layout: str, act: str, alpha: Optional[float],
+                limit: Optional[float]) -> Optional[Tensor]:
+    """The routed experts of one token natively; None where not covered (the caller then runs the twin)."""
+    if not (x.shape[0] == 1 and _ok(x, b_in, b_down) and x.dtype in _BF and act in _MOE_ACT
+            and all(_bank(t, x.dtype) for t in (w_in, w_up, w_down))
+            and all(b is None or b.dtype == x.dtype for b in (b_in, b_down))
+            and weights.dtype == torch.float32 and weights.is_contiguous() and experts.dtype == torch.int64
+            and experts.is_contiguous() and experts.shape[1] <= MAX_TOP_K and weights.shape == experts.shape):
+        if _rec is not None:
+            _rec.failed = "moe_experts ran its torch twin (not covered natively)"
+        return None
+    d, I = x.shape[1], w_down.shape[2]
+    out = _empty(1, d, dtype=x.dtype)
+    _call("vxc_moe_ffn_step", x.data_ptr(), experts.data_ptr(), weights.data_ptr(), experts.shape[1], w_in.data_ptr(),
+          _p(w_up), w_down.data_ptr(), _p(b_in), _p(b_down), None, None, out.data_ptr(), d, I, w_in.stride(0),
+          0 if w_up is None else w_up.stride(0), w_down.stride(0), int(layout == "fused_interleaved"), _MOE_ACT[act],
+          0.0 if alpha is None else alpha, 0.0 if limit is None else limit, _BF[x.dtype])
+    return out
+
+
+def moe_shared(x: Tensor, routed: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
+               branch_gate: Optional[Tensor]) -> Optional[Tensor]:
+    """The shared expert of one token added to the routed sum, natively; None where not covered."""
+    if not (x.shape[0] == 1 and _ok(x, routed, w_gate, w_up, w_down, branch_gate)
+            and x.dtype == routed.dtype == w_gate.dtype == w_up.dtype == w_down.dtype
+            and (branch_gate is None or (branch_gate.dtype == x.dtype and branch_gate.shape[0] == 1))):
+        if _rec is not None:
+            _rec.failed = "moe_shared ran its torch twin (not covered natively)"
+        return None
+    d, I = x.shape[1], w_down.shape[1]
+    out = _empty(1, d, dtype=x.dtype)
+    _call("vxc_moe_ffn_step", x.data_ptr(), None, None, 1, w_gate.data_ptr(), w_up.data_ptr(), w_down.data_ptr(),
+          None, None, _p(branch_gate), routed.data_ptr(), out.data_ptr(), d, I, 0, 0, 0, 0, 1, 0.0, 0.0, _BF[x.dtype])
+    return out

@@ -306,11 +306,11 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     CPU's AMX/AVX-512 BF16 units and never materialises an fp32 copy of the weight); mixed dtypes compute in fp32.
     """
     if x.dtype == weight.dtype and (bias is None or bias.dtype == x.dtype):
-        return _gemm(x, weight, bias)
+        return gemm(x, weight, bias)
     return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
 
 
-def _gemm(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+def gemm(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """Same-dtype ``x Wᵀ (+ b)``. A single bf16 row takes torch's GEMV (``mv``), which streams the weight
     ~1.4× faster on this CPU than the GEMM path ``F.linear`` picks for M=1."""
     if x.shape[0] == 1 and x.dtype == torch.bfloat16 and weight.is_contiguous():
@@ -322,7 +322,7 @@ def _gemm(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
 def swiglu(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
     """``down(silu(x W_gateᵀ) * (x W_upᵀ))``; GEMMs in the operands' dtype (fp32 accumulate), as ``linear``."""
     if x.dtype == w_gate.dtype == w_up.dtype == w_down.dtype:
-        return _gemm(F.silu(_gemm(x, w_gate)) * _gemm(x, w_up), w_down)
+        return gemm(F.silu(gemm(x, w_gate)) * gemm(x, w_up), w_down)
     x32 = x.float()
     h = F.silu(x32 @ w_gate.float().T) * (x32 @ w_up.float().T)
     return (h @ w_down.float().T).to(x.dtype)

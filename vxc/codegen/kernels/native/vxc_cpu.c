@@ -85,7 +85,7 @@ static inline void act_row(float *v, long n, int a) {
     }
 }
 
-int vxc_abi_version(void) { return 6; }
+int vxc_abi_version(void) { return 7; }
 
 int vxc_has_avx512bf16(void) {
 #if defined(__AVX512BF16__)
@@ -217,6 +217,102 @@ void vxc_swiglu_up(const void *Wg, const void *Wu, const void *x, void *h, long 
         dot4(Wu, x, n0, K, rows, bf, u);
         for (long r = 0; r < rows; r++) st(h, n0 + r, rnd(silu(rnd(g[r], bf)), bf) * rnd(u[r], bf), bf);
     }
+}
+
+/* ------------------------------------------------------------------------------------------------ MoE */
+
+/* moe.experts_twin / moe.shared_twin for one token (T = 1): the k selected experts in ascending id order, each
+ * y_e = down(act(gate x, up x)) (+ biases), accumulated as acc += y_e * weight_e onto acc = init (the routed sum
+ * for the shared expert, else 0), then rounded once to the activation dtype.
+ *   x [d]; experts int64 [k] (NULL: expert 0) and weights fp32 [k] (NULL: 1, or sigmoid(branch . x) when
+ *   branch_gate [d] is given); banks: w_in [E, rows, d] (rows = I, or 2I interleaved gate/up when fused),
+ *   w_up [E, I, d] or NULL (fused), w_down [E, d, I]; expert strides se_in, se_up, se_down (elements; each
+ *   expert's matrix is contiguous); b_in [E, rows] / b_down [E, d] or NULL; act 1 silu(g)·u, 3 clamped GLU
+ *   (g = min(g, limit), u = clamp(u, ±limit), (u + 1)·g·σ(αg)).
+ * Rounding as the twin materialises values at the activation dtype (bf): each GEMV output, and the activation
+ * fed to the down GEMV; biases and the weighted sum stay fp32. */
+void vxc_moe_ffn_step(const void *x, const int64_t *experts, const float *weights, long k, const void *w_in,
+                      const void *w_up, const void *w_down, const void *b_in, const void *b_down,
+                      const void *branch_gate, const void *init, void *out, long d, long I, long se_in, long se_up,
+                      long se_down, int fused, int a, float alpha, float limit, int bf) {
+    long order[64];
+    float wts[64];
+    long kk = k < 64 ? k : 64;
+    for (long s = 0; s < kk; s++) {
+        order[s] = experts ? experts[s] : 0;
+        wts[s] = weights ? weights[s] : 1.0f;
+    }
+    for (long s = 1; s < kk; s++) /* insertion sort by expert id: the twin visits experts ascending */
+        for (long t = s; t > 0 && order[t - 1] > order[t]; t--) {
+            long e = order[t]; order[t] = order[t - 1]; order[t - 1] = e;
+            float w = wts[t]; wts[t] = wts[t - 1]; wts[t - 1] = w;
+        }
+    if (branch_gate) {
+        float acc4[4];
+        dot4(branch_gate, x, 0, d, 1, bf, acc4);
+        wts[0] = sigm(rnd(acc4[0], bf));
+    }
+    float *acc = (float *)malloc((size_t)d * sizeof(float));
+    void *h = malloc((size_t)I * sizeof(float)); /* the activation, at the activation dtype */
+    for (long i = 0; i < d; i++) acc[i] = init ? ld(init, i, bf) : 0.0f;
+    long rows_in = fused ? 2 * I : I;
+#pragma omp parallel
+    {
+        for (long s = 0; s < kk; s++) {
+            long e = order[s];
+            float wt = wts[s];
+            const char *Wi = (const char *)w_in + (size_t)(e * se_in) * (bf ? 2 : 4);
+            const char *Wu = w_up ? (const char *)w_up + (size_t)(e * se_up) * (bf ? 2 : 4) : NULL;
+            const char *Wd = (const char *)w_down + (size_t)(e * se_down) * (bf ? 2 : 4);
+            long step = fused ? 2 : 4; /* intermediate units per block of four rows */
+#pragma omp for schedule(static)
+            for (long j0 = 0; j0 < I; j0 += step) {
+                long n = I - j0 < step ? I - j0 : step;
+                float g[4], u[4];
+                if (fused) {
+                    float gu[4];
+                    dot4(Wi, x, 2 * j0, d, 2 * n, bf, gu);
+                    for (long r = 0; r < n; r++) {
+                        g[r] = rnd(gu[2 * r], bf);
+                        u[r] = rnd(gu[2 * r + 1], bf);
+                        if (b_in) {
+                            g[r] += ld(b_in, e * rows_in + 2 * (j0 + r), bf);
+                            u[r] += ld(b_in, e * rows_in + 2 * (j0 + r) + 1, bf);
+                        }
+                    }
+                } else {
+                    dot4(Wi, x, j0, d, n, bf, g);
+                    dot4(Wu, x, j0, d, n, bf, u);
+                    for (long r = 0; r < n; r++) { g[r] = rnd(g[r], bf); u[r] = rnd(u[r], bf); }
+                }
+                for (long r = 0; r < n; r++) {
+                    float v;
+                    if (a == 1) {
+                        v = silu(g[r]) * u[r];
+                    } else {
+                        float gg = g[r] < limit ? g[r] : limit;
+                        float uu = u[r] < -limit ? -limit : (u[r] > limit ? limit : u[r]);
+                        v = (uu + 1.0f) * (gg * sigm(gg * alpha));
+                    }
+                    st(h, j0 + r, v, bf);
+                }
+            }
+#pragma omp for schedule(static)
+            for (long n0 = 0; n0 < d; n0 += 4) {
+                long n = d - n0 < 4 ? d - n0 : 4;
+                float y[4];
+                dot4(Wd, h, n0, I, n, bf, y);
+                for (long r = 0; r < n; r++) {
+                    float v = rnd(y[r], bf);
+                    if (b_down) v += ld(b_down, e * d + n0 + r, bf);
+                    acc[n0 + r] += v * wt;
+                }
+            }
+        }
+    }
+    for (long i = 0; i < d; i++) st(out, i, acc[i], bf);
+    free(acc);
+    free(h);
 }
 
 /* ------------------------------------------------------------------------------------------------ norms */
