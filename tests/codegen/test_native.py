@@ -299,3 +299,47 @@ def test_moe_ops_take_the_native_path_for_one_token_only():
         assert (rec.failed is None) == expect_native
         close(got, moe.experts_twin(x, weights, experts, gate, up, w_down, None, None, "separate", "silu", None, None),
               torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("router, norm, n_group, topk_group, biases", [
+    ("softmax_topk", True, 1, 1, False), ("softmax_topk", False, 1, 1, False),
+    ("sigmoid_grouped", True, 4, 2, True), ("sigmoid_grouped", False, 1, 1, True),
+    ("topk_softmax", False, 1, 1, True)])
+def test_moe_router(dtype, router, norm, n_group, topk_group, biases):
+    from vxc.codegen.kernels import moe
+
+    E, d, k = 36, 93, 5
+    x, W = r(1, d, dtype=dtype), r(E, d, scale=0.5, dtype=dtype)
+    bias = r(E, dtype=dtype) if biases and router == "topk_softmax" else None
+    sel = r(E, scale=0.3) if biases and router == "sigmoid_grouped" else None
+    args = (x, W, bias, sel, router, k, norm, 2.5, n_group, topk_group)
+    vals, idx = native(lambda *a: N.moe_router(*a), *args, expect="vxc_moe_router_step")
+    want_vals, want_idx = moe.router_twin(*args)
+    assert torch.equal(idx, want_idx)
+    torch.testing.assert_close(vals, want_vals, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Hk, Hv, Dk, Dv", [(2, 6, 20, 37), (3, 3, 64, 16)])
+def test_gated_delta_step(dtype, Hk, Hv, Dk, Dv):
+    from vxc.codegen.kernels import delta
+
+    q, k, v = r(Hk, Dk, dtype=dtype), r(Hk, Dk, dtype=dtype), r(Hv, Dv, dtype=dtype)
+    a, b = r(Hv, dtype=dtype), r(Hv, dtype=dtype)
+    A_log, dt_bias = r(Hv, scale=0.5), r(Hv, scale=0.5)
+    a[0] = 25.0  # softplus past its linear threshold
+    s0 = r(Hv, Dk, Dv, scale=0.3)
+    s1, s2 = s0.clone(), s0.clone()
+    got = native(N.gated_delta_step, q, k, v, a, b, A_log, dt_bias, s1, Dk ** -0.5, 1e-6, expect="vxc_gated_delta_step")
+    want = delta.gated_delta_step_twin(q, k, v, a, b, A_log, dt_bias, s2, Dk ** -0.5, 1e-6).to(dtype)
+    close(got, want, dtype)
+    torch.testing.assert_close(s1, s2, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sigmoid_gate_mul(dtype):
+    from vxc.codegen.kernels import delta
+
+    x, g = r(1, 301, dtype=dtype), r(1, 301, scale=3.0, dtype=dtype)
+    close(native(N.sigmoid_gate_mul, x, g, expect="vxc_sigmoid_gate_mul"), delta.sigmoid_gate_mul_twin(x, g), dtype)

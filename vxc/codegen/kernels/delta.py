@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import dispatch
+from . import dispatch, native_impl
 from .torch_impl import exp_clamped
 
 # ------------------------------------------------------------------------------------------- torch twin
@@ -327,6 +327,10 @@ def gated_delta_step(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_lo
     _check(q, k, v, a, b, A_log, dt_bias, state)
     if _use_triton(q):
         return gated_delta_step_triton(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps)
+    if dispatch.implementation(q) is native_impl:
+        o = native_impl.gated_delta_step(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps)
+        if o is not None:
+            return o
     return gated_delta_step_twin(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps).to(v.dtype)
 
 
@@ -342,6 +346,10 @@ def sigmoid_gate_mul(x: Tensor, gate: Tensor) -> Tensor:
         raise ValueError(f"x {list(x.shape)} and gate {list(gate.shape)} must agree")
     if _use_triton(x):
         return sigmoid_gate_mul_triton(x, gate)
+    if dispatch.implementation(x) is native_impl:
+        out = native_impl.sigmoid_gate_mul(x, gate)
+        if out is not None:
+            return out
     return sigmoid_gate_mul_twin(x, gate)
 
 

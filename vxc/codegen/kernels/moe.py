@@ -407,6 +407,11 @@ def moe_router(x: Tensor, weight: Tensor, bias: Optional[Tensor], selection_bias
         raise ValueError(f"router geometry: {E} experts, top_k {top_k}, n_group {n_group}, topk_group {topk_group}")
     if router == "sigmoid_grouped" and top_k > topk_group * (E // n_group):
         raise ValueError(f"top_k {top_k} exceeds the {topk_group}·{E // n_group} experts of the kept groups")
+    if _native(x):  # one token natively; anything else runs the twin
+        out = native_impl.moe_router(x, weight, bias, selection_bias, router, top_k, norm_topk_prob, routed_scaling,
+                                     n_group, topk_group)
+        if out is not None:
+            return out
     fn = router_triton if _triton(x) else router_twin
     return fn(x, weight, bias, selection_bias, router, top_k, norm_topk_prob, routed_scaling, n_group, topk_group)
 

@@ -30,7 +30,7 @@ from . import torch_impl
 
 SOURCE = Path(__file__).parent / "native" / "vxc_cpu.c"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *os.environ.get("VXC_NATIVE_CFLAGS", "").split()]
-ABI_VERSION = 7
+ABI_VERSION = 8
 MAX_STATE_N = 1024  # the SSD step keeps B and C rows of N <= 1024 on the stack
 MAX_HEAD_DIM = 1024  # the attention step keeps one query row and one output row on the stack
 
@@ -46,6 +46,9 @@ _SIGNATURES = {
     "vxc_gated_rmsnorm": [_P, _P, _P, _P, _L, _L, _L, _F, _I, _I, _I, _I, _L, _L],
     "vxc_conv1d_prefill": [_P, _P, _P, _P, _P, _L, _L, _L, _I, _I, _I, _I, _L],
     "vxc_conv1d_step": [_P, _P, _P, _P, _P, _L, _L, _I, _I, _I, _I],
+    "vxc_moe_router_step": [_P, _P, _P, _P, _P, _P, _L, _L, _I, _L, _I, _F, _L, _L, _I, _I, _I],
+    "vxc_gated_delta_step": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _F, _F, _I, _I],
+    "vxc_sigmoid_gate_mul": [_P, _P, _P, _L, _I],
     "vxc_moe_ffn_step": [_P, _P, _P, _L, _P, _P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _I, _I, _F, _F, _I],
     "vxc_ssd_step": [_P, _P, _P, _P, _P, _P, _P, _F, _F, _I, _P, _P, _L, _L, _L, _L, _I, _I],
     "vxc_embedding": [_P, _P, _P, _L, _L, _L],
@@ -55,7 +58,8 @@ _SIGNATURES = {
 
 # the torch.ops.vxc operators with a native single-token form (the others always run their twins)
 NATIVE_OPS = frozenset({"linear", "swiglu", "add_rmsnorm", "gated_rmsnorm", "conv1d_step", "ssd_step", "embedding",
-                        "rotary", "attention", "moe_experts", "moe_shared"})
+                        "rotary", "attention", "moe_router", "moe_experts", "moe_shared", "gated_delta_step",
+                        "sigmoid_gate_mul"})
 MAX_TOP_K = 64  # the MoE step sorts its selected experts on the stack  # (conv1d_prefill is native too, but only prefill runs it)
 
 
@@ -414,4 +418,59 @@ def moe_shared(x: Tensor, routed: Tensor, w_gate: Tensor, w_up: Tensor, w_down: 
     out = _empty(1, d, dtype=x.dtype)
     _call("vxc_moe_ffn_step", x.data_ptr(), None, None, 1, w_gate.data_ptr(), w_up.data_ptr(), w_down.data_ptr(),
           None, None, _p(branch_gate), routed.data_ptr(), out.data_ptr(), d, I, 0, 0, 0, 0, 1, 0.0, 0.0, _BF[x.dtype])
+    return out
+
+
+_ROUTER = {"softmax_topk": 1, "sigmoid_grouped": 2, "topk_softmax": 3}
+MAX_ROUTER_EXPERTS = 4096  # the router step keeps its logits on the stack
+MAX_ROUTER_GROUPS = 256
+
+
+def _not_native(name: str) -> None:
+    if _rec is not None:
+        _rec.failed = f"{name} ran its torch twin (not covered natively)"
+
+
+def moe_router(x: Tensor, weight: Tensor, bias: Optional[Tensor], selection_bias: Optional[Tensor], router: str,
+               top_k: int, norm_topk_prob: bool, routed_scaling: float, n_group: int,
+               topk_group: int) -> Optional[tuple[Tensor, Tensor]]:
+    """The router of one token natively; None where not covered."""
+    E, d = weight.shape
+    aux = [t for t in (bias, selection_bias) if t is not None]
+    if not (x.shape[0] == 1 and _ok(x, weight, *aux) and x.dtype == weight.dtype and router in _ROUTER
+            and E <= MAX_ROUTER_EXPERTS and top_k <= MAX_TOP_K and n_group <= MAX_ROUTER_GROUPS
+            and all(t.dim() == 1 and t.shape[0] == E for t in aux)):
+        _not_native("moe_router")
+        return None
+    vals, idx = _empty(1, top_k, dtype=torch.float32), _empty(1, top_k, dtype=torch.int64)
+    _call("vxc_moe_router_step", x.data_ptr(), weight.data_ptr(), _p(bias), _p(selection_bias), vals.data_ptr(),
+          idx.data_ptr(), E, d, _ROUTER[router], top_k, int(norm_topk_prob), routed_scaling, n_group, topk_group,
+          _BF[x.dtype], _BF[bias.dtype] if bias is not None else 0,
+          _BF[selection_bias.dtype] if selection_bias is not None else 0)
+    return vals, idx
+
+
+def gated_delta_step(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+                     state: Tensor, scale: float, l2_eps: float) -> Optional[Tensor]:
+    """One gated-delta token natively (fp32 state); None where not covered."""
+    if not (_ok(q, k, v, a, b, A_log, dt_bias, state) and q.dtype == k.dtype == v.dtype == a.dtype == b.dtype
+            and A_log.dtype == dt_bias.dtype and state.dtype == torch.float32
+            and q.shape[-1] <= MAX_HEAD_DIM and v.shape[-1] <= MAX_HEAD_DIM):
+        _not_native("gated_delta_step")
+        return None
+    (Hk, Dk), (Hv, Dv) = q.shape, v.shape
+    o = _empty(Hv, Dv, dtype=v.dtype)
+    _call("vxc_gated_delta_step", q.data_ptr(), k.data_ptr(), v.data_ptr(), a.data_ptr(), b.data_ptr(),
+          A_log.data_ptr(), dt_bias.data_ptr(), state.data_ptr(), o.data_ptr(), Hk, Hv, Dk, Dv, scale, l2_eps,
+          _BF[v.dtype], _BF[A_log.dtype])
+    return o
+
+
+def sigmoid_gate_mul(x: Tensor, gate: Tensor) -> Optional[Tensor]:
+    """``x · σ(gate)`` natively for up to one token's worth of values; None where not covered."""
+    if not (_ok(x, gate) and x.dtype == gate.dtype and x.shape == gate.shape and x.numel() <= 65536):
+        _not_native("sigmoid_gate_mul")
+        return None
+    out = _empty(*x.shape, dtype=x.dtype)
+    _call("vxc_sigmoid_gate_mul", x.data_ptr(), gate.data_ptr(), out.data_ptr(), x.numel(), _BF[x.dtype])
     return out

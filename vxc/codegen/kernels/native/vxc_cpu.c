@@ -72,6 +72,7 @@ static inline float vexp(float x) {
 static inline float silu(float v) { return v / (1.0f + vexp(-v)); }
 #pragma omp declare simd notinbranch
 static inline float sigm(float v) { return 1.0f / (1.0f + vexp(-v)); }
+static inline float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 static inline float act(float v, int a) { return a == 1 ? silu(v) : a == 2 ? sigm(v) : v; }
 
 /* act over a row, in place (vectorised) */
@@ -85,7 +86,7 @@ static inline void act_row(float *v, long n, int a) {
     }
 }
 
-int vxc_abi_version(void) { return 7; }
+int vxc_abi_version(void) { return 8; }
 
 int vxc_has_avx512bf16(void) {
 #if defined(__AVX512BF16__)
@@ -342,6 +343,124 @@ static inline void round_row(float *v, long D) {
     for (long i = 0; i < D; i++) v[i] = bf2f(f2bf(v[i]));
 }
 
+/* moe.router_twin for one token: logits = W x (+ bias) in fp32 (W and x at one dtype, products exact in fp32),
+ * then by ``router``: 1 softmax → top-k (→ renormalised when norm), 2 sigmoid (+ selection bias for the choice,
+ * grouped: the topk_group groups with the largest sum of their two best choices) → top-k of the choice, weights
+ * the sigmoid scores (renormalised with +1e-20 when norm), 3 top-k of the logits → softmax over them. Weights are
+ * multiplied by ``scaling``; vals fp32 [k] and idx int64 [k] in descending order of the choice (ties: lower id).
+ * bias / sel: fp32 or at the weight dtype (b_bf / s_bf), or NULL. E <= 4096, k <= 64 (checked by the caller). */
+static long topk_desc(const float *v, long E, long k, int64_t *idx) {
+    for (long s = 0; s < k; s++) {
+        long best = -1;
+        for (long e = 0; e < E; e++) {
+            int taken = 0;
+            for (long t = 0; t < s; t++) taken |= idx[t] == e;
+            if (!taken && v[e] != -INFINITY && (best < 0 || v[e] > v[best])) best = e;
+        }
+        if (best < 0) return s;
+        idx[s] = best;
+    }
+    return k;
+}
+
+void vxc_moe_router_step(const void *x, const void *W, const void *bias, const void *sel, float *vals, int64_t *idx,
+                         long E, long d, int router, long k, int norm, float scaling, long n_group, long topk_group,
+                         int bf, int b_bf, int s_bf) {
+    float logits[4096], choice[4096];
+#pragma omp parallel for schedule(static) if (E * d >= 262144)
+    for (long n0 = 0; n0 < E; n0 += 4) {
+        long n = E - n0 < 4 ? E - n0 : 4;
+        float acc[4];
+        dot4(W, x, n0, d, n, bf, acc);
+        for (long r = 0; r < n; r++) logits[n0 + r] = acc[r] + (bias ? ld(bias, n0 + r, b_bf) : 0.0f);
+    }
+    if (router == 1) {
+        float m = -INFINITY, z = 0.0f;
+        for (long e = 0; e < E; e++) m = logits[e] > m ? logits[e] : m;
+        for (long e = 0; e < E; e++) { choice[e] = expf(logits[e] - m); z += choice[e]; }
+        for (long e = 0; e < E; e++) choice[e] /= z;
+        topk_desc(choice, E, k, idx);
+        float sum = 0.0f;
+        for (long s = 0; s < k; s++) { vals[s] = choice[idx[s]]; sum += vals[s]; }
+        if (norm) for (long s = 0; s < k; s++) vals[s] /= sum;
+    } else if (router == 2) {
+        float score[4096];
+        for (long e = 0; e < E; e++) {
+            score[e] = 1.0f / (1.0f + expf(-logits[e]));
+            choice[e] = score[e] + (sel ? ld(sel, e, s_bf) : 0.0f);
+        }
+        if (n_group > 1) {
+            long per = E / n_group, two = per < 2 ? per : 2;
+            float gs[256];
+            int64_t keep[256];
+            for (long g = 0; g < n_group; g++) {
+                int64_t top[2];
+                topk_desc(choice + g * per, per, two, top);
+                gs[g] = 0.0f;
+                for (long t = 0; t < two; t++) gs[g] += choice[g * per + top[t]];
+            }
+            topk_desc(gs, n_group, topk_group, keep);
+            for (long g = 0; g < n_group; g++) {
+                int kept = 0;
+                for (long t = 0; t < topk_group; t++) kept |= keep[t] == g;
+                if (!kept) for (long e = g * per; e < (g + 1) * per; e++) choice[e] = -INFINITY;
+            }
+        }
+        topk_desc(choice, E, k, idx);
+        float sum = 0.0f;
+        for (long s = 0; s < k; s++) { vals[s] = score[idx[s]]; sum += vals[s]; }
+        if (norm) for (long s = 0; s < k; s++) vals[s] /= (sum + 1e-20f);
+    } else {
+        topk_desc(logits, E, k, idx);
+        float m = logits[idx[0]], z = 0.0f;
+        for (long s = 0; s < k; s++) { vals[s] = expf(logits[idx[s]] - m); z += vals[s]; }
+        for (long s = 0; s < k; s++) vals[s] /= z;
+    }
+    for (long s = 0; s < k; s++) vals[s] *= scaling;
+}
+
+/* delta.gated_delta_step_twin: one token. q, k [Hk, Dk], v [Hv, Dv] (activation dtype), a, b [Hv] (activation
+ * dtype), A_log, dt_bias [Hv] (w_bf), state [Hv, Dk, Dv] fp32, o [Hv, Dv] (activation dtype). Per value head h
+ * (key head h / (Hv / Hk)): q, k l2-normalised (q also scaled), g = -exp(A_log) softplus(a + dt_bias),
+ * beta = sigmoid(b); S *= exp(g); u = beta (v - Sᵀk); S += k uᵀ; o = Sᵀq. Dk, Dv <= 1024. */
+void vxc_gated_delta_step(const void *q, const void *k, const void *v, const void *a, const void *b,
+                          const void *A_log, const void *dt_bias, float *state, void *o, long Hk, long Hv, long Dk,
+                          long Dv, float scale, float l2_eps, int bf, int w_bf) {
+#pragma omp parallel for schedule(static)
+    for (long h = 0; h < Hv; h++) {
+        long hk = h / (Hv / Hk);
+        float qn[1024], kn[1024], ks[1024], u[1024], out[1024];
+        load_row(q, hk * Dk, Dk, bf, qn);
+        load_row(k, hk * Dk, Dk, bf, kn);
+        float sq = 0.0f, sk = 0.0f;
+        for (long i = 0; i < Dk; i++) { sq += qn[i] * qn[i]; sk += kn[i] * kn[i]; }
+        float rq = scale / sqrtf(sq + l2_eps), rk = 1.0f / sqrtf(sk + l2_eps);
+        for (long i = 0; i < Dk; i++) { qn[i] *= rq; kn[i] *= rk; }
+        float g = -expf(ld(A_log, h, w_bf)) * softplus(ld(a, h, bf) + ld(dt_bias, h, w_bf));
+        float decay = expf(g), beta = 1.0f / (1.0f + expf(-ld(b, h, bf)));
+        float *S = state + h * Dk * Dv;
+        for (long j = 0; j < Dv; j++) ks[j] = 0.0f;
+        for (long i = 0; i < Dk; i++) {
+            float *row = S + i * Dv, ki = kn[i];
+#pragma omp simd
+            for (long j = 0; j < Dv; j++) { row[j] *= decay; ks[j] += row[j] * ki; }
+        }
+        load_row(v, h * Dv, Dv, bf, u);
+        for (long j = 0; j < Dv; j++) { u[j] = beta * (u[j] - ks[j]); out[j] = 0.0f; }
+        for (long i = 0; i < Dk; i++) {
+            float *row = S + i * Dv, ki = kn[i], qi = qn[i];
+#pragma omp simd
+            for (long j = 0; j < Dv; j++) { row[j] += ki * u[j]; out[j] += row[j] * qi; }
+        }
+        store_row(o, h * Dv, Dv, bf, out);
+    }
+}
+
+/* delta.sigmoid_gate_mul_twin: out = x * sigmoid(gate) over n values (both at the activation dtype). */
+void vxc_sigmoid_gate_mul(const void *x, const void *gate, void *out, long n, int bf) {
+    for (long i = 0; i < n; i++) st(out, i, ld(x, i, bf) * sigm(ld(gate, i, bf)), bf);
+}
+
 /* torch_impl.add_rmsnorm over T rows of width D. x, out: activation dtype; residual (may be NULL) and
  * new_residual: fp32 when res_f32 else the activation dtype; weight: w_bf selects bf16 / fp32. */
 void vxc_add_rmsnorm(const void *x, const void *residual, const void *weight, void *out, void *new_residual,
@@ -489,7 +608,6 @@ void vxc_conv1d_prefill(const void *x, const void *weight, const void *bias, voi
 
 /* ------------------------------------------------------------------------------------------------ SSD */
 
-static inline float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 
 /* torch_impl.ssd_step: x [H, P], dt [H], B, C [G, N] (activation dtype); A_log, D, dt_bias [H] (w_bf);
  * state [H, P, N] fp32, updated in place in one pass that also forms y = state C + D x. */
