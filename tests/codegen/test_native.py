@@ -331,7 +331,7 @@ def test_gated_delta_step(dtype, Hk, Hv, Dk, Dv):
     a[0] = 25.0  # softplus past its linear threshold
     s0 = r(Hv, Dk, Dv, scale=0.3)
     s1, s2 = s0.clone(), s0.clone()
-    got = native(N.gated_delta_step, q, k, v, a, b, A_log, dt_bias, s1, Dk ** -0.5, 1e-6, expect="vxc_gated_delta_step")
+    got = native(N.gated_delta_step, q, k, v, a, b, A_log, dt_bias, s1, Dk ** -0.5, 1e-6, expect="vxc_delta_step")
     want = delta.gated_delta_step_twin(q, k, v, a, b, A_log, dt_bias, s2, Dk ** -0.5, 1e-6).to(dtype)
     close(got, want, dtype)
     torch.testing.assert_close(s1, s2, rtol=2e-5, atol=2e-5)
@@ -343,3 +343,20 @@ def test_sigmoid_gate_mul(dtype):
 
     x, g = r(1, 301, dtype=dtype), r(1, 301, scale=3.0, dtype=dtype)
     close(native(N.sigmoid_gate_mul, x, g, expect="vxc_sigmoid_gate_mul"), delta.sigmoid_gate_mul_twin(x, g), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("H, D", [(3, 20), (2, 64)])
+def test_kda_step(dtype, H, D):
+    from vxc.codegen.kernels import kda
+
+    q, k, v = r(H, D, dtype=dtype), r(H, D, dtype=dtype), r(H, D, dtype=dtype)
+    f, b = r(H * D, scale=2.0, dtype=dtype), r(H, dtype=dtype)
+    f[3] = 30.0  # softplus past its linear threshold
+    A_log, dt_bias = r(H, scale=0.5), r(H * D, scale=0.5)
+    s0 = r(H, D, D, scale=0.3)
+    s1, s2 = s0.clone(), s0.clone()
+    got = native(N.kda_step, q, k, v, f, b, A_log, dt_bias, s1, D ** -0.5, 1e-6, expect="vxc_delta_step")
+    want = kda.kda_step_twin(q, k, v, f, b, A_log, dt_bias, s2, D ** -0.5, 1e-6).to(dtype)
+    close(got, want, dtype)
+    torch.testing.assert_close(s1, s2, rtol=2e-5, atol=2e-5)

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import dispatch
+from . import dispatch, native_impl
 from .torch_impl import exp_clamped
 
 # ------------------------------------------------------------------------------------------- torch twin
@@ -199,6 +199,10 @@ def kda_step(q: Tensor, k: Tensor, v: Tensor, f: Tensor, b: Tensor, A_log: Tenso
     _check(q, k, v, f, b, A_log, dt_bias, state)
     if _use_triton(q):
         return _scan(q[None], k[None], v[None], f[None], b[None], A_log, dt_bias, state, scale, l2_eps)[0]
+    if dispatch.implementation(q) is native_impl:
+        o = native_impl.kda_step(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps)
+        if o is not None:
+            return o
     return kda_step_twin(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps).to(q.dtype)
 
 

@@ -30,7 +30,7 @@ from . import torch_impl
 
 SOURCE = Path(__file__).parent / "native" / "vxc_cpu.c"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *os.environ.get("VXC_NATIVE_CFLAGS", "").split()]
-ABI_VERSION = 8
+ABI_VERSION = 9
 MAX_STATE_N = 1024  # the SSD step keeps B and C rows of N <= 1024 on the stack
 MAX_HEAD_DIM = 1024  # the attention step keeps one query row and one output row on the stack
 
@@ -47,7 +47,7 @@ _SIGNATURES = {
     "vxc_conv1d_prefill": [_P, _P, _P, _P, _P, _L, _L, _L, _I, _I, _I, _I, _L],
     "vxc_conv1d_step": [_P, _P, _P, _P, _P, _L, _L, _I, _I, _I, _I],
     "vxc_moe_router_step": [_P, _P, _P, _P, _P, _P, _L, _L, _I, _L, _I, _F, _L, _L, _I, _I, _I],
-    "vxc_gated_delta_step": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _F, _F, _I, _I],
+    "vxc_delta_step": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _F, _F, _I, _I, _I],
     "vxc_sigmoid_gate_mul": [_P, _P, _P, _L, _I],
     "vxc_moe_ffn_step": [_P, _P, _P, _L, _P, _P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _I, _I, _F, _F, _I],
     "vxc_ssd_step": [_P, _P, _P, _P, _P, _P, _P, _F, _F, _I, _P, _P, _L, _L, _L, _L, _I, _I],
@@ -59,7 +59,7 @@ _SIGNATURES = {
 # the torch.ops.vxc operators with a native single-token form (the others always run their twins)
 NATIVE_OPS = frozenset({"linear", "swiglu", "add_rmsnorm", "gated_rmsnorm", "conv1d_step", "ssd_step", "embedding",
                         "rotary", "attention", "moe_router", "moe_experts", "moe_shared", "gated_delta_step",
-                        "sigmoid_gate_mul"})
+                        "sigmoid_gate_mul", "kda_step"})
 MAX_TOP_K = 64  # the MoE step sorts its selected experts on the stack  # (conv1d_prefill is native too, but only prefill runs it)
 
 
@@ -450,20 +450,31 @@ def moe_router(x: Tensor, weight: Tensor, bias: Optional[Tensor], selection_bias
     return vals, idx
 
 
-def gated_delta_step(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
-                     state: Tensor, scale: float, l2_eps: float) -> Optional[Tensor]:
-    """One gated-delta token natively (fp32 state); None where not covered."""
+def _delta_step(name: str, kda: bool, q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor,
+                dt_bias: Tensor, state: Tensor, scale: float, l2_eps: float) -> Optional[Tensor]:
     if not (_ok(q, k, v, a, b, A_log, dt_bias, state) and q.dtype == k.dtype == v.dtype == a.dtype == b.dtype
-            and A_log.dtype == dt_bias.dtype and state.dtype == torch.float32
+            and A_log.dtype == dt_bias.dtype and state.dtype == torch.float32 and q.dim() == v.dim() == 2
             and q.shape[-1] <= MAX_HEAD_DIM and v.shape[-1] <= MAX_HEAD_DIM):
-        _not_native("gated_delta_step")
+        _not_native(name)
         return None
     (Hk, Dk), (Hv, Dv) = q.shape, v.shape
     o = _empty(Hv, Dv, dtype=v.dtype)
-    _call("vxc_gated_delta_step", q.data_ptr(), k.data_ptr(), v.data_ptr(), a.data_ptr(), b.data_ptr(),
-          A_log.data_ptr(), dt_bias.data_ptr(), state.data_ptr(), o.data_ptr(), Hk, Hv, Dk, Dv, scale, l2_eps,
-          _BF[v.dtype], _BF[A_log.dtype])
+    _call("vxc_delta_step", q.data_ptr(), k.data_ptr(), v.data_ptr(), a.data_ptr(), b.data_ptr(), A_log.data_ptr(),
+          dt_bias.data_ptr(), state.data_ptr(), o.data_ptr(), Hk, Hv, Dk, Dv, scale, l2_eps, int(kda), _BF[v.dtype],
+          _BF[A_log.dtype])
     return o
+
+
+def gated_delta_step(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+                     state: Tensor, scale: float, l2_eps: float) -> Optional[Tensor]:
+    """One gated-delta token natively (fp32 state); None where not covered."""
+    return _delta_step("gated_delta_step", False, q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps)
+
+
+def kda_step(q: Tensor, k: Tensor, v: Tensor, f: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+             state: Tensor, scale: float, l2_eps: float) -> Optional[Tensor]:
+    """One KDA token natively (fp32 state, per-key-channel decay); None where not covered."""
+    return _delta_step("kda_step", True, q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps)
 
 
 def sigmoid_gate_mul(x: Tensor, gate: Tensor) -> Optional[Tensor]:

@@ -86,7 +86,7 @@ static inline void act_row(float *v, long n, int a) {
     }
 }
 
-int vxc_abi_version(void) { return 8; }
+int vxc_abi_version(void) { return 9; }
 
 int vxc_has_avx512bf16(void) {
 #if defined(__AVX512BF16__)
@@ -419,31 +419,47 @@ void vxc_moe_router_step(const void *x, const void *W, const void *bias, const v
     for (long s = 0; s < k; s++) vals[s] *= scaling;
 }
 
-/* delta.gated_delta_step_twin: one token. q, k [Hk, Dk], v [Hv, Dv] (activation dtype), a, b [Hv] (activation
- * dtype), A_log, dt_bias [Hv] (w_bf), state [Hv, Dk, Dv] fp32, o [Hv, Dv] (activation dtype). Per value head h
- * (key head h / (Hv / Hk)): q, k l2-normalised (q also scaled), g = -exp(A_log) softplus(a + dt_bias),
- * beta = sigmoid(b); S *= exp(g); u = beta (v - Sᵀk); S += k uᵀ; o = Sᵀq. Dk, Dv <= 1024. */
-void vxc_gated_delta_step(const void *q, const void *k, const void *v, const void *a, const void *b,
-                          const void *A_log, const void *dt_bias, float *state, void *o, long Hk, long Hv, long Dk,
-                          long Dv, float scale, float l2_eps, int bf, int w_bf) {
+/* One token of a delta-rule recurrence with a per-head (gated delta, kda = 0) or per-key-channel (KDA, kda = 1)
+ * decay. q, k [Hk, Dk], v [Hv, Dv] (activation dtype), b [Hv] (activation dtype), state [Hv, Dk, Dv] fp32,
+ * o [Hv, Dv] (activation dtype); value head h reads key head h / (Hv / Hk).
+ *   gated delta (delta.gated_delta_step_twin): a [Hv], A_log, dt_bias [Hv] (w_bf); decay exp(g) for the head,
+ *     g = -exp(A_log) softplus(a + dt_bias) (log1p, linear above 20); q, k scaled by rsqrt(|x|^2 + eps).
+ *   KDA (kda.kda_step_twin): a = f [Hv·Dk], dt_bias [Hv·Dk], A_log [Hv]; decay exp(g_i) per key channel,
+ *     softplus spelled log(1 + e^x) as the reference does; q, k divided by sqrt(|x|^2 + eps).
+ * Then beta = sigmoid(b); S *= decay; u = beta (v - Sᵀk); S += k uᵀ; o = Sᵀq. Dk, Dv <= 1024. */
+void vxc_delta_step(const void *q, const void *k, const void *v, const void *a, const void *b, const void *A_log,
+                    const void *dt_bias, float *state, void *o, long Hk, long Hv, long Dk, long Dv, float scale,
+                    float l2_eps, int kda, int bf, int w_bf) {
 #pragma omp parallel for schedule(static)
     for (long h = 0; h < Hv; h++) {
         long hk = h / (Hv / Hk);
-        float qn[1024], kn[1024], ks[1024], u[1024], out[1024];
+        float qn[1024], kn[1024], ks[1024], u[1024], out[1024], decay[1024];
         load_row(q, hk * Dk, Dk, bf, qn);
         load_row(k, hk * Dk, Dk, bf, kn);
         float sq = 0.0f, sk = 0.0f;
         for (long i = 0; i < Dk; i++) { sq += qn[i] * qn[i]; sk += kn[i] * kn[i]; }
-        float rq = scale / sqrtf(sq + l2_eps), rk = 1.0f / sqrtf(sk + l2_eps);
-        for (long i = 0; i < Dk; i++) { qn[i] *= rq; kn[i] *= rk; }
-        float g = -expf(ld(A_log, h, w_bf)) * softplus(ld(a, h, bf) + ld(dt_bias, h, w_bf));
-        float decay = expf(g), beta = 1.0f / (1.0f + expf(-ld(b, h, bf)));
+        if (kda) {
+            float dq = sqrtf(sq + l2_eps), dk = sqrtf(sk + l2_eps);
+            for (long i = 0; i < Dk; i++) { qn[i] = qn[i] / dq * scale; kn[i] = kn[i] / dk; }
+            float A = expf(ld(A_log, h, w_bf));
+            for (long i = 0; i < Dk; i++) {
+                float x = ld(a, h * Dk + i, bf) + ld(dt_bias, h * Dk + i, w_bf);
+                decay[i] = expf(-A * (x > 20.0f ? x : logf(1.0f + expf(x))));
+            }
+        } else {
+            float rq = scale / sqrtf(sq + l2_eps), rk = 1.0f / sqrtf(sk + l2_eps);
+            for (long i = 0; i < Dk; i++) { qn[i] *= rq; kn[i] *= rk; }
+            float g = -expf(ld(A_log, h, w_bf)) * softplus(ld(a, h, bf) + ld(dt_bias, h, w_bf));
+            float e = expf(g);
+            for (long i = 0; i < Dk; i++) decay[i] = e;
+        }
+        float beta = 1.0f / (1.0f + expf(-ld(b, h, bf)));
         float *S = state + h * Dk * Dv;
         for (long j = 0; j < Dv; j++) ks[j] = 0.0f;
         for (long i = 0; i < Dk; i++) {
-            float *row = S + i * Dv, ki = kn[i];
+            float *row = S + i * Dv, ki = kn[i], di = decay[i];
 #pragma omp simd
-            for (long j = 0; j < Dv; j++) { row[j] *= decay; ks[j] += row[j] * ki; }
+            for (long j = 0; j < Dv; j++) { row[j] *= di; ks[j] += row[j] * ki; }
         }
         load_row(v, h * Dv, Dv, bf, u);
         for (long j = 0; j < Dv; j++) { u[j] = beta * (u[j] - ks[j]); out[j] = 0.0f; }
