@@ -186,6 +186,29 @@ def test_attention_step(dtype, Hq, Hkv, start):
         torch.testing.assert_close(got[0].double(), torch.einsum("hs,shd->hd", p, vals.double()), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window, sinks", [(0, True), (5, False), (5, True)])
+def test_attention_steps_window_sinks_ring(dtype, window, sinks):
+    """Twenty single-token steps through torch.ops.vxc.attention, natively against the torch backend: with
+    sinks, a sliding window, and (window 5 in a ring of 5 rows) positions that wrap the cache."""
+    Hq, Hkv, Dk, Dv = 4, 2, 20, 12
+    rows = window if window else 24
+    snk = r(Hq, dtype=dtype) if sinks else None
+    caches = {b: (torch.zeros(rows, Hkv, Dk, dtype=dtype), torch.zeros(rows, Hkv, Dv, dtype=dtype))
+              for b in ("native", "torch")}
+    for pos in range(20):
+        q, k, v = r(1, Hq, Dk, dtype=dtype), r(1, Hkv, Dk, dtype=dtype), r(1, Hkv, Dv, dtype=dtype)
+        outs = {}
+        for b, (kc, vc) in caches.items():
+            rec = N.Recorder()
+            with kernels.backend(b), N.recording(rec):
+                outs[b] = torch.ops.vxc.attention(q, k, v, kc, vc, pos, 0.3, window, snk)
+            if b == "native":
+                assert [n for n, _ in rec.calls] == ["vxc_attention_step"] and rec.failed is None, (rec.calls, rec.failed)
+        close(outs["native"], outs["torch"], dtype)
+        assert torch.equal(caches["native"][0], caches["torch"][0]) and torch.equal(caches["native"][1], caches["torch"][1])
+
+
 def test_embedding():
     for dtype in DTYPES:
         ids, table = torch.tensor([3, 0, 49, 3]), r(50, 33, dtype=dtype)
@@ -360,3 +383,28 @@ def test_kda_step(dtype, H, D):
     want = kda.kda_step_twin(q, k, v, f, b, A_log, dt_bias, s2, D ** -0.5, 1e-6).to(dtype)
     close(got, want, dtype)
     torch.testing.assert_close(s1, s2, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout, split_out", [("none", False), ("half", False), ("interleaved", False),
+                                               ("interleaved", True)])
+def test_mla_decode(dtype, layout, split_out):
+    # H 5, nope 12 + rope 6, v 7, latent 20; 9 earlier rows in the latent cache, the token at position 9
+    from vxc.codegen.kernels import mla
+
+    H, NOPE, P, V, R, start = 5, 12, 6, 7, 20, 9
+    q, kv = r(1, H, NOPE + P, dtype=dtype), r(1, R + P, dtype=dtype)
+    norm_w, w_kvb = r(R, scale=0.5) + 1.0, r(H * (NOPE + V), R, scale=R ** -0.5, dtype=dtype)
+    cos = sin = None
+    if layout != "none":
+        ang = torch.rand(1, P // 2) * 6.0
+        cos, sin = torch.cos(ang), torch.sin(ang)
+    c0 = r(16, R + P, dtype=dtype)
+    c1, c2 = c0.clone(), c0.clone()
+    args = (q, kv, norm_w, 1e-6, w_kvb, cos, sin)
+    tail = (start, 0.23, NOPE, layout == "interleaved", split_out)
+    got = native(N.mla_decode, *args, c1, *tail, expect="vxc_mla_decode")
+    want = mla.mla_decode_twin(*args, c2, *tail).to(dtype)
+    close(got, want, dtype)
+    close(c1, c2, dtype)
+    assert torch.equal(c1[:start], c0[:start]) and torch.equal(c1[start + 1:], c0[start + 1:])

@@ -237,3 +237,24 @@ def record(p: Parity) -> None:
 def copy_tree(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, dirs_exist_ok=True)
     return dst
+
+
+def assert_replay_bit_identical(model_dir: Path, ids: list[int], tokens: list[int], dtype: torch.dtype) -> None:
+    """Decode steps after a prefill of ``ids``: the engine captures and replays them as native calls, and each
+    replayed step equals the fx graph's step bit for bit."""
+    from vxc.frontends import lower
+    from vxc.runtime.engine import Engine
+    from vxc.runtime.session import Session
+
+    def steps(replay: bool):
+        eng = Engine(lower(model_dir), Path(model_dir), dtype=dtype, max_context=len(ids) + len(tokens) + 4,
+                     replay=replay)
+        s = Session(eng)
+        s.prefill(ids)
+        return eng, [s.step(t) for t in tokens]
+
+    replayed, got = steps(True)
+    _, want = steps(False)
+    assert replayed.replay_status().startswith("replaying"), replayed.replay_status()
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), f"step {i}: max diff {(a.float() - b.float()).abs().max().item():.3e}"

@@ -204,6 +204,13 @@ def test_parity_moe(mini):
     assert p.experts_match, "the selected experts differ from the reference's at some token"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_replays_natively_bit_identical_to_the_graph(mini, dtype):
+    """KDA, MLA (absorbed, on the latent rows), the grouped sigmoid router and the experts have native one-token
+    forms: the decode step is captured and replayed, bit-identical to the graph."""
+    S.assert_replay_bit_identical(mini["moe"], S.prompt(VOCAB, 20, seed=3), S.prompt(VOCAB, 12, seed=4), dtype)
+
+
 def test_kda_state_matches_reference_cache(mini):
     """After a prefill, vxc's declared regions hold what transformers' cache holds (matrix and conv histories)."""
     import transformers

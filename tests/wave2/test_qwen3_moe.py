@@ -210,6 +210,15 @@ def parity(built):
     return measure_moe(FAMILY, mdir, ir, qwen3_router)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_replay(built, dtype):
+    """The softmax top-k router and the experts run natively for one token: the decode step is replayed
+    bit-identically to the graph."""
+    from tests.wave2.latent_support import assert_replay_bit_identical, prompt
+
+    assert_replay_bit_identical(built[0], prompt(VOCAB, 20, seed=3), prompt(VOCAB, 12, seed=4), dtype)
+
+
 def test_program(built):
     mdir, ir = built
     text = ir.read_text()

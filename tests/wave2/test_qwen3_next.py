@@ -121,24 +121,9 @@ def test_runs_are_bit_identical(parity, moe_dir):
 def test_decode_replays_natively_bit_identical_to_the_graph(moe_dir, dtype):
     """Gated delta, gated softmax, router, experts and shared expert all have native one-token forms, so the
     decode step is captured and replayed; replayed steps equal the graph's bit for bit."""
-    from vxc.frontends import lower
-    from vxc.runtime.engine import Engine
-    from vxc.runtime.session import Session
+    from tests.wave2.latent_support import assert_replay_bit_identical
 
-    ids = Q.prompt(0)[:20]
-    tokens = Q.prompt(1)[:12]
-
-    def steps(replay: bool):
-        eng = Engine(lower(moe_dir), moe_dir, dtype=dtype, max_context=64, replay=replay)
-        s = Session(eng)
-        s.prefill(ids)
-        return eng, [s.step(t) for t in tokens]
-
-    replayed, got = steps(True)
-    _, want = steps(False)
-    assert replayed.replay_status().startswith("replaying"), replayed.replay_status()
-    for i, (a, b) in enumerate(zip(got, want)):
-        assert torch.equal(a, b), f"step {i}: max diff {(a.float() - b.float()).abs().max().item():.3e}"
+    assert_replay_bit_identical(moe_dir, Q.prompt(0)[:20], Q.prompt(1)[:12], dtype)
 
 
 def test_miniature_program(moe_dir):

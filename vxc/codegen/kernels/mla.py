@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import dispatch
+from . import dispatch, native_impl
 from . import triton_impl as _tri
 
 # ------------------------------------------------------------------------------------------- torch twin
@@ -305,6 +305,11 @@ def mla_decode(q: Tensor, kv: Tensor, norm_w: Tensor, eps: float, w_kvb: Tensor,
                sin: Optional[Tensor], cache: Tensor, start: int, scale: float, nope: int, interleaved: bool,
                split_out: bool) -> Tensor:
     _check(q, kv, norm_w, w_kvb, cos, cache, start, nope)
+    if not _use_triton(q) and dispatch.implementation(q) is native_impl:
+        out = native_impl.mla_decode(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, nope, interleaved,
+                                     split_out)
+        if out is not None:
+            return out
     fn = mla_decode_triton if _use_triton(q) else mla_decode_twin
     return fn(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, nope, interleaved, split_out).to(q.dtype).contiguous()
 

@@ -30,7 +30,7 @@ from . import torch_impl
 
 SOURCE = Path(__file__).parent / "native" / "vxc_cpu.c"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *os.environ.get("VXC_NATIVE_CFLAGS", "").split()]
-ABI_VERSION = 9
+ABI_VERSION = 11
 MAX_STATE_N = 1024  # the SSD step keeps B and C rows of N <= 1024 on the stack
 MAX_HEAD_DIM = 1024  # the attention step keeps one query row and one output row on the stack
 
@@ -49,17 +49,18 @@ _SIGNATURES = {
     "vxc_moe_router_step": [_P, _P, _P, _P, _P, _P, _L, _L, _I, _L, _I, _F, _L, _L, _I, _I, _I],
     "vxc_delta_step": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _F, _F, _I, _I, _I],
     "vxc_sigmoid_gate_mul": [_P, _P, _P, _L, _I],
+    "vxc_mla_decode": [_P, _P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _L, _F, _F, _I, _I, _I, _I, _I, _I, _I],
     "vxc_moe_ffn_step": [_P, _P, _P, _L, _P, _P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _I, _I, _F, _F, _I],
     "vxc_ssd_step": [_P, _P, _P, _P, _P, _P, _P, _F, _F, _I, _P, _P, _L, _L, _L, _L, _I, _I],
     "vxc_embedding": [_P, _P, _P, _L, _L, _L],
     "vxc_rotary": [_P, _P, _P, _P, _L, _L, _L, _L, _I, _I, _I],
-    "vxc_attention_step": [_P, _P, _P, _P, _P, _P, _L, _F, _L, _L, _L, _L, _P, _I],
+    "vxc_attention_step": [_P, _P, _P, _P, _P, _P, _L, _F, _L, _L, _L, _L, _P, _L, _L, _P, _I, _I],
 }
 
 # the torch.ops.vxc operators with a native single-token form (the others always run their twins)
 NATIVE_OPS = frozenset({"linear", "swiglu", "add_rmsnorm", "gated_rmsnorm", "conv1d_step", "ssd_step", "embedding",
                         "rotary", "attention", "moe_router", "moe_experts", "moe_shared", "gated_delta_step",
-                        "sigmoid_gate_mul", "kda_step"})
+                        "sigmoid_gate_mul", "kda_step", "mla_decode"})
 MAX_TOP_K = 64  # the MoE step sorts its selected experts on the stack  # (conv1d_prefill is native too, but only prefill runs it)
 
 
@@ -204,6 +205,12 @@ def _call(name: str, *args) -> None:
     getattr(_lib, name)(*args)
     if _rec is not None:
         _rec.calls.append((name, args))
+
+
+def refuse_capture(why: str) -> None:
+    """Mark a step being captured as not replayable (work done outside native calls)."""
+    if _rec is not None:
+        _rec.failed = _rec.failed or why
 
 
 def _twin(name: str):
@@ -352,18 +359,33 @@ def rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
     return _twin("rotary")(x, cos, sin, interleaved)
 
 
+def attention_step(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, start: int, scale: float,
+                   window: int = 0, sinks: Optional[Tensor] = None) -> Optional[Tensor]:
+    """One query token natively, the sliding-window ring included (position p at cache row p % rows once the
+    positions outgrow the rows); None where not covered."""
+    rows = k_cache.shape[0]
+    if not (q.shape[0] == 1 and _ok(q, k, v, k_cache, v_cache, sinks)
+            and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype
+            and (sinks is None or (sinks.dim() == 1 and sinks.shape[0] == q.shape[1]))
+            and max(q.shape[-1], v.shape[-1]) <= MAX_HEAD_DIM and window >= 0
+            and (start < rows or 0 < window <= rows)):
+        return None
+    _, Hq, Dk = q.shape
+    Hkv, Dv = k.shape[1], v.shape[-1]
+    out = _empty(1, Hq, Dv, dtype=q.dtype)
+    scratch = _empty(rows * Hq, dtype=torch.float32)
+    _call("vxc_attention_step", q.data_ptr(), k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+          out.data_ptr(), start, scale, Hq, Hkv, Dk, Dv, scratch.data_ptr(), rows, window, _p(sinks),
+          _BF[sinks.dtype] if sinks is not None else 0, _BF[q.dtype])
+    return out
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, start: int, scale: float,
               window: int = 0, sinks: Optional[Tensor] = None) -> Tensor:
-    if (q.shape[0] == 1 and window == 0 and sinks is None and _ok(q, k, v, k_cache, v_cache)
-            and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype
-            and max(q.shape[-1], v.shape[-1]) <= MAX_HEAD_DIM and start < k_cache.shape[0]):
-        _, Hq, Dk = q.shape
-        Hkv, Dv = k.shape[1], v.shape[-1]
-        out = _empty(1, Hq, Dv, dtype=q.dtype)
-        scratch = _empty(k_cache.shape[0] * Hq, dtype=torch.float32)
-        _call("vxc_attention_step", q.data_ptr(), k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-              out.data_ptr(), start, scale, Hq, Hkv, Dk, Dv, scratch.data_ptr(), _BF[q.dtype])
-        return out
+    if start + q.shape[0] <= k_cache.shape[0]:
+        out = attention_step(q, k, v, k_cache, v_cache, start, scale, window, sinks)
+        if out is not None:
+            return out
     return _twin("attention")(q, k, v, k_cache, v_cache, start, scale, window, sinks)
 
 
@@ -484,4 +506,28 @@ def sigmoid_gate_mul(x: Tensor, gate: Tensor) -> Optional[Tensor]:
         return None
     out = _empty(*x.shape, dtype=x.dtype)
     _call("vxc_sigmoid_gate_mul", x.data_ptr(), gate.data_ptr(), out.data_ptr(), x.numel(), _BF[x.dtype])
+    return out
+
+
+def mla_decode(q: Tensor, kv: Tensor, norm_w: Tensor, eps: float, w_kvb: Tensor, cos: Optional[Tensor],
+               sin: Optional[Tensor], cache: Tensor, start: int, scale: float, nope: int, interleaved: bool,
+               split_out: bool) -> Optional[Tensor]:
+    """One MLA token (absorbed attention over the latent rows) natively; None where not covered."""
+    if not (q.shape[0] == 1 and kv.shape[0] == 1 and _ok(q, kv, norm_w, w_kvb, cos, sin, cache)
+            and q.dtype == kv.dtype and (cos is None) == (sin is None)):
+        _not_native("mla_decode")
+        return None
+    _, H, NP = q.shape
+    R = norm_w.shape[0]
+    P = NP - nope
+    V = w_kvb.shape[0] // H - nope
+    if not (R <= MAX_HEAD_DIM and NP <= 2 * MAX_HEAD_DIM and V <= MAX_HEAD_DIM and P <= MAX_HEAD_DIM
+            and (cos is None or cos.shape == (1, P // 2))):
+        _not_native("mla_decode")
+        return None
+    out = _empty(1, H, V, dtype=q.dtype)
+    _call("vxc_mla_decode", q.data_ptr(), kv.data_ptr(), norm_w.data_ptr(), w_kvb.data_ptr(), _p(cos), _p(sin),
+          cache.data_ptr(), out.data_ptr(), H, nope, P, V, R, start, eps, scale, int(interleaved), int(split_out),
+          _BF[q.dtype], _BF[norm_w.dtype], _BF[w_kvb.dtype], _BF[cos.dtype] if cos is not None else 0,
+          _BF[cache.dtype])
     return out

@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from . import native_impl
 from .dispatch import implementation
 
 
@@ -136,6 +137,10 @@ def attention(
     sinks: Optional[Tensor] = None,
 ) -> Tensor:
     T, rows = q.shape[0], k_cache.shape[0]
+    if T == 1 and implementation(q) is native_impl:  # one token natively, a sliding-window ring included
+        out = native_impl.attention_step(q, k, v, k_cache, v_cache, start, scale, window, sinks)
+        if out is not None:
+            return out
     if start + T <= rows:
         return implementation(q).attention(q, k, v, k_cache, v_cache, start, scale, window, sinks)
     if not (0 < window <= rows):
@@ -151,6 +156,7 @@ def _ring_attention(q, k, v, k_cache, v_cache, start, scale, window, sinks):
     shifted), then the newest positions are written back into the ring.
     """
     T, rows = q.shape[0], k_cache.shape[0]
+    native_impl.refuse_capture("attention over a sliding-window ring linearised by torch ops")
     first = max(0, start - rows + 1)
     old = torch.arange(first, start, device=q.device) % rows
     k_lin = torch.cat([k_cache[old], torch.empty_like(k)])

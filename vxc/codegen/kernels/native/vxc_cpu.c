@@ -86,7 +86,7 @@ static inline void act_row(float *v, long n, int a) {
     }
 }
 
-int vxc_abi_version(void) { return 9; }
+int vxc_abi_version(void) { return 11; }
 
 int vxc_has_avx512bf16(void) {
 #if defined(__AVX512BF16__)
@@ -472,6 +472,104 @@ void vxc_delta_step(const void *q, const void *k, const void *v, const void *a, 
     }
 }
 
+/* Rotate x [P] (fp32, in place) by c, s [P/2]: pairs (i, i + P/2) or, interleaved, (2i, 2i + 1); an interleaved
+ * rotation writes its results back interleaved, or split (y1 then y2) when split_out. */
+static void mla_rope(float *x, long P, const float *c, const float *s, int interleaved, int split_out) {
+    float y[1024];
+    long half = P / 2;
+    for (long i = 0; i < half; i++) {
+        float x1 = interleaved ? x[2 * i] : x[i], x2 = interleaved ? x[2 * i + 1] : x[i + half];
+        float y1 = x1 * c[i] - x2 * s[i], y2 = x2 * c[i] + x1 * s[i];
+        if (interleaved && !split_out) { y[2 * i] = y1; y[2 * i + 1] = y2; }
+        else { y[i] = y1; y[i + half] = y2; }
+    }
+    memcpy(x, y, (size_t)P * sizeof(float));
+}
+
+/* mla.mla_decode_twin for one token at position ``start``: q [H, N + P], kv [R + P] (activation dtype), norm_w [R]
+ * (nw_bf), w_kvb [H·(N + V), R] (w_bf), cos / sin [P/2] (c_bf) or NULL (no rotary), cache [rows, R + P]
+ * (cache_bf). Writes the latent row (plain-weight rmsnorm of kv[:R], rounded as the twin materialises it at the
+ * activation dtype, then the rotated rope key) into cache row ``start``; then per head the absorbed attention
+ * over cache rows 0..start: q_lat = q_nope · W_k, logits = (q_lat · c_s + q_pe · k_pe_s) · scale, softmax,
+ * o_lat = Σ p_s c_s, out = W_v · o_lat; out [H, V] at the activation dtype. R, N + P, V <= 1024. */
+void vxc_mla_decode(const void *q, const void *kv, const void *norm_w, const void *w_kvb, const void *cos_t,
+                    const void *sin_t, void *cache, void *out, long H, long N, long P, long V, long R, long start,
+                    float eps, float scale, int interleaved, int split_out, int bf, int nw_bf, int w_bf, int c_bf,
+                    int cache_bf) {
+    long width = R + P, half = P / 2;
+    float c[1024], sn[1024], row[2048];
+    if (cos_t) { load_row(cos_t, 0, half, c_bf, c); load_row(sin_t, 0, half, c_bf, sn); }
+    load_row(kv, 0, width, bf, row);
+    float ss = 0.0f;
+    for (long i = 0; i < R; i++) ss += row[i] * row[i];
+    float inv = 1.0f / sqrtf(ss / (float)R + eps);
+    for (long i = 0; i < R; i++) row[i] = rnd(rnd(ld(norm_w, i, nw_bf), bf) * rnd(row[i] * inv, bf), bf);
+    if (cos_t) mla_rope(row + R, P, c, sn, interleaved, split_out);
+    store_row(cache, start * width, width, cache_bf, row);
+    long S = start + 1;
+#pragma omp parallel
+    {
+        float qh[2048], qlat[1024], olat[1024];
+        float *logit = (float *)malloc((size_t)S * sizeof(float));
+        float *crow = (float *)malloc((size_t)width * sizeof(float));
+#pragma omp for schedule(static)
+        for (long h = 0; h < H; h++) {
+            load_row(q, h * (N + P), N + P, bf, qh);
+            if (cos_t) mla_rope(qh + N, P, c, sn, interleaved, split_out);
+            for (long r = 0; r < R; r++) qlat[r] = 0.0f;
+            for (long n = 0; n < N; n++) {
+                float qn = qh[n];
+                long base = (h * (N + V) + n) * R;
+                if (w_bf) {
+                    const bf16_t *w = (const bf16_t *)w_kvb + base;
+#pragma omp simd
+                    for (long r = 0; r < R; r++) qlat[r] += qn * bf2f(w[r]);
+                } else {
+                    const float *w = (const float *)w_kvb + base;
+#pragma omp simd
+                    for (long r = 0; r < R; r++) qlat[r] += qn * w[r];
+                }
+            }
+            float m = -INFINITY;
+            for (long t = 0; t < S; t++) {
+                load_row(cache, t * width, width, cache_bf, crow);
+                float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+                for (long r = 0; r < R; r++) acc += qlat[r] * crow[r];
+                float acc2 = 0.0f;
+                for (long i = 0; i < P; i++) acc2 += qh[N + i] * crow[R + i];
+                logit[t] = (acc + acc2) * scale;
+                m = logit[t] > m ? logit[t] : m;
+            }
+            float z = 0.0f;
+            for (long t = 0; t < S; t++) { logit[t] = expf(logit[t] - m); z += logit[t]; }
+            for (long r = 0; r < R; r++) olat[r] = 0.0f;
+            for (long t = 0; t < S; t++) {
+                float p = logit[t] / z;
+                load_row(cache, t * width, R, cache_bf, crow);
+#pragma omp simd
+                for (long r = 0; r < R; r++) olat[r] += p * crow[r];
+            }
+            for (long vv = 0; vv < V; vv++) {
+                long base = (h * (N + V) + N + vv) * R;
+                float acc = 0.0f;
+                if (w_bf) {
+                    const bf16_t *w = (const bf16_t *)w_kvb + base;
+#pragma omp simd reduction(+ : acc)
+                    for (long r = 0; r < R; r++) acc += olat[r] * bf2f(w[r]);
+                } else {
+                    const float *w = (const float *)w_kvb + base;
+#pragma omp simd reduction(+ : acc)
+                    for (long r = 0; r < R; r++) acc += olat[r] * w[r];
+                }
+                st(out, h * V + vv, acc, bf);
+            }
+        }
+        free(logit);
+        free(crow);
+    }
+}
+
 /* delta.sigmoid_gate_mul_twin: out = x * sigmoid(gate) over n values (both at the activation dtype). */
 void vxc_sigmoid_gate_mul(const void *x, const void *gate, void *out, long n, int bf) {
     for (long i = 0; i < n; i++) st(out, i, ld(x, i, bf) * sigm(ld(gate, i, bf)), bf);
@@ -703,25 +801,28 @@ void vxc_rotary(const void *x, const void *cos_t, const void *sin_t, void *out, 
 
 /* ------------------------------------------------------------------------------------------------ attention */
 
-/* torch_impl.attention for one query at position ``start`` (no window, no sinks): writes k, v [Hkv, Dk|Dv]
- * into cache row ``start`` (caches [rows, Hkv, Dk|Dv], the activation dtype), then each of the Hq heads
- * attends over rows 0..start of its KV head h / (Hq / Hkv). q [Hq, Dk], out [Hq, Dv]; fp32 softmax.
- * scratch: (start + 1) * Hq floats. */
+/* torch_impl.attention for one query token at position ``start`` (ops.attention's ring for a sliding window):
+ * writes k, v into cache row start % rows (the cache holds ``rows`` rows: every position when start < rows, else a
+ * ring), then each query head h (KV head h / (Hq / Hkv)) attends over positions lo .. start, lo = start - window + 1
+ * when window > 0 (else 0), position p at row p % rows; sinks [Hq] (s_bf; NULL: none) add one logit per head to
+ * the softmax denominator. scratch: fp32 [Hq · rows]. */
 void vxc_attention_step(const void *q, const void *k, const void *v, void *k_cache, void *v_cache, void *out,
-                        long start, float scale, long Hq, long Hkv, long Dk, long Dv, float *scratch, int bf) {
-    long es = bf ? 2 : 4, S = start + 1, group = Hq / Hkv;
-    memcpy((char *)k_cache + start * Hkv * Dk * es, k, (size_t)(Hkv * Dk * es));
-    memcpy((char *)v_cache + start * Hkv * Dv * es, v, (size_t)(Hkv * Dv * es));
+                        long start, float scale, long Hq, long Hkv, long Dk, long Dv, float *scratch, long rows,
+                        long window, const void *sinks, int s_bf, int bf) {
+    long es = bf ? 2 : 4, group = Hq / Hkv, row = start % rows;
+    long lo = window > 0 && start - window + 1 > 0 ? start - window + 1 : 0, S = start - lo + 1;
+    memcpy((char *)k_cache + row * Hkv * Dk * es, k, (size_t)(Hkv * Dk * es));
+    memcpy((char *)v_cache + row * Hkv * Dv * es, v, (size_t)(Hkv * Dv * es));
 #pragma omp parallel for schedule(static) if (S * Hq * Dk >= 32768)
     for (long h = 0; h < Hq; h++) {
         long g = h / group;
         float qv[1024], acc[1024]; /* Dk, Dv <= 1024, checked by the caller */
-        float *p = scratch + h * S;
+        float *p = scratch + h * rows;
         for (long d = 0; d < Dk; d++) qv[d] = ld(q, h * Dk + d, bf);
-        float mx = -INFINITY;
-        for (long s = 0; s < S; s++) {
+        float mx = sinks ? ld(sinks, h, s_bf) : -INFINITY;
+        for (long i = 0; i < S; i++) {
             float dot = 0.0f;
-            long kb = (s * Hkv + g) * Dk;
+            long kb = (((lo + i) % rows) * Hkv + g) * Dk;
             if (bf) {
                 const bf16_t *kr = (const bf16_t *)k_cache + kb;
 #pragma omp simd reduction(+ : dot)
@@ -731,18 +832,18 @@ void vxc_attention_step(const void *q, const void *k, const void *v, void *k_cac
 #pragma omp simd reduction(+ : dot)
                 for (long d = 0; d < Dk; d++) dot += qv[d] * kr[d];
             }
-            p[s] = dot * scale;
-            if (p[s] > mx) mx = p[s];
+            p[i] = dot * scale;
+            if (p[i] > mx) mx = p[i];
         }
-        float den = 0.0f;
-        for (long s = 0; s < S; s++) {
-            p[s] = expf(p[s] - mx);
-            den += p[s];
+        float den = sinks ? expf(ld(sinks, h, s_bf) - mx) : 0.0f;
+        for (long i = 0; i < S; i++) {
+            p[i] = expf(p[i] - mx);
+            den += p[i];
         }
         for (long d = 0; d < Dv; d++) acc[d] = 0.0f;
-        for (long s = 0; s < S; s++) {
-            float w = p[s] / den;
-            long vb = (s * Hkv + g) * Dv;
+        for (long i = 0; i < S; i++) {
+            float w = p[i] / den;
+            long vb = (((lo + i) % rows) * Hkv + g) * Dv;
             if (bf) {
                 const bf16_t *vr = (const bf16_t *)v_cache + vb;
 #pragma omp simd
