@@ -47,8 +47,8 @@ def apply_view(t: torch.Tensor, transforms: Sequence[Transform]) -> torch.Tensor
     return t
 
 
-def stack_bank(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Per-expert tensors → one ``[experts, ...]`` tensor (expert ``i`` at index ``i``)."""
+def check_bank(tensors: Sequence[torch.Tensor]) -> None:
+    """Per-expert tensors must agree in shape and dtype to form one bank."""
     tensors = list(tensors)
     if not tensors:
         raise ViewError("an expert bank needs at least one tensor")
@@ -57,6 +57,12 @@ def stack_bank(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         if x.shape != first.shape or x.dtype != first.dtype:
             raise ViewError(
                 f"expert bank: expert {i} is {x.dtype}{list(x.shape)}, expert 0 is {first.dtype}{list(first.shape)}")
+
+
+def stack_bank(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-expert tensors → one ``[experts, ...]`` tensor (expert ``i`` at index ``i``)."""
+    tensors = list(tensors)
+    check_bank(tensors)
     return torch.stack(tensors)
 
 

@@ -61,14 +61,21 @@ class MappedFile:
         raw = self.bytes[self.data_start + a:self.data_start + b]
         return raw.view(dt).reshape(shape) if b > a else torch.empty(shape, dtype=dt)
 
-    def read(self, key: str) -> torch.Tensor:
-        """A private copy read with plain file I/O (used when the tensor is converted anyway, so the
-        mapping's pages never become resident and peak memory stays at the converted size)."""
+    def read(self, key: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """A private copy read with plain file I/O (used when the tensor is converted or stacked anyway, so the
+        mapping's pages never become resident and peak memory stays at the copy's size); into ``out`` (a
+        contiguous tensor of the entry's dtype and shape) when given."""
         (a, b), dt, shape = self._entry(key)
-        buf = torch.empty(b - a, dtype=torch.uint8)
-        with open(self.path, "rb") as f:
-            f.seek(self.data_start + a)
-            f.readinto(memoryview(buf.numpy()))
+        if out is not None and (out.dtype != dt or list(out.shape) != list(shape) or not out.is_contiguous()):
+            raise WeightError(f"tensor {key!r} is {dt}{list(shape)}, not {out.dtype}{list(out.shape)}")
+        buf = torch.empty(b - a, dtype=torch.uint8) if out is None else out.view(-1).view(torch.uint8)
+        if b > a:
+            with open(self.path, "rb") as f:
+                f.seek(self.data_start + a)
+                if f.readinto(memoryview(buf.numpy())) != b - a:
+                    raise WeightError(f"{self.path}: tensor {key!r} is cut short")
+        if out is not None:
+            return out
         return buf.view(dt).reshape(shape) if b > a else torch.empty(shape, dtype=dt)
 
 
@@ -79,13 +86,20 @@ class Weights:
         self.tensors = m.tensor_table()
 
     def stored(self, sym: str, copy: bool = False) -> torch.Tensor:
-        from .views import stack_bank
+        from .views import check_bank
 
         t = self.tensors[sym]
-        get = (lambda f, k: self.files[f].read(k)) if copy else (lambda f, k: self.files[f].tensor(k))
         if not t.is_bank:
-            return get(t.file, t.key)
-        return stack_bank([get(f, k) for f, k in t.keys()])
+            return self.files[t.file].read(t.key) if copy else self.files[t.file].tensor(t.key)
+        # a bank is stacked into one [experts, ...] tensor, a copy either way: each expert is read with file
+        # I/O straight into its slot, so the mapping's pages never become resident next to the copy
+        keys = list(t.keys())
+        views = [self.files[f].tensor(k) for f, k in keys]  # (views of the mapping: shapes, dtypes, no reads)
+        check_bank(views)
+        bank = torch.empty((len(keys), *views[0].shape), dtype=views[0].dtype)
+        for i, (f, k) in enumerate(keys):
+            self.files[f].read(k, out=bank[i])
+        return bank
 
     def operand(self, o: Operand, dtype: torch.dtype | None, device: torch.device | str) -> torch.Tensor:
         from .views import apply_view, decode_mxfp4
