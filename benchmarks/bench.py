@@ -472,7 +472,7 @@ def engine_child(args, result: dict) -> None:
 
         def prefill(ids):
             sess.reset()
-            return sess.prefill(ids)
+            return sess.prefill(ids, last_only=args.prefill_logits == "last")
 
         def decode(prompt, n):
             sess.reset()
@@ -503,7 +503,8 @@ def engine_child(args, result: dict) -> None:
         @torch.no_grad()
         def prefill(ids):
             x = torch.tensor([ids], dtype=torch.long, device=dev)
-            return model(x, use_cache=True).logits[0]
+            keep = {"logits_to_keep": 1} if args.prefill_logits == "last" else {}
+            return model(x, use_cache=True, **keep).logits[0]
 
         @torch.no_grad()
         def decode(prompt, n):
@@ -632,6 +633,10 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=64, help="new tokens per decode run")
     ap.add_argument("--prompt", type=int, default=8, help="prompt length before decoding")
     ap.add_argument("--repeats", type=int, default=2, help="timed prefill runs per length (the best is reported)")
+    ap.add_argument("--prefill-logits", default="all", choices=("all", "last"),
+                    help="prefill returns logits at every position (all: teacher forcing, the default) or at the last "
+                         "only (last: what generation needs; vxc's prefill(last_only=True), transformers' "
+                         "logits_to_keep=1)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run every engine child this many times, interleaved (vxc, hf, vxc, hf, ...), and report "
                          "each engine's best throughput over the rounds (a shared machine's slow spells then hit "
@@ -699,6 +704,7 @@ def main() -> None:
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
 
     common = ["--threads", str(args.threads), "--device", args.device, "--prefill", args.prefill,
+              "--prefill-logits", args.prefill_logits,
               "--decode", str(args.decode), "--prompt", str(args.prompt), "--repeats", str(args.repeats)]
     if args.hf_attn:
         common += ["--hf-attn", args.hf_attn]
@@ -852,7 +858,9 @@ def report(args, rows, bw, bandwidth, prefill_lens, wall) -> None:
     print()
     print("Notes: checkpoint dtype `ckpt` is the dtype of the safetensors files loaded (`match`: written at the run "
           "dtype; `fp32`: converted at load). Prefill: one warm-up run, then a fresh state per length "
-          f"(best of {args.repeats}); full-width logits at every position on both engines. Decode: batch 1, "
+          f"(best of {args.repeats}); " + ("full-width logits at every position on both engines" if args.prefill_logits == "all"
+                                          else "logits of the last position only on both engines (vxc "
+                                               "prefill(last_only=True), transformers logits_to_keep=1)") + ". Decode: batch 1, "
           f"{args.decode} greedy tokens after a {args.prompt}-token prompt (after a 4-token warm-up), each engine's "
           f"own cache; tok/s = {args.decode - 1} timed steps / their total time, and 1 / the median step time (robust "
           "to other processes on a shared machine). vxc uses `Engine(..., compile_decode=False)` (the Engine default) unless the "

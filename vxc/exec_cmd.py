@@ -63,7 +63,7 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
     if not ids:
         raise VxcError("--resume-state continues from the saved position: pass the next token(s) with --tokens (e.g. the last generated id)")
     t1 = time.perf_counter()
-    logits = session.prefill(ids)
+    logits = session.prefill(ids, last_only=logits_out is None)  # the head on every position only when asked for
     prefill_s = time.perf_counter() - t1
     if logits_out is not None:
         from safetensors.torch import save_file

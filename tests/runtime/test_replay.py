@@ -119,3 +119,25 @@ def test_graph_level_compute_is_refused():
     rep = DecodeReplay(graph, torch.zeros(1, dtype=torch.int64))
     rep(0)
     assert rep.refused is not None and "is not a view" in rep.refused
+
+
+@pytest.mark.parametrize("name", ["mamba2-native", "qwen3", "mamba2attn-native"])
+def test_prefill_last_only(lab, name):
+    """``prefill(last_only=True)`` runs the head on the last position only: its row matches the full prefill's
+    last row (the head's GEMV for one row sums in another order than the GEMM), the state it leaves is the same
+    bit for bit, and so are the steps after it."""
+    f = P.FAMILIES[name]
+    _, ir = lab.built(name)
+    ids = P.prompt_ids(f)[:30]
+    eng = P.engine_for(ir, max_context=64)
+    s = Session(eng)
+    full = s.prefill(ids)
+    state_full = {k: b.clone() for k, b in eng.state.buffers.items()}
+    after_full = s.step(ids[0])
+    s.reset()
+    last = s.prefill(ids, last_only=True)
+    assert last.shape == (1, full.shape[1])
+    torch.testing.assert_close(last[0], full[-1], rtol=1e-5, atol=1e-5 * float(full[-1].abs().max()))
+    assert int(last[0, :f.vocab].argmax()) == int(full[-1, :f.vocab].argmax())
+    assert all(torch.equal(b, state_full[k]) for k, b in eng.state.buffers.items())
+    assert torch.equal(s.step(ids[0]), after_full)

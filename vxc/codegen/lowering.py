@@ -6,9 +6,11 @@ A call whose ``kernel`` is set is one fused group — exactly one
 rmsnorm; conv + activation + conv-state write; gate + norm). Calls with
 ``glue`` set are shape-only tensor methods (split, view) between groups.
 
-Two variants are lowered from the same plan: ``prefill`` over ``T`` tokens
-from position ``start``, and ``decode``, one token with fixed shapes. Only
-operator kinds, roles and declared attributes are read.
+Variants lowered from the same plan: ``prefill`` over ``T`` tokens from
+position ``start``; ``prefill_last``, the same with the head applied to the
+last position only (what generation needs: no [T, vocab] logits); and
+``decode``, one token with fixed shapes. Only operator kinds, roles and
+declared attributes are read.
 """
 
 from __future__ import annotations
@@ -244,6 +246,9 @@ def register_block(kind: str):
     return deco
 
 
+VARIANTS = ("prefill", "prefill_last", "decode")
+
+
 class Unsupported(Exception):
     pass
 
@@ -251,7 +256,7 @@ class Unsupported(Exception):
 def lower_plan(g: nx.DiGraph, variant: str) -> Lowered:
     from . import blocks  # noqa: F401  (registers the lowerings of further operator kinds)
 
-    assert variant in ("prefill", "decode")
+    assert variant in VARIANTS
     e = _Emitter(variant)
     hidden: Val | None = None  # output of the last block, not yet added to the residual
     residual: Val | None = None
@@ -267,6 +272,8 @@ def lower_plan(g: nx.DiGraph, variant: str) -> Lowered:
             (hidden, _) = e.kernel(p, "add_rmsnorm", [hidden, None, _w(p, p.role), p.attrs["eps"], p.attrs["zero_centred"], False],
                                    "rmsnorm (post-block)", nouts=2)
         elif p.kind == "head":
+            if variant == "prefill_last":
+                (hidden,) = e.glue(p, "narrow", [hidden, 0, -1, 1])  # the last position's row (a view)
             (logits,) = e.kernel(p, "linear", [hidden, _w(p, Role.LmHead), None], "lm head over the padded vocab")
             e.out.output = logits.name
         elif p.kind in BLOCKS:

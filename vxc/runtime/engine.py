@@ -30,7 +30,7 @@ class Engine:
         self.module, self.plan = ctx.module, ctx.plan
         self.dtype, self.device, self.max_context = dtype, torch.device(device), max_context
         self.weights = Weights(module, Path(model_dir))
-        self.lowered = {v: lower_plan(self.plan, v) for v in ("prefill", "decode")}
+        self.lowered = {v: lower_plan(self.plan, v) for v in ("prefill", "prefill_last", "decode")}
         root = torch.nn.Module()
         self.state: StateBuffers = (provider or StateProvider()).allocate(self.plan, dtype, max_context, self.device)
         operands = module.operand_table()
@@ -51,6 +51,7 @@ class Engine:
                         root.register_buffer(name, t, persistent=False)
         self.root = root
         self.prefill_graph = build_graph_module(self.lowered["prefill"], root)
+        self.prefill_last_graph = build_graph_module(self.lowered["prefill_last"], root)
         self.decode_graph = build_graph_module(self.lowered["decode"], root)
         self.decode_fn = torch.compile(self.decode_graph, dynamic=True) if compile_decode else self.decode_graph
         # the decode step reads its token from one static buffer, so a captured step can be replayed

@@ -37,9 +37,10 @@ class Session:
             raise SessionError(f"context full: position {self.pos} + {n} tokens exceeds --max-context {self.engine.max_context}")
 
     @torch.no_grad()
-    def prefill(self, tokens: Iterable[int]) -> torch.Tensor:
+    def prefill(self, tokens: Iterable[int], last_only: bool = False) -> torch.Tensor:
         """Logits [T, padded_vocab] in the compute dtype (as the references return them; ``--logits-out``
-        widens to fp32) for ``tokens``, continuing from the current position."""
+        widens to fp32) for ``tokens``, continuing from the current position; with ``last_only``, [1,
+        padded_vocab] for the last token alone (the head runs on that position only)."""
         ids = torch.tensor(list(tokens), dtype=torch.int64, device=self.engine.device)
         if ids.numel() == 0:
             raise SessionError("prefill needs at least one token")
@@ -52,7 +53,7 @@ class Session:
         if ids.numel() == 1:
             logits = self.engine.decode(int(ids[0]), self.pos)
         else:
-            logits = self.engine.prefill_graph(ids, self.pos)
+            logits = (self.engine.prefill_last_graph if last_only else self.engine.prefill_graph)(ids, self.pos)
         self.pos += ids.numel()
         return logits
 
@@ -69,7 +70,7 @@ class Session:
     def generate(self, prompt: list[int], max_new_tokens: int, sampler: Sampler,
                  on_token: Callable[[int], None] | None = None, logits: torch.Tensor | None = None) -> list[int]:
         """Prefill ``prompt`` (unless ``logits`` of the last position are given) and generate."""
-        last = self.prefill(prompt)[-1] if logits is None else logits
+        last = self.prefill(prompt, last_only=True)[-1] if logits is None else logits
         out: list[int] = []
         for i in range(max_new_tokens):
             tok = sampler(last)
