@@ -408,3 +408,12 @@ def test_mla_decode(dtype, layout, split_out):
     close(got, want, dtype)
     close(c1, c2, dtype)
     assert torch.equal(c1[:start], c0[:start]) and torch.equal(c1[start + 1:], c0[start + 1:])
+
+
+def test_moe_experts_refuses_out_of_range_ids():
+    E, d, I = 4, 16, 8
+    w_in, w_down = _moe_banks(E, I, d, I, torch.float32)
+    up = r(E, I, d)
+    with pytest.raises(ValueError, match="outside 0..3"):
+        N.moe_experts(r(1, d), torch.rand(1, 2), torch.tensor([[1, 4]]), w_in, up, w_down, None, None, "separate",
+                      "silu", None, None)

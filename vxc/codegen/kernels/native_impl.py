@@ -418,6 +418,9 @@ def moe_experts(x: Tensor, weights: Tensor, experts: Tensor, w_in: Tensor, w_up:
         if _rec is not None:
             _rec.failed = "moe_experts ran its torch twin (not covered natively)"
         return None
+    E = w_down.shape[0]
+    if experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= E):  # the kernel indexes the banks
+        raise ValueError(f"expert ids {experts.tolist()} outside 0..{E - 1}")
     d, I = x.shape[1], w_down.shape[2]
     out = _empty(1, d, dtype=x.dtype)
     _call("vxc_moe_ffn_step", x.data_ptr(), experts.data_ptr(), weights.data_ptr(), experts.shape[1], w_in.data_ptr(),
