@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..codegen.fxgen import buffer_name, build_graph_module
-from ..codegen.lowering import Lowered, RopeRef, StateRef, Weight, lower_plan
+from ..codegen.lowering import VARIANTS, Lowered, RopeRef, StateRef, Weight, lower_plan
 from ..ir.module import Module
 from ..passes.context import Context
 from ..passes.manager import DEFAULT_PIPELINE, PassManager, parse_pipeline
@@ -30,7 +30,7 @@ class Engine:
         self.module, self.plan = ctx.module, ctx.plan
         self.dtype, self.device, self.max_context = dtype, torch.device(device), max_context
         self.weights = Weights(module, Path(model_dir))
-        self.lowered = {v: lower_plan(self.plan, v) for v in ("prefill", "prefill_last", "decode")}
+        self.lowered = {v: lower_plan(self.plan, v) for v in VARIANTS}
         root = torch.nn.Module()
         self.state: StateBuffers = (provider or StateProvider()).allocate(self.plan, dtype, max_context, self.device)
         operands = module.operand_table()
