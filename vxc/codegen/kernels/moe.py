@@ -98,22 +98,21 @@ def _gated(g: Tensor, u: Tensor, act: str, alpha: Optional[float], limit: Option
 
 
 def _matmul(h: Tensor, w: Tensor, dtype: torch.dtype) -> Tensor:
-    """``h [M, IN] (fp32) @ w[OUT, IN]ᵀ`` as fp32. When the activations' dtype ``dtype`` is the weight's and
+    """``h [M, IN] @ w[OUT, IN]ᵀ`` as fp32 (h at the activations' dtype or fp32). When the activations' dtype ``dtype`` is the weight's and
     narrower than fp32 (a bf16 run), the GEMM runs at that dtype (fp32 accumulation inside the BLAS) on ``h``
     rounded to it, and its result, rounded to it as a reference running at that dtype materialises it, comes
     back widened: no fp32 copy of an expert's weight is made per call (a bf16 decode step used to write and
     read one for every selected expert). Otherwise (fp32 runs) exactly ``h @ w.float()ᵀ``."""
     if w.dtype == dtype != torch.float32:
         return torch_impl.gemm(h.to(dtype), w).float()  # (one row: torch's GEMV, which streams faster)
-    return h @ w.float().T
+    return h.float() @ w.float().T
 
 
 def experts_twin(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit):
-    x32 = x.float()
     out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float32, device=x.device)
     for e in torch.unique(experts).tolist():  # ascending, as the references visit them
         tok, slot = torch.where(experts == e)
-        h = x32[tok]
+        h = x[tok]  # (at x's dtype: _matmul widens or keeps it as the GEMM needs, no round trip)
         if layout == "separate":
             g, u = _matmul(h, w_in[e], x.dtype), _matmul(h, w_up[e], x.dtype)
         else:
@@ -129,10 +128,9 @@ def experts_twin(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, 
 
 
 def shared_twin(x, routed, w_gate, w_up, w_down, branch_gate):
-    x32 = x.float()
-    y = _matmul(F.silu(_matmul(x32, w_gate, x.dtype)) * _matmul(x32, w_up, x.dtype), w_down, x.dtype)
+    y = _matmul(F.silu(_matmul(x, w_gate, x.dtype)) * _matmul(x, w_up, x.dtype), w_down, x.dtype)
     if branch_gate is not None:
-        y = torch.sigmoid(_matmul(x32, branch_gate, x.dtype)) * y
+        y = torch.sigmoid(_matmul(x, branch_gate, x.dtype)) * y
     return (routed.float() + y).to(routed.dtype)
 
 
