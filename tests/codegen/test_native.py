@@ -352,10 +352,15 @@ def test_gated_delta_step(dtype, Hk, Hv, Dk, Dv):
     a, b = r(Hv, dtype=dtype), r(Hv, dtype=dtype)
     A_log, dt_bias = r(Hv, scale=0.5), r(Hv, scale=0.5)
     a[0] = 25.0  # softplus past its linear threshold
-    s0 = r(Hv, Dk, Dv, scale=0.3)
-    s1, s2 = s0.clone(), s0.clone()
-    got = native(N.gated_delta_step, q, k, v, a, b, A_log, dt_bias, s1, Dk ** -0.5, 1e-6, expect="vxc_delta_step")
-    want = delta.gated_delta_step_twin(q, k, v, a, b, A_log, dt_bias, s2, Dk ** -0.5, 1e-6).to(dtype)
+    _delta_step_vs_twin(N.gated_delta_step, delta.gated_delta_step_twin, dtype, q, k, v, a, b, A_log, dt_bias,
+                        r(Hv, Dk, Dv, scale=0.3))
+
+
+def _delta_step_vs_twin(fn, twin, dtype, q, k, v, a, b, A_log, dt_bias, state):
+    """One delta-rule step natively and by its twin from the same state: outputs and new states agree."""
+    s1, s2 = state.clone(), state.clone()
+    got = native(fn, q, k, v, a, b, A_log, dt_bias, s1, q.shape[-1] ** -0.5, 1e-6, expect="vxc_delta_step")
+    want = twin(q, k, v, a, b, A_log, dt_bias, s2, q.shape[-1] ** -0.5, 1e-6).to(dtype)
     close(got, want, dtype)
     torch.testing.assert_close(s1, s2, rtol=2e-5, atol=2e-5)
 
@@ -377,12 +382,7 @@ def test_kda_step(dtype, H, D):
     f, b = r(H * D, scale=2.0, dtype=dtype), r(H, dtype=dtype)
     f[3] = 30.0  # softplus past its linear threshold
     A_log, dt_bias = r(H, scale=0.5), r(H * D, scale=0.5)
-    s0 = r(H, D, D, scale=0.3)
-    s1, s2 = s0.clone(), s0.clone()
-    got = native(N.kda_step, q, k, v, f, b, A_log, dt_bias, s1, D ** -0.5, 1e-6, expect="vxc_delta_step")
-    want = kda.kda_step_twin(q, k, v, f, b, A_log, dt_bias, s2, D ** -0.5, 1e-6).to(dtype)
-    close(got, want, dtype)
-    torch.testing.assert_close(s1, s2, rtol=2e-5, atol=2e-5)
+    _delta_step_vs_twin(N.kda_step, kda.kda_step_twin, dtype, q, k, v, f, b, A_log, dt_bias, r(H, D, D, scale=0.3))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

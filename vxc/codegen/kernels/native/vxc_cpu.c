@@ -472,6 +472,33 @@ void vxc_delta_step(const void *q, const void *k, const void *v, const void *a, 
     }
 }
 
+/* acc[i] += a * row[off + i] and the dot x . row[off ..], over a row stored as bf16 (bf) or fp32, vectorised */
+static inline void axpy_row(float *acc, float a, const void *row, long off, long n, int bf) {
+    if (bf) {
+        const bf16_t *r = (const bf16_t *)row + off;
+#pragma omp simd
+        for (long i = 0; i < n; i++) acc[i] += a * bf2f(r[i]);
+    } else {
+        const float *r = (const float *)row + off;
+#pragma omp simd
+        for (long i = 0; i < n; i++) acc[i] += a * r[i];
+    }
+}
+
+static inline float dot_row(const float *x, const void *row, long off, long n, int bf) {
+    float s = 0.0f;
+    if (bf) {
+        const bf16_t *r = (const bf16_t *)row + off;
+#pragma omp simd reduction(+ : s)
+        for (long i = 0; i < n; i++) s += x[i] * bf2f(r[i]);
+    } else {
+        const float *r = (const float *)row + off;
+#pragma omp simd reduction(+ : s)
+        for (long i = 0; i < n; i++) s += x[i] * r[i];
+    }
+    return s;
+}
+
 /* Rotate x [P] (fp32, in place) by c, s [P/2]: pairs (i, i + P/2) or, interleaved, (2i, 2i + 1); an interleaved
  * rotation writes its results back interleaved, or split (y1 then y2) when split_out. */
 static void mla_rope(float *x, long P, const float *c, const float *s, int interleaved, int split_out) {
@@ -511,62 +538,26 @@ void vxc_mla_decode(const void *q, const void *kv, const void *norm_w, const voi
     {
         float qh[2048], qlat[1024], olat[1024];
         float *logit = (float *)malloc((size_t)S * sizeof(float));
-        float *crow = (float *)malloc((size_t)width * sizeof(float));
 #pragma omp for schedule(static)
         for (long h = 0; h < H; h++) {
             load_row(q, h * (N + P), N + P, bf, qh);
             if (cos_t) mla_rope(qh + N, P, c, sn, interleaved, split_out);
             for (long r = 0; r < R; r++) qlat[r] = 0.0f;
-            for (long n = 0; n < N; n++) {
-                float qn = qh[n];
-                long base = (h * (N + V) + n) * R;
-                if (w_bf) {
-                    const bf16_t *w = (const bf16_t *)w_kvb + base;
-#pragma omp simd
-                    for (long r = 0; r < R; r++) qlat[r] += qn * bf2f(w[r]);
-                } else {
-                    const float *w = (const float *)w_kvb + base;
-#pragma omp simd
-                    for (long r = 0; r < R; r++) qlat[r] += qn * w[r];
-                }
-            }
+            for (long n = 0; n < N; n++) axpy_row(qlat, qh[n], w_kvb, (h * (N + V) + n) * R, R, w_bf);
             float m = -INFINITY;
             for (long t = 0; t < S; t++) {
-                load_row(cache, t * width, width, cache_bf, crow);
-                float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-                for (long r = 0; r < R; r++) acc += qlat[r] * crow[r];
-                float acc2 = 0.0f;
-                for (long i = 0; i < P; i++) acc2 += qh[N + i] * crow[R + i];
+                float acc = dot_row(qlat, cache, t * width, R, cache_bf), acc2 = dot_row(qh + N, cache, t * width + R, P, cache_bf);
                 logit[t] = (acc + acc2) * scale;
                 m = logit[t] > m ? logit[t] : m;
             }
             float z = 0.0f;
             for (long t = 0; t < S; t++) { logit[t] = expf(logit[t] - m); z += logit[t]; }
             for (long r = 0; r < R; r++) olat[r] = 0.0f;
-            for (long t = 0; t < S; t++) {
-                float p = logit[t] / z;
-                load_row(cache, t * width, R, cache_bf, crow);
-#pragma omp simd
-                for (long r = 0; r < R; r++) olat[r] += p * crow[r];
-            }
-            for (long vv = 0; vv < V; vv++) {
-                long base = (h * (N + V) + N + vv) * R;
-                float acc = 0.0f;
-                if (w_bf) {
-                    const bf16_t *w = (const bf16_t *)w_kvb + base;
-#pragma omp simd reduction(+ : acc)
-                    for (long r = 0; r < R; r++) acc += olat[r] * bf2f(w[r]);
-                } else {
-                    const float *w = (const float *)w_kvb + base;
-#pragma omp simd reduction(+ : acc)
-                    for (long r = 0; r < R; r++) acc += olat[r] * w[r];
-                }
-                st(out, h * V + vv, acc, bf);
-            }
+            for (long t = 0; t < S; t++) axpy_row(olat, logit[t] / z, cache, t * width, R, cache_bf);
+            for (long vv = 0; vv < V; vv++)
+                st(out, h * V + vv, dot_row(olat, w_kvb, (h * (N + V) + N + vv) * R, R, w_bf), bf);
         }
         free(logit);
-        free(crow);
     }
 }
 
@@ -821,18 +812,7 @@ void vxc_attention_step(const void *q, const void *k, const void *v, void *k_cac
         for (long d = 0; d < Dk; d++) qv[d] = ld(q, h * Dk + d, bf);
         float mx = sinks ? ld(sinks, h, s_bf) : -INFINITY;
         for (long i = 0; i < S; i++) {
-            float dot = 0.0f;
-            long kb = (((lo + i) % rows) * Hkv + g) * Dk;
-            if (bf) {
-                const bf16_t *kr = (const bf16_t *)k_cache + kb;
-#pragma omp simd reduction(+ : dot)
-                for (long d = 0; d < Dk; d++) dot += qv[d] * bf2f(kr[d]);
-            } else {
-                const float *kr = (const float *)k_cache + kb;
-#pragma omp simd reduction(+ : dot)
-                for (long d = 0; d < Dk; d++) dot += qv[d] * kr[d];
-            }
-            p[i] = dot * scale;
+            p[i] = dot_row(qv, k_cache, (((lo + i) % rows) * Hkv + g) * Dk, Dk, bf) * scale;
             if (p[i] > mx) mx = p[i];
         }
         float den = sinks ? expf(ld(sinks, h, s_bf) - mx) : 0.0f;
@@ -841,19 +821,7 @@ void vxc_attention_step(const void *q, const void *k, const void *v, void *k_cac
             den += p[i];
         }
         for (long d = 0; d < Dv; d++) acc[d] = 0.0f;
-        for (long i = 0; i < S; i++) {
-            float w = p[i] / den;
-            long vb = (((lo + i) % rows) * Hkv + g) * Dv;
-            if (bf) {
-                const bf16_t *vr = (const bf16_t *)v_cache + vb;
-#pragma omp simd
-                for (long d = 0; d < Dv; d++) acc[d] += w * bf2f(vr[d]);
-            } else {
-                const float *vr = (const float *)v_cache + vb;
-#pragma omp simd
-                for (long d = 0; d < Dv; d++) acc[d] += w * vr[d];
-            }
-        }
+        for (long i = 0; i < S; i++) axpy_row(acc, p[i] / den, v_cache, (((lo + i) % rows) * Hkv + g) * Dv, Dv, bf);
         for (long d = 0; d < Dv; d++) st(out, h * Dv + d, acc[d], bf);
     }
 }
