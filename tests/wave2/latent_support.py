@@ -6,7 +6,6 @@ Nothing here reads vxc's operator declarations; geometry is written out as const
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ import torch
 
 from tests import builders as B
 from tests import references as R
+from tests.hf_random import random_hf_model
 
 GREEDY_NEW = 32
 MIN_DISTINCT = 8
@@ -27,25 +27,10 @@ def build(out_dir: Path, model_type: str, overrides: dict, seed: int) -> Path:
     exp(A_log) log-uniform in [0.05, 2] and dt_bias spread (the reference's init decays the state to
     nothing within a token or two, so a wrong recurrence would hide), and a nonzero selection bias
     (``e_score_correction_bias`` starts at 0, so a router ignoring it would pass)."""
-    import transformers
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg = B.hf_config(model_type, {"initializer_range": B.HF_INITIALIZER_RANGE, **overrides})
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-                p.add_(0.2 * torch.randn(p.shape, generator=g))
-            elif name.endswith("dt_bias"):
-                p.copy_(0.5 * torch.randn(p.shape, generator=g))
-            elif name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape).uniform_(math.log(0.05), math.log(2.0), generator=g))
-        for name, buf in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buf.copy_(0.1 * torch.randn(buf.shape, generator=g))
+    model = random_hf_model(cfg, seed, norm_std=0.2, dt_bias="set")
     model.save_pretrained(str(out_dir), safe_serialization=True)
     return out_dir
 
