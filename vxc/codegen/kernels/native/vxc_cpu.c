@@ -338,6 +338,17 @@ static inline void store_row(void *p, long off, long D, int bf, const float *src
     }
 }
 
+/* 1/sqrt(mean(v²) + eps) with the sum and the root in fp64: the normalised values then carry one rounding (the
+ * final cast), so the native norms are at least as close to the exact norm as the fp32 references' are. Random
+ * miniatures amplify a norm's ulp-level differences into logit differences of the order of the numerical floor
+ * (an fp32 sum of squares put gpt_oss-mxfp4's logits 2.4x the floor from fp64 on one CPU and not another). */
+static inline double rms_inv(const float *v, long n, float eps) {
+    double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+    for (long i = 0; i < n; i++) ss += (double)v[i] * (double)v[i];
+    return 1.0 / sqrt(ss / (double)n + (double)eps);
+}
+
 static inline void round_row(float *v, long D) {
 #pragma omp simd
     for (long i = 0; i < D; i++) v[i] = bf2f(f2bf(v[i]));
@@ -527,10 +538,8 @@ void vxc_mla_decode(const void *q, const void *kv, const void *norm_w, const voi
     float c[1024], sn[1024], row[2048];
     if (cos_t) { load_row(cos_t, 0, half, c_bf, c); load_row(sin_t, 0, half, c_bf, sn); }
     load_row(kv, 0, width, bf, row);
-    float ss = 0.0f;
-    for (long i = 0; i < R; i++) ss += row[i] * row[i];
-    float inv = 1.0f / sqrtf(ss / (float)R + eps);
-    for (long i = 0; i < R; i++) row[i] = rnd(rnd(ld(norm_w, i, nw_bf), bf) * rnd(row[i] * inv, bf), bf);
+    double inv = rms_inv(row, R, eps);
+    for (long i = 0; i < R; i++) row[i] = rnd(rnd(ld(norm_w, i, nw_bf), bf) * rnd((float)((double)row[i] * inv), bf), bf);
     if (cos_t) mla_rope(row + R, P, c, sn, interleaved, split_out);
     store_row(cache, start * width, width, cache_bf, row);
     long S = start + 1;
@@ -590,16 +599,13 @@ void vxc_add_rmsnorm(const void *x, const void *residual, const void *weight, vo
             }
             if (rbf) round_row(r, D);
             store_row(new_residual, t * D, D, rbf, r);
-            float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-            for (long i = 0; i < D; i++) ss += r[i] * r[i];
-            float inv = 1.0f / sqrtf(ss / (float)D + eps);
+            double inv = rms_inv(r, D, eps);
             if (zero_centred || !bf) {
 #pragma omp simd
-                for (long i = 0; i < D; i++) r[i] = r[i] * inv * w[i];
+                for (long i = 0; i < D; i++) r[i] = (float)((double)r[i] * inv * (double)w[i]);
             } else {
 #pragma omp simd
-                for (long i = 0; i < D; i++) r[i] = w[i] * bf2f(f2bf(r[i] * inv));
+                for (long i = 0; i < D; i++) r[i] = w[i] * bf2f(f2bf((float)((double)r[i] * inv)));
             }
             store_row(out, t * D, D, bf, r);
         }
@@ -626,16 +632,13 @@ void vxc_gated_rmsnorm(const void *x, const void *z, const void *weight, void *o
                 for (long i = 0; i < D; i++) h[i] *= gate[i];
             }
             for (long g0 = 0; g0 < D; g0 += G) {
-                float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-                for (long i = g0; i < g0 + G; i++) ss += h[i] * h[i];
-                float inv = 1.0f / sqrtf(ss / (float)G + eps);
+                double inv = rms_inv(h + g0, G, eps);
                 if (norm_before_gate) {
 #pragma omp simd
-                    for (long i = g0; i < g0 + G; i++) h[i] = h[i] * inv * w[i] * gate[i];
+                    for (long i = g0; i < g0 + G; i++) h[i] = (float)((double)h[i] * inv * (double)w[i]) * gate[i];
                 } else {
 #pragma omp simd
-                    for (long i = g0; i < g0 + G; i++) h[i] = h[i] * inv * w[i];
+                    for (long i = g0; i < g0 + G; i++) h[i] = (float)((double)h[i] * inv * (double)w[i]);
                 }
             }
             store_row(out, t * D, D, bf, h);
