@@ -623,6 +623,24 @@ def floor_and_tolerance(ref_logits_fp32, ref_logits_fp64, ref_stepwise_fp32) -> 
             "fp32_vs_fp64": a, "full_vs_step": b, "max_abs_logit": max_logit}
 
 
+def kernel_floor_and_tolerance(twin_fp32, exact_fp64) -> dict:
+    """The numerical floor of one kernel's output: its fp32 twin vs an fp64 evaluation of the same math;
+    tol = max(2*floor, 1e-5 * max|exact|) (VINDEX3.md "Numerical floor", at the kernel's output)."""
+    floor = _maxabs(twin_fp32, exact_fp64)
+    return {"floor": floor, "tol": max(2.0 * floor, 1e-5 * float(exact_fp64.double().abs().max()))}
+
+
+def assert_kernel_at_floor(got, twin_fp32, exact_fp64, what: str = "") -> None:
+    """``got`` (another implementation of a kernel: Triton, native) is within the floor tolerance of both the
+    fp32 twin and the fp64 evaluation. For comparisons across backends or GEMM shapes, whose roundings differ
+    between CPUs (oneDNN's AMX and AVX-512 paths, the interpreter's numpy dots): never bit-equality there."""
+    assert got.shape == exact_fp64.shape, (what, got.shape, exact_fp64.shape)
+    fl = kernel_floor_and_tolerance(twin_fp32, exact_fp64)
+    err32, err64 = _maxabs(got, twin_fp32), _maxabs(got, exact_fp64)
+    assert err32 <= fl["tol"] and err64 <= fl["tol"], (
+        f"{what}: vs twin {err32:.3e}, vs fp64 {err64:.3e} > tol {fl['tol']:.3e} (floor {fl['floor']:.3e})")
+
+
 def argmax_agreement(ref, test, tol: float) -> tuple[float, int]:
     """Argmax agreement over positions whose reference top-2 margin > 10*tol.
 

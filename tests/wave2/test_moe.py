@@ -25,6 +25,8 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+from tests import references as R  # noqa: E402
+
 from vxc.codegen import kernels  # noqa: E402
 from vxc.codegen.kernels import moe, triton_impl  # noqa: E402
 
@@ -295,9 +297,38 @@ def test_triton_experts_and_shared():
         wd = r(E, d, I)
         y0 = moe.experts_twin(x, w, idx, w_in, w_up, wd, b_in, b_dn, layout, act, al, lim)
         y1 = _tri(ops.moe_experts, x, w, idx, w_in, w_up, wd, b_in, b_dn, layout, act, al, lim)
-        torch.testing.assert_close(y1, y0, rtol=1e-5, atol=1e-5)
+        exact = _experts_fp64(x, w, idx, w_in, w_up, wd, b_in, b_dn, layout, act, al, lim)
+        R.assert_kernel_at_floor(y1, y0, exact, f"moe_experts {layout}/{act}")
     args = (x, r(T, d), r(I, d), r(I, d), r(d, I), r(1, d))
-    torch.testing.assert_close(_tri(ops.moe_shared, *args), moe.shared_twin(*args), rtol=1e-5, atol=1e-5)
+    R.assert_kernel_at_floor(_tri(ops.moe_shared, *args), moe.shared_twin(*args), _shared_fp64(*args), "moe_shared")
+
+
+def _experts_fp64(x, w, idx, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit):
+    """OPERATORS.md's routed experts, token by token and slot by slot, in fp64 (the floor's exact side)."""
+    x, w_in, w_down, w = x.double(), w_in.double(), w_down.double(), w.double()
+    out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float64, device=x.device)
+    for t in range(x.shape[0]):
+        for j, e in enumerate(idx[t].tolist()):
+            if layout == "separate":
+                g, u = w_in[e] @ x[t], w_up[e].double() @ x[t]
+            else:
+                gu = w_in[e] @ x[t] + (0.0 if b_in is None else b_in[e].double())
+                g, u = gu[0::2], gu[1::2]
+            if act == "silu":
+                h = g * torch.sigmoid(g) * u
+            else:
+                g, u = g.clamp(max=limit), u.clamp(-limit, limit)
+                h = (u + 1.0) * g * torch.sigmoid(alpha * g)
+            y = w_down[e] @ h + (0.0 if b_down is None else b_down[e].double())
+            out[t] += w[t, j] * y
+    return out
+
+
+def _shared_fp64(x, routed, w_gate, w_up, w_down, branch_gate):
+    x = x.double()
+    g, u = x @ w_gate.double().T, x @ w_up.double().T
+    y = (g * torch.sigmoid(g) * u) @ w_down.double().T
+    return routed.double() + torch.sigmoid(x @ branch_gate.double().T) * y
 
 
 @triton_test
@@ -316,11 +347,11 @@ def test_moe_block_lowers_and_executes():
     from types import SimpleNamespace
 
     from vxc.codegen.fxgen import build_graph_module, buffer_name
-    from vxc.codegen.lowering import BLOCKS, Val, Weight, _Emitter
+    from vxc.codegen.lower import LOWERINGS as BLOCKS, Emitter as _Emitter, Val, Weight
     from vxc.ir.roles import Role
     from vxc.passes.plan import PlanOp
 
-    from vxc.codegen import blocks  # noqa: F401  (registers moe)
+    from vxc.codegen import lower  # noqa: F401  (registers moe)
 
     E, d, I, S = 8, 24, 16, 12
     attrs = {"d_model": d, "experts": E, "top_k": 2, "intermediate": I, "router": "sigmoid_grouped",

@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests import builders as B
+from tests import references as R
 from tests.runtime import parity_table as P
 
 # ------------------------------------------------------------------------------ shared helpers
@@ -278,14 +279,27 @@ def test_hub_dialect_and_fused_experts_lower_to_the_same_program(built, tmp_path
     assert "fact experts_count_read_from num_experts" in hub_text
     assert 'source frontend "transformers" dialect "qwen3_moe (hub)"' in hub_text
     assert "fused gate_up_proj" in fused_text and "slice" in fused_text
-    # the fused spelling computes the same logits
+    # the fused spelling binds the same weights: every operand the engines hold is bit-identical (the claim is
+    # about binding, so it is checked on the weights; the logits of two engines need not be bit-equal, since a
+    # GEMM's rounding may depend on its operands' memory alignment), and computes logits within the floor
     from vxc.driver import lower_to_file
     from vxc.runtime.session import Session
 
-    a = Session(P.engine_for(lower_to_file(mdir, tmp_path / "a.vxir") and tmp_path / "a.vxir", max_context=64))
-    b = Session(P.engine_for(lower_to_file(fused_dir, tmp_path / "b.vxir") and tmp_path / "b.vxir", max_context=64))
+    ea = P.engine_for(lower_to_file(mdir, tmp_path / "a.vxir") and tmp_path / "a.vxir", max_context=64)
+    eb = P.engine_for(lower_to_file(fused_dir, tmp_path / "b.vxir") and tmp_path / "b.vxir", max_context=64)
+    wa = {n: t for n, t in ea.root.named_buffers() if n.startswith("w_")}
+    wb = {n: t for n, t in eb.root.named_buffers() if n.startswith("w_")}
+    assert wa.keys() == wb.keys() and any("Expert" in n for n in wa)
+    for n in wa:
+        assert wa[n].dtype == wb[n].dtype and torch.equal(wa[n], wb[n]), n
     ids = P.prompt_ids(FAMILY)[:20]
-    assert torch.equal(a.prefill(ids), b.prefill(ids))
+    ref = load_reference(mdir, FAMILY)
+    with torch.no_grad():
+        r32, r64 = (ref.m32(torch.tensor([ids])).logits[0], ref.m64(torch.tensor([ids])).logits[0])
+    tol = R.floor_and_tolerance(r32, r64, r32)["tol"]
+    la, lb = Session(ea).prefill(ids), Session(eb).prefill(ids)
+    assert float((la.double() - lb.double()).abs().max()) <= tol
+    assert float((lb[:, : r64.shape[-1]].double() - r64).abs().max()) <= tol
 
 
 def test_sliding_window_dialect_is_refused(built, tmp_path):
