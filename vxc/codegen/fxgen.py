@@ -16,7 +16,7 @@ import torch
 from torch import fx
 
 from . import kernels  # noqa: F401  (registers torch.ops.vxc.*)
-from .lowering import START, TOKENS, Lowered, RopeRef, StateRef, Val, Weight
+from .lower import START, TOKENS, Lowered, RopeRef, StateRef, Val, Weight
 
 
 def _safe(name: str) -> str:

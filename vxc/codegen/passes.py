@@ -16,9 +16,9 @@ from ..ir.module import Module
 from ..passes.context import Context
 from ..passes.findings import Finding
 from ..passes.manager import register
-from ..passes.plan import plan_ops
+from ..passes.plan import plan_ops, region_id
 from .fxgen import buffer_name, build_graph_module
-from .lowering import Lowered, RopeRef, StateRef, Unsupported, Weight, lower_plan, print_groups
+from .lower import Lowered, RopeRef, StateRef, Unsupported, Weight, lower_plan, print_groups
 
 
 class FuseResult(dict):
@@ -48,7 +48,7 @@ class Fuse:
 def meta_root(m: Module, lowered: list[Lowered], plan) -> torch.nn.Module:
     root = torch.nn.Module()
     ops = m.operand_table()
-    regions = {f"{p.id}.state.{r.name}": r for p in plan_ops(plan) for r in p.regions}
+    regions = {region_id(p.id, r.name): r for p in plan_ops(plan) for r in p.regions}
     for lw in lowered:
         for c in lw.calls:
             for a in c.args:

@@ -13,7 +13,7 @@ import math
 import os
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -299,35 +299,98 @@ def op(kind: str, attrs: dict[str, Any], defaults: set[str] | None = None, role:
     return Op(kind, attrs, set(defaults or ()), role=role)
 
 
+class ConfigError(FrontendError):
+    """A config value is missing, or of the wrong type or form: a named refusal that names the key."""
+
+
+_KINDS: dict[type, str] = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+                           list: "a list", dict: "a JSON object"}
+
+
 class Attrs:
-    """Reads a config dict, recording which values were filled from a default."""
+    """The one way a frontend reads config.json: required keys, typed reads, family defaults.
 
-    def __init__(self, cfg: dict[str, Any], where: str, defaults: dict[str, Any] | None = None):
-        self.cfg, self.where = cfg, where
+    Keys may be dotted (``"linear_attn_config.head_dim"``: a key of a nested object; a non-object on
+    the way reads as absent). Several keys in one call are alternative spellings of one fact (a
+    dialect's name and another's): the first one set (not null) is read. ``kind`` (int, float, bool,
+    str, list, dict, or ``list[int]`` / ``list[float]`` checking each item) checks the value's type — a
+    float read returns ``float(value)``, a bool read takes 0 / 1 as false / true, every other read the
+    value itself — and ``min`` a lower bound; either failure is a :class:`ConfigError` naming the key.
+    Values filled from a default are recorded in ``filled`` (under the first key) so the frontend marks
+    the attribute ``(default)``.
+    """
+
+    def __init__(self, cfg: dict[str, Any], where: str, defaults: dict[str, Any] | None = None, prefix: str = ""):
+        self.cfg, self.where, self.prefix = cfg, where, prefix  # prefix: how messages name a nested object's keys
         self.defaults = defaults or {}
-        self.filled: set[str] = set()  # keys take() filled from ``defaults``
+        self.filled: set[str] = set()  # keys whose value was filled from a default
 
-    def take(self, key: str) -> Any:
-        """The config value, or the family default for ``key`` — recorded in ``filled``."""
-        v, was_default = self.get(key, self.defaults[key])
-        if was_default:
-            self.filled.add(key)
-        return v
+    def _lookup(self, key: str) -> tuple[bool, Any]:
+        """(present, value) — present even when the value is null."""
+        node: Any = self.cfg
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False, None
+            node = node[part]
+        return True, node
 
-    def need(self, key: str) -> Any:
-        if key not in self.cfg or self.cfg[key] is None:
-            raise FrontendError(f"{self.where}: config.json lacks required key {key!r}")
-        return self.cfg[key]
+    def __contains__(self, key: str) -> bool:
+        """The config spells ``key`` (even as null)."""
+        return self._lookup(key)[0]
 
-    def get(self, key: str, default: Any) -> tuple[Any, bool]:
-        """(value, filled_by_default)."""
-        if key in self.cfg and self.cfg[key] is not None:
-            return self.cfg[key], False
-        return default, True
+    def raw(self, key: str) -> Any:
+        """The value as written (None when absent or null), unchecked: for dialect markers and presence tests."""
+        return self._lookup(key)[1]
+
+    def which(self, *keys: str) -> str | None:
+        """The first of ``keys`` the config sets (not null)."""
+        return next((k for k in keys if self._lookup(k)[1] is not None), None)
+
+    def check(self, key: str, value: Any, kind: Any = None, min: int | float | None = None) -> Any:
+        """``value`` (read from ``key``) checked against ``kind`` and ``min`` (``list[int]``: each item too)."""
+        if getattr(kind, "__origin__", None) is list:
+            (item,) = kind.__args__
+            return [self.check(f"{key}[{j}]", x, item, min) for j, x in enumerate(self.check(key, value, list))]
+        if kind is bool and type(value) is int and value in (0, 1):
+            value = bool(value)  # a flag written 0 / 1
+        if kind is not None:
+            ok = isinstance(value, (int, float) if kind is float else kind) and (kind is bool or not isinstance(value, bool))
+            if not ok:
+                raise ConfigError(f"{self.where}: cannot read this config: {self.prefix}{key}={value!r} is not {_KINDS[kind]}")
+            if kind is float:
+                value = float(value)
+        if min is not None and value < min:
+            raise ConfigError(f"{self.where}: cannot read this config: {self.prefix}{key}={value!r} must be >= {min}")
+        return value
+
+    def opt(self, *keys: str, kind: Any = None, min: int | float | None = None) -> Any:
+        """The first of ``keys`` set, checked; None when none is set (and nothing is recorded)."""
+        k = self.which(*keys)
+        return None if k is None else self.check(k, self.raw(k), kind, min)
+
+    def need(self, *keys: str, kind: Any = None, min: int | float | None = None) -> Any:
+        """The first of ``keys`` set, checked; refuses when none is set."""
+        k = self.which(*keys)
+        if k is None:
+            raise ConfigError(f"{self.where}: config.json lacks required key {' / '.join(repr(self.prefix + k) for k in keys)}")
+        return self.check(k, self.raw(k), kind, min)
+
+    def get(self, *keys: str, default: Any, kind: Any = None, min: int | float | None = None) -> tuple[Any, bool]:
+        """(value, filled_by_default) for the first of ``keys`` set; a fill is recorded under ``keys[0]``."""
+        k = self.which(*keys)
+        if k is None:
+            self.filled.add(keys[0])
+            return default, True
+        return self.check(k, self.raw(k), kind, min), False
+
+    def take(self, key: str, kind: Any = None, min: int | float | None = None) -> Any:
+        """The config value, or the family default for ``key`` (from ``defaults``) — recorded in ``filled``."""
+        return self.get(key, default=self.defaults[key], kind=kind, min=min)[0]
 
 
-def compute_dtype(cfg: dict[str, Any], b: Builder, embedding_key: str | None) -> str:
-    name = cfg.get("dtype") or cfg.get("torch_dtype")
+def compute_dtype(A: Attrs, b: Builder, embedding_key: str | None) -> str:
+    """The config's dtype (either spelling), else the embedding's stored dtype, else f32."""
+    name = A.raw("dtype") or A.raw("torch_dtype")
     table = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64"}
     if isinstance(name, str) and name in table:
         return table[name]
@@ -340,11 +403,7 @@ def pad_to(n: int, multiple: int) -> int:
     return n if multiple <= 1 else (n + multiple - 1) // multiple * multiple
 
 
-def fstr(x: Any) -> float:
-    return float(x)
-
-
 __all__ = [
-    "Attrs", "BankPart", "Builder", "Checkpoint", "FrontendError", "compute_dtype", "op", "pad_to",
+    "Attrs", "BankPart", "Builder", "Checkpoint", "ConfigError", "FrontendError", "compute_dtype", "op", "pad_to",
     "read_checkpoint", "read_config", "natural_key",
 ]

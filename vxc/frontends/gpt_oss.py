@@ -30,15 +30,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..ir.module import Layer, Module, Transform
-from ..ir.roles import Placement, Role
-from .common import Attrs, Builder, FrontendError, compute_dtype, op
+from ..ir.module import Module, Transform
+from ..ir.roles import Role
+from .common import Attrs, Builder, FrontendError, op
+from .decoder import bind_norms, finish, rmsnorm, sizes, two_norm_layer
 from .registry import by_model_type
 
 # GptOssConfig's defaults (transformers 5.24), filled in — and marked — when a config omits a key.
 DEFAULTS = {
     "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5, "attention_bias": True,
-    "tie_word_embeddings": False, "sliding_window": 128, "num_experts_per_tok": 4, "num_local_experts": 128,
+    "sliding_window": 128, "num_experts_per_tok": 4, "num_local_experts": 128,
     "swiglu_alpha": 1.702, "swiglu_limit": 7.0, "intermediate_size": 2880, "max_position_embeddings": 131072,
 }
 DEFAULT_THETA = 150000.0  # GptOssConfig.default_theta
@@ -46,29 +47,31 @@ DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_sl
                 "original_max_position_embeddings": 4096}  # GptOssConfig.__post_init__
 
 
-def _rope(cfg: dict, where: str, head_dim: int, max_pos: int) -> tuple[dict, set[str], str]:
+def _rope(A: Attrs, head_dim: int, max_pos: int) -> tuple[dict, set[str], str]:
     """Rotary attributes (all declared; the ones filled from a convention are returned as defaults)."""
     defaults: set[str] = set()
-    if isinstance(cfg.get("rope_parameters"), dict):
-        rp, read = dict(cfg["rope_parameters"]), "rope_parameters"
-    elif isinstance(cfg.get("rope_scaling"), dict) or "rope_theta" in cfg:
-        rp, read = dict(cfg.get("rope_scaling") or {}), "rope_theta/rope_scaling"
-        if "rope_theta" in cfg:
-            rp["rope_theta"] = cfg["rope_theta"]
+    where = A.where
+    if isinstance(A.raw("rope_parameters"), dict):
+        rp, read = dict(A.raw("rope_parameters")), "rope_parameters"
+    elif isinstance(A.raw("rope_scaling"), dict) or "rope_theta" in A:
+        rp, read = dict(A.opt("rope_scaling", kind=dict) or {}), "rope_theta/rope_scaling"
+        if "rope_theta" in A:
+            rp["rope_theta"] = A.raw("rope_theta")
     else:
         rp, read = dict(DEFAULT_ROPE), "default (GptOssConfig)"
         defaults |= {"rope_type", "rope_factor", "rope_beta_fast", "rope_beta_slow", "rope_truncate", "rope_original_max_position"}
     if "type" in rp and "rope_type" not in rp:
         rp["rope_type"] = rp.pop("type")
-    if cfg.get("partial_rotary_factor", rp.get("partial_rotary_factor")) not in (None, 1.0):
+    R = Attrs(rp, where, prefix="rope_parameters." if read == "rope_parameters" else "rope_scaling.")
+    if (A.raw("partial_rotary_factor") if "partial_rotary_factor" in A else R.raw("partial_rotary_factor")) not in (None, 1.0):
         raise FrontendError(f"{where}: partial_rotary_factor is not supported for gpt_oss")
-    theta = rp.get("rope_theta")
+    theta = R.opt("rope_theta", kind=float)
     if theta is None:
         theta = DEFAULT_THETA
         defaults.add("rotary_base")
     attrs = {"rotary_dim": head_dim, "rotary_base": float(theta), "rotary_layout": "half"}
     defaults |= {"rotary_dim", "rotary_layout"}
-    kind = rp.get("rope_type")
+    kind = R.opt("rope_type", kind=str)
     if kind is None:
         kind = "default"
         defaults.add("rope_type")
@@ -76,29 +79,29 @@ def _rope(cfg: dict, where: str, head_dim: int, max_pos: int) -> tuple[dict, set
         raise FrontendError(f"{where}: rope_type {kind!r} is not supported for gpt_oss (default, yarn)")
     attrs["rope_type"] = kind
     if kind == "yarn":
-        orig = rp.get("original_max_position_embeddings")
+        orig = R.opt("original_max_position_embeddings", kind=int, min=1)
         if orig is None:
             orig = max_pos
             defaults.add("rope_original_max_position")
-        factor = rp.get("factor")
+        factor = R.opt("factor", kind=float)
         if factor is None:
             factor = max_pos / orig
             defaults.add("rope_factor")
-        attn = rp.get("attention_factor")
+        attn = R.opt("attention_factor", kind=float)
         if attn is None:
             defaults.add("rope_attention_factor")
-            mscale, mscale_all = rp.get("mscale"), rp.get("mscale_all_dim")
+            mscale, mscale_all = R.opt("mscale", kind=float), R.opt("mscale_all_dim", kind=float)
 
             def get_mscale(scale: float, m: float = 1.0) -> float:
                 return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
             attn = get_mscale(factor, mscale) / get_mscale(factor, mscale_all) if mscale and mscale_all else get_mscale(factor)
-        fast, slow = rp.get("beta_fast") or None, rp.get("beta_slow") or None
+        fast, slow = R.opt("beta_fast", kind=float) or None, R.opt("beta_slow", kind=float) or None
         if fast is None:
             defaults.add("rope_beta_fast")
         if slow is None:
             defaults.add("rope_beta_slow")
-        truncate = rp.get("truncate")
+        truncate = R.opt("truncate", kind=bool)
         if truncate is None:
             truncate = True
             defaults.add("rope_truncate")
@@ -110,27 +113,24 @@ def _rope(cfg: dict, where: str, head_dim: int, max_pos: int) -> tuple[dict, set
 
 @by_model_type("gpt_oss")
 def lower_gpt_oss(model_dir: Path, cfg: dict, sha: str, relative_to: Path | None) -> Module:
-    where = f"{model_dir}/config.json (gpt_oss)"
-    A = Attrs(cfg, where, DEFAULTS)
-    d, n_layer, heads, vocab = (A.need(k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"))
+    A = Attrs(cfg, f"{model_dir}/config.json (gpt_oss)", DEFAULTS)
+    where = A.where
+    d, n_layer, heads, vocab = sizes(A)
     filled, get = A.filled, A.take
 
     # an explicit null means "as many as the query heads" / "hidden_size // heads" (GptOssConfig.__post_init__)
-    kv = heads if "num_key_value_heads" in cfg and cfg["num_key_value_heads"] is None else get("num_key_value_heads")
-    hd = d // heads if "head_dim" in cfg and cfg["head_dim"] is None else get("head_dim")
-    if cfg.get("num_key_value_heads") is None:
-        filled.add("num_key_value_heads")
-    if cfg.get("head_dim") is None:
-        filled.add("head_dim")
-    eps, bias = float(get("rms_norm_eps")), bool(get("attention_bias"))
-    E, top_k, I = get("num_local_experts"), get("num_experts_per_tok"), get("intermediate_size")
-    alpha, limit = float(get("swiglu_alpha")), float(get("swiglu_limit"))
+    kv = heads if "num_key_value_heads" in A and A.raw("num_key_value_heads") is None else get("num_key_value_heads", int)
+    hd = d // heads if "head_dim" in A and A.raw("head_dim") is None else get("head_dim", int, 1)
+    filled.update(k for k in ("num_key_value_heads", "head_dim") if A.raw(k) is None)
+    eps, bias = get("rms_norm_eps", float), get("attention_bias", bool)
+    E, top_k, I = get("num_local_experts", int), get("num_experts_per_tok", int), get("intermediate_size", int)
+    alpha, limit = get("swiglu_alpha", float), get("swiglu_limit", float)
     window = get("sliding_window")
 
     b = Builder(model_dir, "transformers", "gpt_oss", sha, relative_to)
-    rope, rope_defaults, rope_read = _rope(cfg, where, hd, get("max_position_embeddings"))
+    rope, rope_defaults, rope_read = _rope(A, hd, get("max_position_embeddings", int))
     b.fact("rope_read_from", rope_read, "config spelling of the rotary parameters")
-    types = cfg.get("layer_types")
+    types = A.raw("layer_types")
     if types is None:
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layer)]
         b.fact("layer_map_read_from", "default", "no layer_types: GptOssConfig's default, sliding on even layers")
@@ -143,13 +143,9 @@ def lower_gpt_oss(model_dir: Path, cfg: dict, sha: str, relative_to: Path | None
             raise FrontendError(f"{where}: layer_types[{i}]={t!r} is not supported (sliding_attention, full_attention)")
     if "sliding_attention" in types and (not isinstance(window, int) or window < 1):
         raise FrontendError(f"{where}: sliding layers need a positive integer sliding_window, got {window!r}")
-    quant = cfg.get("quantization_config")
+    quant = A.raw("quantization_config")
     if isinstance(quant, dict):
         b.fact("quantization_config", str(quant.get("quant_method")), "config.json quantization_config.quant_method")
-
-    def rms(role: Role):
-        return op("rmsnorm", {"dim": d, "eps": eps, "zero_centred": False},
-                  {"zero_centred"} | ({"eps"} if "rms_norm_eps" in filled else set()), role=role)
 
     attn_defaults = ({"qk_norm", "output_gate", "sinks", "scale"} | rope_defaults
                      | ({"q_bias", "k_bias", "v_bias", "o_bias"} if "attention_bias" in filled else set())
@@ -168,8 +164,7 @@ def lower_gpt_oss(model_dir: Path, cfg: dict, sha: str, relative_to: Path | None
     layers, stored = [], set()
     for i in range(n_layer):
         p = f"model.layers.{i}."
-        b.bind(p + "input_layernorm.weight", Role.PreAttentionNorm, i)
-        b.bind(p + "post_attention_layernorm.weight", Role.PreFfnNorm, i)
+        bind_norms(b, i)
         sa = p + "self_attn."
         for name, role in (("q_proj.weight", Role.AttnQ), ("k_proj.weight", Role.AttnK), ("v_proj.weight", Role.AttnV),
                            ("o_proj.weight", Role.AttnO), ("q_proj.bias", Role.AttnQBias), ("k_proj.bias", Role.AttnKBias),
@@ -180,7 +175,7 @@ def lower_gpt_oss(model_dir: Path, cfg: dict, sha: str, relative_to: Path | None
                  "q_bias": bias, "k_bias": bias, "v_bias": bias, "o_bias": bias, "qk_norm": False,
                  "sinks": True, "output_gate": False, "window": int(window) if sliding else 0,
                  "scale": 1.0 / math.sqrt(hd), **rope}
-        ad = set(attn_defaults) | ({"window"} if cfg.get("layer_types") is None else set())
+        ad = set(attn_defaults) | ({"window"} if A.raw("layer_types") is None else set())
         mixer = op("softmax", attrs, ad)
         m = p + "mlp."
         b.bind(m + "router.weight", Role.MoeRouterWeight, i)
@@ -197,17 +192,9 @@ def lower_gpt_oss(model_dir: Path, cfg: dict, sha: str, relative_to: Path | None
         b.bind(ex + "gate_up_proj_bias", Role.ExpertGateUpBias, i)
         b.bind(ex + "down_proj_bias", Role.ExpertDownBias, i)
         ffn = op("moe", dict(moe_attrs), set(moe_defaults))
-        layers.append(Layer(i, "compute", Placement.PreOnly, [rms(Role.PreAttentionNorm), rms(Role.PreFfnNorm)], mixer, ffn))
+        layers.append(two_norm_layer(i, d, (eps, "rms_norm_eps" in filled), mixer, ffn))
     if stored:
         b.fact("experts_read_from", "; ".join(sorted(stored)), "expert tensor spelling found in the checkpoint")
     b.source.dialect = ("gpt_oss (transformers 5.24 save_pretrained)" if rope_read == "rope_parameters"
                         else "gpt_oss (hub)" if rope_read == "rope_theta/rope_scaling" else f"gpt_oss ({rope_read})")
-    tied = get("tie_word_embeddings")
-    b.bind("model.embed_tokens.weight", Role.Embedding)
-    b.bind("model.norm.weight", Role.FinalNorm)
-    b.bind("lm_head.weight", Role.LmHead)
-    emb = op("embedding", {"vocab": vocab, "padded_vocab": vocab, "dim": d})
-    head = op("head", {"tied": bool(tied), "padded_vocab": vocab, "dim": d},
-              {"tied"} if "tie_word_embeddings" in filled else set())
-    return b.module(model_dir.resolve().name, compute_dtype(cfg, b, "model.embed_tokens.weight"), emb, layers,
-                    rms(Role.FinalNorm), head)
+    return finish(b, A, model_dir, d, vocab, layers, rmsnorm(d, eps, "rms_norm_eps" in filled, Role.FinalNorm))

@@ -27,55 +27,50 @@ from pathlib import Path
 
 from ..ir.module import Module, Op
 from ..ir.roles import Role
-from .common import Builder, FrontendError, op
-from .deepseek_v3 import (
-    NOPE_ROTARY, bind_dense, bind_mla, bind_moe, check_act, dense_op, finish, get, layer, mla_op, moe_op, need, norm_eps,
-)
+from .common import Attrs, Builder, FrontendError, op
+from .decoder import bind_norms, bind_swiglu, check_silu, finish, rmsnorm, sizes, swiglu_op, two_norm_layer
+from .mla import NOPE_ROTARY, bind_mla, mla_op
+from .moe import bind_grouped_sigmoid_moe, grouped_sigmoid_moe_op
 from .registry import by_model_type
 
 
-def _layer_map(cfg: dict, where: str, n: int) -> tuple[list[str], str]:
+def _layer_map(A: Attrs, n: int) -> tuple[list[str], str]:
     """Per layer ``"mla"`` or ``"kda"``, and which spelling said so."""
-    lt = cfg.get("layer_types")
+    lt = A.raw("layer_types")
     if isinstance(lt, list):
         if len(lt) != n or any(t not in ("full_attention", "linear_attention") for t in lt):
-            raise FrontendError(f"{where}: layer_types must list {n} entries of full_attention / linear_attention")
+            raise FrontendError(f"{A.where}: layer_types must list {n} entries of full_attention / linear_attention")
         return ["mla" if t == "full_attention" else "kda" for t in lt], "layer_types (0-based)"
-    lac = cfg.get("linear_attn_config")
-    if isinstance(lac, dict) and "full_attn_layers" in lac and "kda_layers" in lac:
-        full, kda = list(lac["full_attn_layers"]), list(lac["kda_layers"])
+    if "linear_attn_config.full_attn_layers" in A and "linear_attn_config.kda_layers" in A:
+        full, kda = (A.need("linear_attn_config." + k, kind=list[int]) for k in ("full_attn_layers", "kda_layers"))
         if sorted(full + kda) != list(range(1, n + 1)):
-            raise FrontendError(f"{where}: linear_attn_config full_attn_layers {full} and kda_layers {kda} must together "
+            raise FrontendError(f"{A.where}: linear_attn_config full_attn_layers {full} and kda_layers {kda} must together "
                                 f"name layers 1..{n} (1-based) exactly once")
         kinds = ["kda"] * n
         for i in full:
             kinds[i - 1] = "mla"
         return kinds, "linear_attn_config (1-based)"
-    raise FrontendError(f"{where}: neither layer_types nor linear_attn_config.full_attn_layers/kda_layers is declared; "
+    raise FrontendError(f"{A.where}: neither layer_types nor linear_attn_config.full_attn_layers/kda_layers is declared; "
                         f"refusing to guess which layers are KDA and which are MLA")
 
 
-def _kda_geometry(cfg: dict) -> tuple[dict[str, int], set[str]]:
-    lac = cfg.get("linear_attn_config") if isinstance(cfg.get("linear_attn_config"), dict) else {}
+def _kda_geometry(A: Attrs) -> tuple[dict[str, int], set[str]]:
+    """KDA's head_dim / heads / conv kernel: the hub's ``linear_attn_config`` keys, else the flat transformers 5 ones."""
     out, defaults = {}, set()
     for name, hub, flat, default in (("head_dim", "head_dim", "linear_head_dim", 128), ("heads", "num_heads", "linear_num_heads", 32),
                                      ("conv_kernel", "short_conv_kernel_size", "linear_conv_kernel_dim", 4)):
-        if lac.get(hub) is not None:
-            out[name] = int(lac[hub])
-        elif cfg.get(flat) is not None:
-            out[name] = int(cfg[flat])
-        else:
-            out[name] = default
+        out[name], filled = A.get("linear_attn_config." + hub, flat, default=default, kind=int, min=1)
+        if filled:
             defaults.add(name)
     return out, defaults
 
 
-def _kda_op(cfg: dict, geo: dict[str, int], geo_defaults: set[str], eps: tuple[float, bool]) -> Op:
+def _kda_op(A: Attrs, geo: dict[str, int], geo_defaults: set[str], eps: tuple[float, bool]) -> Op:
     D = geo["head_dim"]
-    attrs = {"d_model": cfg["hidden_size"], "heads": geo["heads"], "head_dim": D, "conv_kernel": geo["conv_kernel"],
+    attrs = {"d_model": A.need("hidden_size", kind=int), "heads": geo["heads"], "head_dim": D, "conv_kernel": geo["conv_kernel"],
              "conv_act": "silu", "norm_eps": eps[0], "l2_eps": 1e-6, "scale": D ** -0.5, "out_gate_act": "sigmoid", "chunk_size": 64}
     defaults = set(geo_defaults) | {"l2_eps", "scale", "out_gate_act", "chunk_size"}
-    if "hidden_act" not in cfg:
+    if "hidden_act" not in A:
         defaults.add("conv_act")
     if eps[1]:
         defaults.add("norm_eps")
@@ -97,66 +92,67 @@ def _bind_kda(b: Builder, p: str, i: int, geo: dict[str, int]) -> None:
 
 @by_model_type("kimi_linear")
 def lower_kimi_linear(model_dir: Path, cfg: dict, sha: str, relative_to: Path | None) -> Module:
-    where = f"{model_dir}/config.json (kimi_linear)"
-    for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
-        need(cfg, where, k)
-    check_act(cfg, where)
-    if cfg.get("moe_router_activation_func", "sigmoid") != "sigmoid":
-        raise FrontendError(f"{where}: moe_router_activation_func={cfg['moe_router_activation_func']!r} is not supported (sigmoid only)")
-    if cfg.get("mla_use_nope") is False:
-        raise FrontendError(f"{where}: mla_use_nope=false (rotary MLA) is not what the reference implements; not supported")
-    n = cfg["num_hidden_layers"]
-    kinds, read = _layer_map(cfg, where, n)
+    A = Attrs(cfg, f"{model_dir}/config.json (kimi_linear)")
+    d, n, _, vocab = sizes(A)
+    check_silu(A)
+    if "moe_router_activation_func" in A and A.raw("moe_router_activation_func") != "sigmoid":
+        raise FrontendError(f"{A.where}: moe_router_activation_func={A.raw('moe_router_activation_func')!r} is not supported "
+                            f"(sigmoid only)")
+    if A.raw("mla_use_nope") is False:
+        raise FrontendError(f"{A.where}: mla_use_nope=false (rotary MLA) is not what the reference implements; not supported")
+    kinds, read = _layer_map(A, n)
     hub = read.startswith("linear_attn_config")
     b = Builder(model_dir, "transformers", "kimi_linear/" + ("hub" if hub else "transformers-5"), sha, relative_to)
     b.fact("layer_map_read_from", read, "the config's layer map spelling")
     mla_layers = [i for i, k in enumerate(kinds) if k == "mla"]
     evidence = [i for i in range(n) if b.has(f"model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight")]
     if evidence and evidence != mla_layers:
-        raise FrontendError(f"{where}: the layer map ({read}) puts MLA on layers {mla_layers}, but the checkpoint holds "
+        raise FrontendError(f"{A.where}: the layer map ({read}) puts MLA on layers {mla_layers}, but the checkpoint holds "
                             f"kv_a_proj_with_mqa on layers {evidence}")
     b.fact("mla_layers", mla_layers, f"{read}; kv_a_proj_with_mqa present on exactly these 0-based layers" if evidence
            else f"{read}; no MLA tensor in the checkpoint to confirm it")
     # dense vs MoE FFN per layer
-    mlt = cfg.get("mlp_layer_types")
+    mlt = A.raw("mlp_layer_types")
     if isinstance(mlt, list):
         if len(mlt) != n or any(t not in ("dense", "sparse") for t in mlt):
-            raise FrontendError(f"{where}: mlp_layer_types must list {n} entries of dense / sparse")
+            raise FrontendError(f"{A.where}: mlp_layer_types must list {n} entries of dense / sparse")
         dense = [t == "dense" for t in mlt]
         b.fact("ffn_map_read_from", "mlp_layer_types", "the config's dense/sparse list")
     else:
-        k, filled = get(cfg, 1, "first_k_dense_replace")
+        k, filled = A.get("first_k_dense_replace", default=1, kind=int)
         dense = [i < k for i in range(n)]
         b.fact("ffn_map_read_from", "first_k_dense_replace" + (" (absent: the reference's default 1)" if filled else ""),
                f"dense FFN on layers 0..{k - 1}")
-    eps = norm_eps(cfg, 1e-5)
-    geo, geo_defaults = _kda_geometry(cfg)
-    nope_defaults = set(NOPE_ROTARY) if "mla_use_nope" not in cfg else {"rotary_base", "rope_type", "rotary_output"}
-    experts = need(cfg, where, "num_experts", "num_local_experts") if not all(dense) else 0
+    eps = A.get("rms_norm_eps", default=1e-5, kind=float)
+    geo, geo_defaults = _kda_geometry(A)
+    nope_defaults = set(NOPE_ROTARY) if "mla_use_nope" not in A else {"rotary_base", "rope_type", "rotary_output"}
+    experts = A.need("num_experts", "num_local_experts", kind=int) if not all(dense) else 0
     spellings = set()
     layers = []
     for i in range(n):
         p = f"model.layers.{i}."
         if kinds[i] == "mla":
-            mixer = mla_op(cfg, where, dict(NOPE_ROTARY), nope_defaults)
+            mixer = mla_op(A, dict(NOPE_ROTARY), nope_defaults)
             bind_mla(b, p + "self_attn.", i)
         else:
-            mixer = _kda_op(cfg, geo, geo_defaults, eps)
+            mixer = _kda_op(A, geo, geo_defaults, eps)
             _bind_kda(b, p + "self_attn.", i, geo)
         if dense[i]:
-            ffn = dense_op(cfg, where)
+            ffn = swiglu_op(d, A.need("intermediate_size", kind=int), {"act"} if "hidden_act" not in A else set())
             # hub: mlp.*; transformers 5 save_pretrained: block_sparse_moe.* (its mlp → block_sparse_moe rename)
             spell = "mlp." if b.has(p + "mlp.gate_proj.weight") else "block_sparse_moe."
             spellings.add(spell)
-            bind_dense(b, p + spell, i)
+            bind_swiglu(b, p + spell, i)
         else:
-            ffn = moe_op(cfg, where, experts=experts, top_k=need(cfg, where, "num_experts_per_token", "num_experts_per_tok"),
-                         shared=get(cfg, 1, "num_shared_experts", "n_shared_experts")[0],
-                         renorm=get(cfg, True, "moe_renormalize", "norm_topk_prob"), groups=get(cfg, 1, "num_expert_group", "n_group"),
-                         topk_group=get(cfg, 1, "topk_group"),
-                         router_declared=cfg.get("moe_router_activation_func") == "sigmoid" and cfg.get("use_grouped_topk") is True)
-            bind_moe(b, p + "block_sparse_moe.", i, experts, ("w1", "w3", "w2"))
-        layers.append(layer(b, cfg, i, eps, mixer, ffn))
+            ffn = grouped_sigmoid_moe_op(
+                A, experts=experts, top_k=A.need("num_experts_per_token", "num_experts_per_tok", kind=int),
+                shared=A.get("num_shared_experts", "n_shared_experts", default=1, kind=int)[0],
+                renorm=A.get("moe_renormalize", "norm_topk_prob", default=True, kind=bool),
+                groups=A.get("num_expert_group", "n_group", default=1, kind=int), topk_group=A.get("topk_group", default=1, kind=int),
+                router_declared=A.raw("moe_router_activation_func") == "sigmoid" and A.raw("use_grouped_topk") is True)
+            bind_grouped_sigmoid_moe(b, p + "block_sparse_moe.", i, experts, ("w1", "w3", "w2"))
+        bind_norms(b, i)
+        layers.append(two_norm_layer(i, d, eps, mixer, ffn))
     if spellings:
         b.fact("dense_ffn_spelling", " ".join(sorted(s + "{gate,up,down}_proj" for s in spellings)), "tensor names of the dense FFN layers")
-    return finish(b, cfg, model_dir, eps, layers)
+    return finish(b, A, model_dir, d, vocab, layers, rmsnorm(d, eps[0], eps[1], Role.FinalNorm))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..ir.module import Layer, Module
 from ..ir.roles import Placement, Role
-from .common import Builder, FrontendError, compute_dtype, op, pad_to
+from .common import Attrs, Builder, ConfigError, FrontendError, compute_dtype, op, pad_to
 from .registry import by_dialect, by_model_type
 
 NATIVE = "mamba_ssm-native"
@@ -32,75 +32,75 @@ MHA_DEFAULTS = {
     "softmax_scale": None, "causal": False, "d_conv": 0, "rotary_emb_dim": 0, "rotary_emb_base": 10000.0,
     "rotary_emb_interleaved": False,
 }
+MAMBA2_KINDS = {"d_state": int, "d_conv": int, "expand": int, "headdim": int, "ngroups": int, "chunk_size": int,
+                "bias": bool, "conv_bias": bool, "rmsnorm": bool, "norm_before_gate": bool}
+MHA_KINDS = {"num_heads_kv": int, "head_dim": int, "mlp_dim": int, "qkv_proj_bias": bool, "out_proj_bias": bool,
+             "softmax_scale": float, "causal": bool, "d_conv": int, "rotary_emb_dim": int, "rotary_emb_base": float,
+             "rotary_emb_interleaved": bool}
 NORM_EPS = 1e-5  # mamba_ssm norm_epsilon and RMSNormGated eps defaults
 
 MIXER = "backbone.layers.{i}.mixer."
 BLOCK_NORM = "backbone.layers.{i}.norm.weight"
 
 
-class _Attrs:
-    def __init__(self) -> None:
-        self.attrs: dict = {}
-        self.defaults: set[str] = set()
-
-    def put(self, name: str, value, default: bool = False) -> None:
-        self.attrs[name] = value
-        if default:
-            self.defaults.add(name)
+def dt_limit(A: Attrs, key: str, value) -> list[float]:
+    """A (min, max) pair of numbers."""
+    pair = A.check(key, value, list[float])
+    if len(pair) != 2:
+        raise ConfigError(f"{A.where}: cannot read this config: {A.prefix}{key}={value!r} is not a (min, max) pair")
+    return pair
 
 
-def _get(d: dict, key: str, defaults: dict):
-    if key in d and d[key] is not None:
-        return d[key], False
-    return defaults[key], True
+def _op(kind: str, rows: tuple[tuple[str, object, bool], ...]):
+    """An operator from (attribute, value, filled_by_default) rows."""
+    return op(kind, {name: value for name, value, _ in rows}, {name for name, _, default in rows if default})
 
 
 def mamba2_op(d_model: int, g: dict, filled: set[str], eps: float, eps_default: bool):
     """The mamba2 operator from geometry ``g`` (mamba_ssm names); ``filled``: keys taken from defaults."""
-    a = _Attrs()
     d_inner = g["expand"] * d_model if g.get("d_inner") is None else g["d_inner"]
-    heads = d_inner // g["headdim"]
-    a.put("d_model", d_model)
-    a.put("d_inner", d_inner, "expand" in filled and g.get("d_inner") is None)
-    a.put("heads", heads)
-    a.put("head_dim", g["headdim"], "headdim" in filled)
-    a.put("state_size", g["d_state"], "d_state" in filled)
-    a.put("groups", g["ngroups"], "ngroups" in filled)
-    a.put("conv_kernel", g["d_conv"], "d_conv" in filled)
-    a.put("conv_bias", bool(g["conv_bias"]), "conv_bias" in filled)
-    a.put("proj_bias", bool(g["bias"]), "bias" in filled)
-    a.put("chunk_size", g["chunk_size"], "chunk_size" in filled)
     lo, hi = g["dt_limit"]
-    a.put("dt_min", float(lo), "dt_limit" in filled)
-    a.put("dt_max", float(hi), "dt_limit" in filled)
-    a.put("norm_eps", eps, eps_default)
-    a.put("norm_order", "norm_then_gate" if g["norm_before_gate"] else "gate_then_norm", "norm_before_gate" in filled)
-    a.put("norm_act", "silu", True)
-    a.put("norm_group", d_inner // g["ngroups"], True)
-    return op("mamba2", a.attrs, a.defaults)
+    return _op("mamba2", (
+        ("d_model", d_model, False),
+        ("d_inner", d_inner, "expand" in filled and g.get("d_inner") is None),
+        ("heads", d_inner // g["headdim"], False),
+        ("head_dim", g["headdim"], "headdim" in filled),
+        ("state_size", g["d_state"], "d_state" in filled),
+        ("groups", g["ngroups"], "ngroups" in filled),
+        ("conv_kernel", g["d_conv"], "d_conv" in filled),
+        ("conv_bias", bool(g["conv_bias"]), "conv_bias" in filled),
+        ("proj_bias", bool(g["bias"]), "bias" in filled),
+        ("chunk_size", g["chunk_size"], "chunk_size" in filled),
+        ("dt_min", float(lo), "dt_limit" in filled),
+        ("dt_max", float(hi), "dt_limit" in filled),
+        ("norm_eps", eps, eps_default),
+        ("norm_order", "norm_then_gate" if g["norm_before_gate"] else "gate_then_norm", "norm_before_gate" in filled),
+        ("norm_act", "silu", True),
+        ("norm_group", d_inner // g["ngroups"], True),
+    ))
 
 
 def conv_qkv_op(d_model: int, m: dict, filled: set[str]):
-    a = _Attrs()
     heads = m["num_heads"]
     kv = m["num_heads_kv"] if m["num_heads_kv"] is not None else heads
     hd = m["head_dim"] if m["head_dim"] is not None else d_model // heads
-    a.put("d_model", d_model)
-    a.put("heads", heads)
-    a.put("kv_heads", kv, "num_heads_kv" in filled or m["num_heads_kv"] is None)
-    a.put("head_dim", hd, "head_dim" in filled or m["head_dim"] is None)
-    a.put("conv_kernel", m["d_conv"], "d_conv" in filled)
-    a.put("conv_bias", True, True)  # nn.Conv1d's default; MHA does not switch it off
-    a.put("qkv_bias", bool(m["qkv_proj_bias"]), "qkv_proj_bias" in filled)
-    a.put("out_bias", bool(m["out_proj_bias"]), "out_proj_bias" in filled)
-    a.put("causal", bool(m["causal"]), "causal" in filled)
     scale = m["softmax_scale"]
-    a.put("scale", float(scale) if scale is not None else 1.0 / math.sqrt(hd), scale is None)
-    a.put("rotary_dim", m["rotary_emb_dim"], "rotary_emb_dim" in filled)
-    a.put("rotary_base", float(m["rotary_emb_base"]), "rotary_emb_base" in filled)
-    a.put("rotary_layout", "interleaved" if m["rotary_emb_interleaved"] else "half", "rotary_emb_interleaved" in filled)
-    a.put("rope_type", "default", True)
-    return op("conv_qkv", a.attrs, a.defaults)
+    return _op("conv_qkv", (
+        ("d_model", d_model, False),
+        ("heads", heads, False),
+        ("kv_heads", kv, "num_heads_kv" in filled or m["num_heads_kv"] is None),
+        ("head_dim", hd, "head_dim" in filled or m["head_dim"] is None),
+        ("conv_kernel", m["d_conv"], "d_conv" in filled),
+        ("conv_bias", True, True),  # nn.Conv1d's default; MHA does not switch it off
+        ("qkv_bias", bool(m["qkv_proj_bias"]), "qkv_proj_bias" in filled),
+        ("out_bias", bool(m["out_proj_bias"]), "out_proj_bias" in filled),
+        ("causal", bool(m["causal"]), "causal" in filled),
+        ("scale", float(scale) if scale is not None else 1.0 / math.sqrt(hd), scale is None),
+        ("rotary_dim", m["rotary_emb_dim"], "rotary_emb_dim" in filled),
+        ("rotary_base", float(m["rotary_emb_base"]), "rotary_emb_base" in filled),
+        ("rotary_layout", "interleaved" if m["rotary_emb_interleaved"] else "half", "rotary_emb_interleaved" in filled),
+        ("rope_type", "default", True),
+    ))
 
 
 # checkpoint spelling under mixer. → role, per operator kind
@@ -170,47 +170,63 @@ def _is_native(cfg: dict) -> bool:
     return isinstance(s, dict) and s.get("layer") == "Mamba2"
 
 
+def _read_mamba2(R: Attrs, spell: dict[str, str], defaults: dict | None = None) -> tuple[dict, set[str]]:
+    """Mamba2 geometry (mamba_ssm names) read through ``spell`` (mamba_ssm name → config key); the names filled
+    from the defaults (``defaults``, keyed by config key; else mamba_ssm's class defaults)."""
+    g, filled = {}, set()
+    for k, ck in spell.items():
+        default = defaults[ck] if defaults is not None else MAMBA2_DEFAULTS[k]
+        if k == "dt_limit":
+            v, d = R.get(ck, default=default)
+            v = dt_limit(R, ck, v)
+        else:
+            v, d = R.get(ck, default=default, kind=MAMBA2_KINDS[k], min=1 if k in ("headdim", "ngroups") else None)
+        g[k] = v
+        if d:
+            filled.add(k)
+    return g, filled
+
+
+def _read_mha(M: Attrs, spell: dict[str, str], given: dict) -> tuple[dict, set[str]]:
+    """MHA geometry (mamba_ssm names) read through ``spell``; ``given``: values the dialect fixes."""
+    m, filled = dict(given), set()
+    for k, ck in spell.items():
+        m[k], d = M.get(ck, default=MHA_DEFAULTS[k], kind=MHA_KINDS[k], min=1 if k == "head_dim" else None)
+        if d:
+            filled.add(k)
+    return m, filled
+
+
 @by_dialect(NATIVE, _is_native)
 def lower_native(model_dir: Path, cfg: dict, sha: str, relative_to: Path | None) -> Module:
-    where = f"{model_dir}/config.json ({NATIVE})"
-    for k in ("d_model", "n_layer", "vocab_size"):
-        if k not in cfg:
-            raise FrontendError(f"{where}: missing {k!r}")
-    if cfg.get("d_intermediate", 0):
-        raise FrontendError(f"{where}: d_intermediate={cfg['d_intermediate']} (a gated MLP per block) is not supported yet")
-    if cfg.get("rms_norm", True) is not True:
+    A = Attrs(cfg, f"{model_dir}/config.json ({NATIVE})")
+    where = A.where
+    d_model, n_layer, vocab = (A.need(k, kind=int) for k in ("d_model", "n_layer", "vocab_size"))
+    if A.raw("d_intermediate"):
+        raise FrontendError(f"{where}: d_intermediate={A.raw('d_intermediate')} (a gated MLP per block) is not supported yet")
+    if (A.raw("rms_norm") if "rms_norm" in A else True) is not True:
         raise FrontendError(f"{where}: rms_norm=false (LayerNorm blocks) is not supported")
     b = Builder(model_dir, "mamba_ssm", NATIVE, sha, relative_to)
-    d_model, n_layer = cfg["d_model"], cfg["n_layer"]
-    ssm = dict(cfg["ssm_cfg"])
+    ssm = dict(A.raw("ssm_cfg"))
     ssm.pop("layer")
     unknown = sorted(set(ssm) - set(MAMBA2_DEFAULTS) - {"d_ssm", "dt_min", "dt_max", "dt_init_floor", "A_init_range", "D_has_hdim"})
     if unknown:
         raise FrontendError(f"{where}: ssm_cfg keys not understood: {', '.join(unknown)}")
     if ssm.get("D_has_hdim"):
         raise FrontendError(f"{where}: ssm_cfg.D_has_hdim=true is not supported")
-    g, filled = {}, set()
-    for k in MAMBA2_DEFAULTS:
-        g[k], d = _get(ssm, k, MAMBA2_DEFAULTS)
-        if d:
-            filled.add(k)
+    S = Attrs(ssm, where, prefix="ssm_cfg.")
+    g, filled = _read_mamba2(S, {k: k for k in MAMBA2_DEFAULTS})
     if g["rmsnorm"] is not True:
         raise FrontendError(f"{where}: ssm_cfg.rmsnorm=false (ungated output) is not supported")
-    g["d_inner"] = ssm.get("d_ssm")
+    g["d_inner"] = S.opt("d_ssm", kind=int)
     if g["d_inner"] not in (None, g["expand"] * d_model):
         raise FrontendError(f"{where}: d_ssm != expand*d_model is not supported")
     mamba = mamba2_op(d_model, g, filled, NORM_EPS, True)
-    attn_idx = list(cfg.get("attn_layer_idx") or [])
+    attn_idx = A.opt("attn_layer_idx", kind=list[int]) or []
     attn_op = None
     if attn_idx:
-        acfg = dict(cfg.get("attn_cfg") or {})
-        if "num_heads" not in acfg:
-            raise FrontendError(f"{where}: attn_cfg lacks num_heads")
-        m, mfilled = {"num_heads": acfg["num_heads"]}, set()
-        for k in MHA_DEFAULTS:
-            m[k], d = _get(acfg, k, MHA_DEFAULTS)
-            if d:
-                mfilled.add(k)
+        M = Attrs(A.opt("attn_cfg", kind=dict) or {}, where, prefix="attn_cfg.")
+        m, mfilled = _read_mha(M, {k: k for k in MHA_DEFAULTS}, {"num_heads": M.need("num_heads", kind=int, min=1)})
         if m["mlp_dim"]:
             raise FrontendError(f"{where}: attn_cfg.mlp_dim={m['mlp_dim']} (MLP fused into MHA) is not supported")
         if not m["d_conv"]:
@@ -220,78 +236,64 @@ def lower_native(model_dir: Path, cfg: dict, sha: str, relative_to: Path | None)
         if bad:
             raise FrontendError(f"{where}: attn_layer_idx {bad} outside 0..{n_layer - 1}")
         b.fact("layer_index_base", 0, "mamba_ssm MixerModel tests `i in attn_layer_idx` for i in range(n_layer)")
-    residual = "fp32" if cfg.get("residual_in_fp32", False) else "compute"
+    residual = "fp32" if A.get("residual_in_fp32", default=False, kind=bool)[0] else "compute"
     layers = _layers(b, n_layer, set(attn_idx), d_model, mamba, attn_op, residual, NORM_EPS, True)
-    mult = cfg.get("pad_vocab_size_multiple", 8)
-    vocab = cfg["vocab_size"]
-    padded = pad_to(vocab, mult)
-    tied = cfg.get("tie_embeddings", True)
+    padded = pad_to(vocab, A.get("pad_vocab_size_multiple", default=8, kind=int)[0])
+    tied = A.get("tie_embeddings", default=True, kind=bool)[0]
     emb, final, head = _model_ops(b, "backbone.embedding.weight", vocab, padded, d_model, tied, NORM_EPS, True)
-    return b.module(model_dir.resolve().name, compute_dtype(cfg, b, "backbone.embedding.weight"), emb, layers, final, head)
+    return b.module(model_dir.resolve().name, compute_dtype(A, b, "backbone.embedding.weight"), emb, layers, final, head)
 
 
 @by_model_type("mamba2attn")
 def lower_oute(model_dir: Path, cfg: dict, sha: str, relative_to: Path | None) -> Module:
-    where = f"{model_dir}/config.json ({OUTE})"
-    need = ("hidden_size", "num_hidden_layers", "vocab_size", "state_size", "mamba2_num_heads", "mamba2_head_dim")
-    for k in need:
-        if k not in cfg:
-            raise FrontendError(f"{where}: missing {k!r}")
-    if cfg.get("mlp_intermediate_size", 0):
-        raise FrontendError(f"{where}: mlp_intermediate_size={cfg['mlp_intermediate_size']} is not supported yet")
+    A = Attrs(cfg, f"{model_dir}/config.json ({OUTE})")
+    where = A.where
+    d_model, n_layer, vocab = (A.need(k, kind=int) for k in ("hidden_size", "num_hidden_layers", "vocab_size"))
+    A.need("state_size", kind=int)
+    d_inner = A.need("mamba2_num_heads", kind=int) * A.need("mamba2_head_dim", kind=int, min=1)
+    if A.raw("mlp_intermediate_size"):
+        raise FrontendError(f"{where}: mlp_intermediate_size={A.raw('mlp_intermediate_size')} is not supported yet")
     b = Builder(model_dir, "mamba_ssm", OUTE, sha, relative_to)
-    d_model, n_layer = cfg["hidden_size"], cfg["num_hidden_layers"]
-    d_inner = cfg["mamba2_num_heads"] * cfg["mamba2_head_dim"]
-    if "expand" in cfg and cfg["expand"] * d_model != d_inner:
-        raise FrontendError(f"{where}: expand*hidden_size={cfg['expand'] * d_model} but mamba2_num_heads*mamba2_head_dim={d_inner}")
-    g, filled = {"d_inner": d_inner, "expand": d_inner // d_model}, set()
-    spell = {"d_state": "state_size", "d_conv": "mamba2_conv_kernel", "headdim": "mamba2_head_dim", "ngroups": "n_groups",
-             "chunk_size": "chunk_size", "bias": "use_mamba2_bias", "conv_bias": "use_conv_bias", "dt_limit": "time_step_limit"}
-    for k, ck in spell.items():
-        if ck in cfg and cfg[ck] is not None:
-            g[k] = cfg[ck]
-        else:
-            g[k] = MAMBA2_DEFAULTS[k]
-            filled.add(k)
-    g["norm_before_gate"], g["rmsnorm"] = False, True
+    expand = A.opt("expand", kind=int)
+    if expand is not None and expand * d_model != d_inner:
+        raise FrontendError(f"{where}: expand*hidden_size={expand * d_model} but mamba2_num_heads*mamba2_head_dim={d_inner}")
+    g, filled = _read_mamba2(A, {"d_state": "state_size", "d_conv": "mamba2_conv_kernel", "headdim": "mamba2_head_dim",
+                                 "ngroups": "n_groups", "chunk_size": "chunk_size", "bias": "use_mamba2_bias",
+                                 "conv_bias": "use_conv_bias", "dt_limit": "time_step_limit"})
+    g.update({"d_inner": d_inner, "expand": d_inner // d_model, "norm_before_gate": False, "rmsnorm": True})
     filled.add("norm_before_gate")
-    eps = cfg.get("layer_norm_epsilon")
-    eps_default = eps is None
-    eps = float(eps) if eps is not None else NORM_EPS
+    eps, eps_default = A.get("layer_norm_epsilon", default=NORM_EPS, kind=float)
     mamba = mamba2_op(d_model, g, filled, eps, eps_default)
-    idx = list(cfg.get("attention_layers_idx") or [])
+    idx = A.opt("attention_layers_idx", kind=list[int]) or []
     attn_op = None
     attn: set[int] = set()
     if idx:
-        m = {"num_heads": cfg.get("num_attention_heads"), "num_heads_kv": cfg.get("num_key_value_heads"),
-             "head_dim": cfg.get("attention_head_dim"), "d_conv": cfg.get("attention_conv_kernel"),
-             "rotary_emb_dim": cfg.get("rope_emb_dim"), "rotary_emb_base": cfg.get("rope_theta"),
-             "qkv_proj_bias": cfg.get("use_attention_qkv_bias"), "out_proj_bias": cfg.get("use_attention_out_bias"),
-             "softmax_scale": None, "causal": True, "mlp_dim": 0, "rotary_emb_interleaved": None}
-        if m["num_heads"] is None:
+        if A.raw("num_attention_heads") is None:
             raise FrontendError(f"{where}: attention_layers_idx given but num_attention_heads missing")
-        if cfg.get("rope_scaling"):
-            raise FrontendError(f"{where}: rope_scaling={cfg['rope_scaling']!r} is not supported")
-        mfilled = {"causal"}  # the dialect has no causal key: a decoder's MHA is causal, a filled-in fact
-        for k in list(m):
-            if m[k] is None and k in MHA_DEFAULTS:
-                m[k] = MHA_DEFAULTS[k]
-                mfilled.add(k)
+        if A.raw("rope_scaling"):
+            raise FrontendError(f"{where}: rope_scaling={A.raw('rope_scaling')!r} is not supported")
+        m, mfilled = _read_mha(A, {"num_heads_kv": "num_key_value_heads", "head_dim": "attention_head_dim",
+                                   "d_conv": "attention_conv_kernel", "rotary_emb_dim": "rope_emb_dim",
+                                   "rotary_emb_base": "rope_theta", "qkv_proj_bias": "use_attention_qkv_bias",
+                                   "out_proj_bias": "use_attention_out_bias"},
+                               {"num_heads": A.need("num_attention_heads", kind=int, min=1), "softmax_scale": None, "causal": True,
+                                "mlp_dim": 0, "rotary_emb_interleaved": MHA_DEFAULTS["rotary_emb_interleaved"]})
+        # the dialect has no causal or interleave key: a decoder's MHA is causal, a filled-in fact
+        mfilled |= {"causal", "rotary_emb_interleaved"}
         if not m["d_conv"]:
             raise FrontendError(f"{where}: attention_conv_kernel=0 is not supported yet")
         attn_op = conv_qkv_op(d_model, m, mfilled)
         attn = _settle_index_base(b, where, idx, n_layer, attn_op.attrs, mamba.attrs)
-    residual = "fp32" if cfg.get("residual_in_fp32", True) else "compute"
+    residual = "fp32" if (A.raw("residual_in_fp32") if "residual_in_fp32" in A else True) else "compute"
     layers = _layers(b, n_layer, attn, d_model, mamba, attn_op, residual, eps, eps_default)
     emb_key = "backbone.embeddings.weight"
-    vocab = cfg["vocab_size"]
     rows = (b.shape(emb_key) or (vocab,))[0]
     padded = rows if rows >= vocab else vocab  # padding is read from the table; fewer rows is a contract finding
     if padded != vocab:
         b.fact("padded_vocab", padded, f"{emb_key} has {rows} rows for vocab_size {vocab}")
-    tied = cfg.get("tie_embedding_weights", True)
+    tied = A.get("tie_embedding_weights", default=True, kind=bool)[0]
     emb, final, head = _model_ops(b, emb_key, vocab, padded, d_model, tied, eps, eps_default)
-    return b.module(model_dir.resolve().name, compute_dtype(cfg, b, emb_key), emb, layers, final, head)
+    return b.module(model_dir.resolve().name, compute_dtype(A, b, emb_key), emb, layers, final, head)
 
 
 def _settle_index_base(b: Builder, where: str, idx: list[int], n_layer: int, attn: dict, mamba: dict) -> set[int]:

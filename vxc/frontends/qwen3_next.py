@@ -30,16 +30,18 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..ir.module import Layer, Module, Transform
-from ..ir.roles import Placement, Role
-from .common import Attrs, Builder, FrontendError, compute_dtype, op
+from ..ir.module import Module, Transform
+from ..ir.roles import Role
+from .common import Attrs, Builder, FrontendError, op
+from .decoder import bind_norms, bind_swiglu, finish, rmsnorm, sizes, swiglu_op, two_norm_layer
+from .moe import bind_shared_experts, bind_swiglu_experts
 from .registry import by_model_type
 from .softmax_decoder import rope_attrs
 
 # Qwen3NextConfig's defaults (transformers 5.24), filled in — and marked — when a config omits a key.
 DEFAULTS = {
     "num_key_value_heads": 2, "head_dim": 256, "rms_norm_eps": 1e-6, "hidden_act": "silu",
-    "attention_bias": False, "tie_word_embeddings": False, "intermediate_size": 5632,
+    "attention_bias": False, "intermediate_size": 5632,
     "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
     "linear_num_key_heads": 16, "linear_num_value_heads": 32,
     "decoder_sparse_step": 1, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
@@ -51,42 +53,33 @@ DELTA_CHUNK = 64  # torch_chunk_gated_delta_rule's chunk_size
 L2_EPS = 1e-6  # l2norm(eps=1e-6), use_qk_l2norm_in_kernel=True
 
 
-def _int(cfg_value, where: str, key: str) -> int:
-    if not isinstance(cfg_value, int) or isinstance(cfg_value, bool):
-        raise FrontendError(f"{where}: {key}={cfg_value!r} is not an integer")
-    return cfg_value
-
-
-def _layer_map(cfg: dict, n: int, where: str, b: Builder) -> tuple[list[str], str]:
-    lt = cfg.get("layer_types")
+def _layer_map(A: Attrs, n: int, b: Builder) -> tuple[list[str], str]:
+    lt = A.raw("layer_types")
     if lt is not None:
         if not isinstance(lt, list) or len(lt) != n:
-            raise FrontendError(f"{where}: layer_types must be a list of {n} entries (num_hidden_layers)")
+            raise FrontendError(f"{A.where}: layer_types must be a list of {n} entries (num_hidden_layers)")
         for i, t in enumerate(lt):
             if t not in ("linear_attention", "full_attention"):
-                raise FrontendError(f"{where}: layer_types[{i}]={t!r} is not supported (linear_attention, full_attention)")
+                raise FrontendError(f"{A.where}: layer_types[{i}]={t!r} is not supported (linear_attention, full_attention)")
         b.fact("layer_map_read_from", "layer_types",
                "0-based layer_types list (transformers 5.24 save_pretrained spelling)")
         return list(lt), "layer_types"
-    interval = cfg.get("full_attention_interval")
-    filled = interval is None
-    interval = FULL_ATTENTION_INTERVAL if filled else _int(interval, where, "full_attention_interval")
+    interval, filled = A.get("full_attention_interval", default=FULL_ATTENTION_INTERVAL, kind=int)
     if interval < 1:
-        raise FrontendError(f"{where}: full_attention_interval={interval} must be >= 1")
+        raise FrontendError(f"{A.where}: full_attention_interval={interval} must be >= 1")
     b.fact("layer_map_read_from", "full_attention_interval",
            f"{'no layer_types and no full_attention_interval: the default ' if filled else 'full_attention_interval '}"
            f"{interval}; softmax on layers i with (i+1) % {interval} == 0 (hub spelling)")
     return ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)], "full_attention_interval"
 
 
-def _rope(cfg: dict, where: str, head_dim: int) -> tuple[dict, set[str], str]:
+def _rope(A: Attrs, head_dim: int) -> tuple[dict, set[str], str]:
     """rope_attrs, with Qwen3-Next's partial_rotary_factor default (0.25) where neither spelling gives one."""
-    rp = cfg.get("rope_parameters")
-    has_factor = "partial_rotary_factor" in cfg or (isinstance(rp, dict) and "partial_rotary_factor" in rp)
-    c = dict(cfg)
+    has_factor = "partial_rotary_factor" in A or "rope_parameters.partial_rotary_factor" in A
+    c = dict(A.cfg)
     if not has_factor:
         c["partial_rotary_factor"] = PARTIAL_ROTARY_FACTOR
-    attrs, defaults, read = rope_attrs(c, where, head_dim)
+    attrs, defaults, read = rope_attrs(Attrs(c, A.where), head_dim)
     if not has_factor:
         defaults.add("rotary_dim")
     return attrs, defaults, read
@@ -94,38 +87,33 @@ def _rope(cfg: dict, where: str, head_dim: int) -> tuple[dict, set[str], str]:
 
 @by_model_type("qwen3_next")
 def lower_qwen3_next(model_dir: Path, cfg: dict, sha: str, relative_to: Path | None) -> Module:
-    where = f"{model_dir}/config.json (qwen3_next)"
-    A = Attrs(cfg, where, DEFAULTS)
-    d, n_layer, heads, vocab = (A.need(k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"))
+    A = Attrs(cfg, f"{model_dir}/config.json (qwen3_next)", DEFAULTS)
+    where = A.where
+    d, n_layer, heads, vocab = sizes(A)
     filled, get = A.filled, A.take
 
     act = get("hidden_act")
     if act != "silu":
         raise FrontendError(f"{where}: hidden_act={act!r} is not supported (silu only)")
-    if get("attention_bias"):
+    if get("attention_bias", bool):
         raise FrontendError(f"{where}: attention_bias=true is not supported (the output gate's bias has no role)")
-    kv, hd, eps = get("num_key_value_heads"), get("head_dim"), float(get("rms_norm_eps"))
-    Hk, Hv = get("linear_num_key_heads"), get("linear_num_value_heads")
-    Dk, Dv, K = get("linear_key_head_dim"), get("linear_value_head_dim"), get("linear_conv_kernel_dim")
+    kv, hd, eps = get("num_key_value_heads", int), get("head_dim", int, 1), get("rms_norm_eps", float)
+    Hk, Hv = get("linear_num_key_heads", int), get("linear_num_value_heads", int)
+    Dk, Dv, K = get("linear_key_head_dim", int, 1), get("linear_value_head_dim", int), get("linear_conv_kernel_dim", int)
     if Hk < 1 or Hv % Hk:
         raise FrontendError(f"{where}: linear_num_value_heads={Hv} is not a multiple of linear_num_key_heads={Hk}")
     r = Hv // Hk
-    E, top_k, I_moe = get("num_experts"), get("num_experts_per_tok"), get("moe_intermediate_size")
-    I_shared, sparse_step = get("shared_expert_intermediate_size"), get("decoder_sparse_step")
-    mlp_only = set(get("mlp_only_layers") or [])
+    E, top_k, I_moe = get("num_experts", int), get("num_experts_per_tok", int), get("moe_intermediate_size", int)
+    I_shared, sparse_step = get("shared_expert_intermediate_size", int), get("decoder_sparse_step", int, 1)
+    mlp_only = set(get("mlp_only_layers", list[int]))
 
     b = Builder(model_dir, "transformers", "qwen3_next", sha, relative_to)
-    types, layer_read = _layer_map(cfg, n_layer, where, b)
-    rope, rope_defaults, rope_read = _rope(cfg, where, hd)
+    types, layer_read = _layer_map(A, n_layer, b)
+    rope, rope_defaults, rope_read = _rope(A, hd)
     b.fact("rope_read_from", rope_read, "config spelling of the rotary parameters")
     b.source.dialect = ("qwen3_next (transformers 5.24 save_pretrained)" if (layer_read, rope_read) == ("layer_types", "rope_parameters")
                         else "qwen3_next (hub)" if (layer_read, rope_read) == ("full_attention_interval", "rope_theta/rope_scaling")
                         else f"qwen3_next ({layer_read}, {rope_read})")
-
-    def rms(dim: int, role: Role):
-        # every ordinary Qwen3-Next RMSNorm is zero-centred: the reference's convention, recorded as filled in
-        return op("rmsnorm", {"dim": dim, "eps": eps, "zero_centred": True},
-                  {"zero_centred"} | ({"eps"} if "rms_norm_eps" in filled else set()), role=role)
 
     eps_d = {"norm_eps"} if "rms_norm_eps" in filled else set()
     delta_attrs = {"d_model": d, "k_heads": Hk, "v_heads": Hv, "k_head_dim": Dk, "v_head_dim": Dv, "conv_kernel": K,
@@ -145,7 +133,7 @@ def lower_qwen3_next(model_dir: Path, cfg: dict, sha: str, relative_to: Path | N
                      | ({"qk_norm_eps"} if "rms_norm_eps" in filled else set())
                      | {a for a, key in (("kv_heads", "num_key_value_heads"), ("head_dim", "head_dim")) if key in filled})
     moe_attrs = {"d_model": d, "experts": E, "top_k": top_k, "intermediate": I_moe, "router": "softmax_topk",
-                 "norm_topk_prob": bool(get("norm_topk_prob")), "routed_scaling": 1.0, "n_group": 1, "topk_group": 1,
+                 "norm_topk_prob": get("norm_topk_prob", bool), "routed_scaling": 1.0, "n_group": 1, "topk_group": 1,
                  "router_bias": False, "selection_bias": False, "expert_layout": "separate", "expert_bias": False,
                  "act": "silu", "shared_experts": I_shared > 0, "shared_intermediate": I_shared, "shared_gate": I_shared > 0}
     moe_defaults = ({"router", "routed_scaling", "n_group", "topk_group", "router_bias", "selection_bias",
@@ -159,8 +147,7 @@ def lower_qwen3_next(model_dir: Path, cfg: dict, sha: str, relative_to: Path | N
     n_moe = 0
     for i in range(n_layer):
         p = f"model.layers.{i}."
-        b.bind(p + "input_layernorm.weight", Role.PreAttentionNorm, i)
-        b.bind(p + "post_attention_layernorm.weight", Role.PreFfnNorm, i)
+        bind_norms(b, i)
         if types[i] == "linear_attention":
             la = p + "linear_attn."
             group = 2 * Dk + 2 * r * Dv
@@ -193,36 +180,16 @@ def lower_qwen3_next(model_dir: Path, cfg: dict, sha: str, relative_to: Path | N
             n_moe += 1
             m = p + "mlp."
             b.bind(m + "gate.weight", Role.MoeRouterWeight, i)
-            if b.has(m + "experts.gate_up_proj"):  # fused (in-memory) spelling: gate = first I rows of each expert
-                gu = m + "experts.gate_up_proj"
-                b.bind(gu, Role.PerExpertGate, i, [Transform("slice", dim=1, start=0, stop=I_moe)])
-                b.bind(gu, Role.PerExpertUp, i, [Transform("slice", dim=1, start=I_moe, stop=2 * I_moe)])
-                b.bind(m + "experts.down_proj", Role.PerExpertDown, i)
-            else:
-                for name, role in (("gate_proj", Role.PerExpertGate), ("up_proj", Role.PerExpertUp),
-                                   ("down_proj", Role.PerExpertDown)):
-                    b.bind_bank(m + "experts.{e}." + name + ".weight", E, role, i)
-            for name, role in (("gate_proj", Role.SharedExpertGate), ("up_proj", Role.SharedExpertUp),
-                               ("down_proj", Role.SharedExpertDown)):
-                b.bind(m + f"shared_expert.{name}.weight", role, i)
+            bind_swiglu_experts(b, m, i, E, I_moe)
+            bind_shared_experts(b, m + "shared_expert.", i)
             b.bind(m + "shared_expert_gate.weight", Role.SharedExpertBranchGate, i)
             ffn = op("moe", dict(moe_attrs), set(moe_defaults))
         else:
-            for name, role in (("gate_proj", Role.FfnGate), ("up_proj", Role.FfnUp), ("down_proj", Role.FfnDown)):
-                b.bind(p + f"mlp.{name}.weight", role, i)
-            inter = get("intermediate_size")
-            ffn = op("swiglu", {"d_model": d, "intermediate": inter, "act": "silu"},
-                     {a for a, key in (("intermediate", "intermediate_size"), ("act", "hidden_act")) if key in filled})
-        layers.append(Layer(i, "compute", Placement.PreOnly, [rms(d, Role.PreAttentionNorm), rms(d, Role.PreFfnNorm)],
-                            mixer, ffn))
+            bind_swiglu(b, p + "mlp.", i)
+            ffn = swiglu_op(d, get("intermediate_size", int),
+                            {a for a, key in (("intermediate", "intermediate_size"), ("act", "hidden_act")) if key in filled})
+        # every ordinary Qwen3-Next RMSNorm is zero-centred: the reference's convention, recorded as filled in
+        layers.append(two_norm_layer(i, d, (eps, "rms_norm_eps" in filled), mixer, ffn, zero_centred=True))
     b.fact("moe_layers", n_moe, f"MoE FFN unless in mlp_only_layers {sorted(mlp_only)}, num_experts {E} = 0 or "
                                 f"(i+1) % decoder_sparse_step {sparse_step} != 0")
-    tied = get("tie_word_embeddings")
-    b.bind("model.embed_tokens.weight", Role.Embedding)
-    b.bind("model.norm.weight", Role.FinalNorm)
-    b.bind("lm_head.weight", Role.LmHead)
-    emb = op("embedding", {"vocab": vocab, "padded_vocab": vocab, "dim": d})
-    head = op("head", {"tied": bool(tied), "padded_vocab": vocab, "dim": d},
-              {"tied"} if "tie_word_embeddings" in filled else set())
-    return b.module(model_dir.resolve().name, compute_dtype(cfg, b, "model.embed_tokens.weight"), emb, layers,
-                    rms(d, Role.FinalNorm), head)
+    return finish(b, A, model_dir, d, vocab, layers, rmsnorm(d, eps, "rms_norm_eps" in filled, Role.FinalNorm, zero_centred=True))

@@ -70,10 +70,7 @@ def lower(model_dir: str | Path, relative_to: Path | None = None) -> Module:
     """Lower a model directory to an (unverified) Module."""
     model_dir = Path(model_dir)
     cfg, sha = read_config(model_dir)
-    name, fn = resolve(cfg)
-    try:
-        return fn(model_dir, cfg, sha, relative_to)
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
-        # a config value of the wrong type or form (e.g. "n_layer": "48"): one clear message, not a traceback
-        raise FrontendError(f"{model_dir}/config.json: the {name} frontend cannot read this config "
-                            f"({type(e).__name__}: {e})") from None
+    _, fn = resolve(cfg)
+    # a missing or ill-typed config value is the frontend's own ConfigError (a named refusal); anything else
+    # raised here is a bug in vxc and propagates as one
+    return fn(model_dir, cfg, sha, relative_to)

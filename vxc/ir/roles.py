@@ -1,122 +1,33 @@
 """Operand roles: the typed vocabulary every stored tensor is bound to.
 
 A role names what a tensor *is* to a generic operator. It never names a
-checkpoint spelling. Extend the vocabulary when a family needs more; never
-reuse a role with a different meaning.
+checkpoint spelling. The vocabulary is assembled from the operator
+declarations (``vxc/ir/operators/``): each declares the roles it binds (and
+a norm the roles it may take as its own), so a new operator extends it by
+being declared. Never reuse a role with a different meaning.
 """
 
 from __future__ import annotations
 
 import enum
 
+from .operators import OPERATORS
 
-class Role(str, enum.Enum):
-    # softmax attention
-    AttnQ = "AttnQ"
-    AttnK = "AttnK"
-    AttnV = "AttnV"
-    AttnO = "AttnO"
-    AttnQBias = "AttnQBias"
-    AttnKBias = "AttnKBias"
-    AttnVBias = "AttnVBias"
-    AttnOBias = "AttnOBias"
-    AttnOutputGate = "AttnOutputGate"
-    AttnSinks = "AttnSinks"
-    AttnQNorm = "AttnQNorm"
-    AttnKNorm = "AttnKNorm"
-    # gated delta (linear attention)
-    LinearAttnInProjQkv = "LinearAttnInProjQkv"
-    LinearAttnInProjA = "LinearAttnInProjA"
-    LinearAttnInProjB = "LinearAttnInProjB"
-    LinearAttnInProjZ = "LinearAttnInProjZ"
-    LinearAttnConv1d = "LinearAttnConv1d"
-    LinearAttnALog = "LinearAttnALog"
-    LinearAttnDtBias = "LinearAttnDtBias"
-    LinearAttnNorm = "LinearAttnNorm"
-    LinearAttnOutProj = "LinearAttnOutProj"
-    # Mamba2
-    Mamba2InProj = "Mamba2InProj"
-    Mamba2InProjBias = "Mamba2InProjBias"
-    Mamba2Conv1d = "Mamba2Conv1d"
-    Mamba2Conv1dBias = "Mamba2Conv1dBias"
-    Mamba2ALog = "Mamba2ALog"
-    Mamba2D = "Mamba2D"
-    Mamba2DtBias = "Mamba2DtBias"
-    Mamba2GatedNorm = "Mamba2GatedNorm"
-    Mamba2OutProj = "Mamba2OutProj"
-    Mamba2OutProjBias = "Mamba2OutProjBias"
-    Mamba2PreMixerNorm = "Mamba2PreMixerNorm"
-    # conv-QKV attention
-    ConvQkvInProj = "ConvQkvInProj"
-    ConvQkvInProjBias = "ConvQkvInProjBias"
-    ConvQkvConv1d = "ConvQkvConv1d"
-    ConvQkvConv1dBias = "ConvQkvConv1dBias"
-    ConvQkvOutProj = "ConvQkvOutProj"
-    ConvQkvOutProjBias = "ConvQkvOutProjBias"
-    # KDA
-    KdaQProj = "KdaQProj"
-    KdaKProj = "KdaKProj"
-    KdaVProj = "KdaVProj"
-    KdaQConv1d = "KdaQConv1d"
-    KdaKConv1d = "KdaKConv1d"
-    KdaVConv1d = "KdaVConv1d"
-    KdaFAProj = "KdaFAProj"
-    KdaFBProj = "KdaFBProj"
-    KdaGAProj = "KdaGAProj"
-    KdaGBProj = "KdaGBProj"
-    KdaBProj = "KdaBProj"
-    KdaALog = "KdaALog"
-    KdaDtBias = "KdaDtBias"
-    KdaONorm = "KdaONorm"
-    KdaOutProj = "KdaOutProj"
-    # MLA
-    MlaQProj = "MlaQProj"
-    MlaQAProj = "MlaQAProj"
-    MlaQANorm = "MlaQANorm"
-    MlaQBProj = "MlaQBProj"
-    MlaKvAProj = "MlaKvAProj"
-    MlaKvBProj = "MlaKvBProj"
-    MlaKvANorm = "MlaKvANorm"
-    MlaOutProj = "MlaOutProj"
-    # dense FFN
-    FfnGate = "FfnGate"
-    FfnUp = "FfnUp"
-    FfnDown = "FfnDown"
-    # norms
-    PreAttentionNorm = "PreAttentionNorm"
-    PostAttentionNorm = "PostAttentionNorm"
-    PreFfnNorm = "PreFfnNorm"
-    PostFfnNorm = "PostFfnNorm"
-    PreExpertsNorm = "PreExpertsNorm"
-    PostDenseFfnNorm = "PostDenseFfnNorm"
-    PostExpertsNorm = "PostExpertsNorm"
-    # MoE
-    MoeRouterWeight = "MoeRouterWeight"
-    MoeRouterBias = "MoeRouterBias"
-    MoeRouterSelectionBias = "MoeRouterSelectionBias"
-    MoeRouterScale = "MoeRouterScale"
-    MoeRouterPerExpertScale = "MoeRouterPerExpertScale"
-    ExpertGateUp = "ExpertGateUp"
-    ExpertGateUpScales = "ExpertGateUpScales"
-    ExpertGateUpBias = "ExpertGateUpBias"
-    ExpertDown = "ExpertDown"
-    ExpertDownScales = "ExpertDownScales"
-    ExpertDownBias = "ExpertDownBias"
-    PerExpertGate = "PerExpertGate"
-    PerExpertUp = "PerExpertUp"
-    PerExpertDown = "PerExpertDown"
-    SharedExpertGate = "SharedExpertGate"
-    SharedExpertUp = "SharedExpertUp"
-    SharedExpertDown = "SharedExpertDown"
-    SharedExpertBranchGate = "SharedExpertBranchGate"
-    LayerScalar = "LayerScalar"
-    # model
-    Embedding = "Embedding"
-    FinalNorm = "FinalNorm"
-    LmHead = "LmHead"
 
+class _Role(str, enum.Enum):
     def __str__(self) -> str:  # printed as its bare name
         return self.value
+
+
+def _vocabulary() -> list[str]:
+    names: dict[str, None] = {}
+    for decl in OPERATORS.values():  # registration order
+        names.update(dict.fromkeys(decl.role_names()))
+    return list(names)
+
+
+Role = _Role("Role", [(n, n) for n in _vocabulary()], module=__name__, qualname="Role")
+"""Every role an operator declaration names: ``Role.AttnQ``, ``Role("AttnQ")``, ``str(role) == "AttnQ"``."""
 
 
 class Placement(str, enum.Enum):

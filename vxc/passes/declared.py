@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.module import Layer, Module, Op
+from ..ir.module import Module, Op
 from ..ir.operators import OPERATORS, RoleSpec
 from ..ir.roles import Role
 
@@ -36,7 +36,3 @@ def declared_roles(ops: list[Op]) -> dict[Role, Slot]:
 
 def layer_ops(m: Module, layer: int | None) -> list[Op]:
     return m.model_ops() if layer is None else m.layers[layer].ops()
-
-
-def ops_of(layer: Layer) -> list[Op]:
-    return layer.ops()

@@ -18,6 +18,22 @@ from .context import Context
 from .findings import Finding
 
 
+_STATE = ".state."
+
+
+def region_id(op_id: str, region: str) -> str:
+    """The id of a plan op's state region: its plan node, its state buffer, its name in a state file."""
+    return f"{op_id}{_STATE}{region}"
+
+
+def split_region_id(rid: str) -> tuple[str, str]:
+    """``(op id, region name)`` of a region id (the inverse of :func:`region_id`)."""
+    op_id, sep, region = rid.rpartition(_STATE)
+    if not sep or not op_id or not region:
+        raise ValueError(f"not a state region id: {rid!r}")
+    return op_id, region
+
+
 @dataclass
 class PlanOp:
     id: str
@@ -30,6 +46,12 @@ class PlanOp:
     slot: str = ""  # "embedding" | "norm" | "mixer" | "ffn" | "residual" | "head"
     residual: str = "compute"  # the layer's residual policy (norm ops)
     role: Role | None = None  # norms: the norm role
+
+    @property
+    def derived(self) -> dict[str, int]:
+        """The geometry the operator's declaration derives from the attributes (conv widths, inner sizes)."""
+        decl = OPERATORS.get(self.kind)
+        return decl.derived(self.attrs) if decl is not None else {}
 
 
 def build_plan(m: Module) -> nx.DiGraph:
@@ -44,7 +66,7 @@ def build_plan(m: Module) -> nx.DiGraph:
             g.add_node("%" + o.sym, type="operand", operand=o)
             g.add_edge("%" + o.sym, p.id, type="operand", role=str(role))
         for r in p.regions:
-            rid = f"{p.id}.state.{r.name}"
+            rid = region_id(p.id, r.name)
             g.add_node(rid, type="state", region=r, layer=p.layer)
             g.add_edge(rid, p.id, type="state", region=r.name)
         if prev is not None:

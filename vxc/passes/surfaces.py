@@ -10,7 +10,7 @@ import networkx as nx
 
 from ..ir.module import DTYPES
 from ..ir.operators import OPERATORS
-from .plan import plan_ops
+from .plan import plan_ops, region_id
 
 
 def region_bytes_per_element(precision: str, compute: str) -> int:
@@ -90,7 +90,7 @@ def to_dot(g: nx.DiGraph) -> str:
             shape = "box" if p.slot in ("mixer", "ffn") else "ellipse"
             lines.append(f'    "{p.id}" [label="{p.kind}", shape={shape}];')
             for r in p.regions:
-                rid = f"{p.id}.state.{r.name}"
+                rid = region_id(p.id, r.name)
                 dims = "×".join(map(str, r.shape))
                 grow = "per token" if r.growth == "per_token" else "fixed"
                 lines.append(f'    "{rid}" [label="{r.name}: {r.kind}\\n[{dims}] {grow}", shape=cylinder, style=filled, '

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..codegen.fxgen import buffer_name, build_graph_module
-from ..codegen.lowering import VARIANTS, Lowered, RopeRef, StateRef, Weight, lower_plan
+from ..codegen.lower import VARIANTS, Lowered, RopeRef, StateRef, Weight, lower_plan
 from ..ir.module import Module
 from ..passes.context import Context
 from ..passes.manager import DEFAULT_PIPELINE, PassManager, parse_pipeline

@@ -16,7 +16,7 @@ import torch
 
 from ..ir.operators import REGION_KINDS
 from ..passes.findings import Finding, Refusal
-from ..passes.plan import plan_ops
+from ..passes.plan import plan_ops, region_id
 
 
 @dataclass
@@ -54,7 +54,7 @@ class StateProvider:
         buffers, growing, layout = {}, {}, {}
         for p in plan_ops(g):
             for r in p.regions:
-                rid = f"{p.id}.state.{r.name}"
+                rid = region_id(p.id, r.name)
                 dt = torch.float32 if r.precision == "f32" else dtype
                 if r.growth == "fixed":
                     shape = tuple(r.shape)

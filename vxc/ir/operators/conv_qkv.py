@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
-from ..roles import Role
-from . import Attrs, RegionSpec, RoleSpec, OperatorDecl, attr, register
+from .decl import Attrs, RegionSpec, RoleSpec, OperatorDecl, attr, register
 
+from .attention import kv_dim as _kv_dim, q_dim as _q_dim
 from .rotary import ROTARY_ATTRS
 
+
 def _qkv_rows(a: Attrs) -> int:
-    return (a["heads"] + 2 * a["kv_heads"]) * a["head_dim"]
+    return _q_dim(a) + 2 * _kv_dim(a)
+
+
+def _derive(a: Attrs) -> dict[str, int]:
+    """The fused projection (and the conv over it) is q (q_dim) | k (kv_dim) | v (kv_dim)."""
+    return {"q_dim": _q_dim(a), "kv_dim": _kv_dim(a), "qkv_rows": _qkv_rows(a)}
 
 
 CONV_QKV = OperatorDecl(
     kind="conv_qkv",
     slot="mixer",
     surfaces=("attention",),
+    derive=_derive,
     doc="fused QKV projection, causal depthwise conv over the fused QKV (no activation), rotary, causal GQA softmax",
     attrs=(
         attr("d_model", "int"),
@@ -30,12 +37,12 @@ CONV_QKV = OperatorDecl(
         *ROTARY_ATTRS,
     ),
     roles=(
-        RoleSpec(Role.ConvQkvInProj, lambda a: (_qkv_rows(a), a["d_model"])),
-        RoleSpec(Role.ConvQkvInProjBias, lambda a: (_qkv_rows(a),), when="qkv_bias"),
-        RoleSpec(Role.ConvQkvConv1d, lambda a: (_qkv_rows(a), a["conv_kernel"])),
-        RoleSpec(Role.ConvQkvConv1dBias, lambda a: (_qkv_rows(a),), when="conv_bias"),
-        RoleSpec(Role.ConvQkvOutProj, lambda a: (a["d_model"], a["heads"] * a["head_dim"])),
-        RoleSpec(Role.ConvQkvOutProjBias, lambda a: (a["d_model"],), when="out_bias"),
+        RoleSpec("ConvQkvInProj", lambda a: (_qkv_rows(a), a["d_model"])),
+        RoleSpec("ConvQkvInProjBias", lambda a: (_qkv_rows(a),), when="qkv_bias"),
+        RoleSpec("ConvQkvConv1d", lambda a: (_qkv_rows(a), a["conv_kernel"])),
+        RoleSpec("ConvQkvConv1dBias", lambda a: (_qkv_rows(a),), when="conv_bias"),
+        RoleSpec("ConvQkvOutProj", lambda a: (a["d_model"], _q_dim(a))),
+        RoleSpec("ConvQkvOutProjBias", lambda a: (a["d_model"],), when="out_bias"),
     ),
     regions=(
         RegionSpec("kv", "kv_rows", lambda a: (2, a["kv_heads"], a["head_dim"]), "compute", "per_token"),

@@ -1,19 +1,20 @@
-"""Operator declarations, as data: one module per operator kind (this package).
+"""What an operator declaration is made of (imported by every operator module).
 
 Each :class:`OperatorDecl` names the attributes (geometry) an instance must
-declare, the roles it binds (always, or only under a declared attribute),
-the shape contract of each role as a function of the attributes, and the
-continuation-state regions it requires. Passes (bind, closure, state) are
-single generic walks over these declarations; nothing else in vxc knows
-what an operator needs.
+declare, the roles it binds (always, or only under a declared attribute) by
+name, the shape contract of each role as a function of the attributes, the
+geometry derived from the attributes, and the continuation-state regions it
+requires. The role vocabulary (:class:`vxc.ir.roles.Role`) is assembled from
+these declarations.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from ..roles import Role
+if TYPE_CHECKING:
+    from ..roles import Role
 
 Attrs = Mapping[str, Any]
 Shape = tuple[int, ...]
@@ -45,12 +46,18 @@ class Attr:
 
 @dataclass(frozen=True)
 class RoleSpec:
-    """A role the operator binds; ``role=None`` means the instance's own declared role (norms)."""
+    """A role the operator binds, by name; ``name=None`` means the instance's own declared role (norms)."""
 
-    role: Role | None
+    name: str | None
     shape: Callable[[Attrs], Shape]
     when: str | None = None  # "flag" or "name=value": required iff it holds
     unless: str | None = None  # required iff it does not hold
+
+    @property
+    def role(self) -> Role | None:
+        from ..roles import Role  # assembled from the declarations once they are all registered
+
+        return None if self.name is None else Role(self.name)
 
     def required(self, attrs: Attrs) -> bool:
         if self.when is not None:
@@ -115,6 +122,12 @@ class OperatorDecl:
     # consistency rules between attributes: (message, predicate)
     rules: tuple[tuple[str, Callable[[Attrs], bool]], ...] = ()
     surfaces: tuple[str, ...] = ()  # what a layer running it reports: "attention", "ffn", "moe"
+    # geometry derived from the attributes (conv widths, inner sizes): computed here only, read by the
+    # shape contracts and, through the plan op, by the lowering
+    derive: Callable[[Attrs], dict[str, int]] | None = None
+    # role names this operator adds to the vocabulary beyond its role specs: the roles a norm instance
+    # may declare as its own, or a name reserved for a feature not bound yet
+    extra_roles: tuple[str, ...] = ()
     doc: str = ""
 
     def attr(self, name: str) -> Attr | None:
@@ -137,6 +150,13 @@ class OperatorDecl:
     def region_specs(self, attrs: Attrs) -> list[RegionSpec]:
         return [r for r in self.regions if r.required(attrs)]
 
+    def derived(self, attrs: Attrs) -> dict[str, int]:
+        return dict(self.derive(attrs)) if self.derive is not None else {}
+
+    def role_names(self) -> list[str]:
+        """The role names this declaration contributes to the vocabulary, in declaration order."""
+        return [s.name for s in self.roles if s.name is not None] + list(self.extra_roles)
+
 
 def attr(name: str, type_: str, *choices: str, optional: bool = False, doc: str = "") -> Attr:
     return Attr(name, type_, tuple(choices), optional, doc)
@@ -149,19 +169,3 @@ def register(*decls: OperatorDecl) -> None:
     for d in decls:
         assert d.kind not in OPERATORS, d.kind
         OPERATORS[d.kind] = d
-
-
-def declared(kind: str) -> OperatorDecl | None:
-    return OPERATORS.get(kind)
-
-
-def role_owner(role: Role) -> list[str]:
-    """Operator kinds whose declaration names this role."""
-    return [d.kind for d in OPERATORS.values() for s in d.roles if s.role == role]
-
-
-
-# one module per operator kind; each registers its declaration
-from . import conv_qkv, ffn, gated_delta, kda, mamba2, mla, model, moe, softmax  # noqa: E402,F401
-
-NORM_KINDS = tuple(k for k, d in OPERATORS.items() if d.slot == "norm")

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ..roles import Role
-from . import RoleSpec, OperatorDecl, attr, register
+from .decl import RoleSpec, OperatorDecl, attr, register
 
 SWIGLU = OperatorDecl(
     kind="swiglu",
@@ -12,9 +11,9 @@ SWIGLU = OperatorDecl(
     doc="dense gated FFN: down(act(x·gateᵀ) * (x·upᵀ))",
     attrs=(attr("d_model", "int"), attr("intermediate", "int"), attr("act", "enum", "silu")),
     roles=(
-        RoleSpec(Role.FfnGate, lambda a: (a["intermediate"], a["d_model"])),
-        RoleSpec(Role.FfnUp, lambda a: (a["intermediate"], a["d_model"])),
-        RoleSpec(Role.FfnDown, lambda a: (a["d_model"], a["intermediate"])),
+        RoleSpec("FfnGate", lambda a: (a["intermediate"], a["d_model"])),
+        RoleSpec("FfnUp", lambda a: (a["intermediate"], a["d_model"])),
+        RoleSpec("FfnDown", lambda a: (a["d_model"], a["intermediate"])),
     ),
 )
 

@@ -22,18 +22,31 @@ group), so nothing here knows why.
 
 from __future__ import annotations
 
-from ..roles import Role
-from . import Attrs, OperatorDecl, RegionSpec, RoleSpec, attr, register
+from .decl import Attrs, OperatorDecl, RegionSpec, RoleSpec, attr, register
+
+
+def _key_dim(a: Attrs) -> int:
+    return a["k_heads"] * a["k_head_dim"]
+
+
+def _value_dim(a: Attrs) -> int:
+    return a["v_heads"] * a["v_head_dim"]
 
 
 def _conv_dim(a: Attrs) -> int:
-    return 2 * a["k_heads"] * a["k_head_dim"] + a["v_heads"] * a["v_head_dim"]
+    return 2 * _key_dim(a) + _value_dim(a)
+
+
+def _derive(a: Attrs) -> dict[str, int]:
+    """The conv runs over q (key_dim) | k (key_dim) | v (value_dim)."""
+    return {"key_dim": _key_dim(a), "value_dim": _value_dim(a), "conv_dim": _conv_dim(a)}
 
 
 GATED_DELTA = OperatorDecl(
     kind="gated_delta",
     slot="mixer",
     surfaces=(),
+    derive=_derive,
     doc="q|k|v projection → causal conv + act → l2-normalised q,k, q·scale; β=σ(b), g=−exp(A_log)·softplus(a+dt_bias); "
         "delta rule S←e^g S + kβ(v−Sᵀk)ᵀ; o=Sᵀq; per-head gated rmsnorm(o, z)·w; out_proj",
     attrs=(
@@ -52,15 +65,15 @@ GATED_DELTA = OperatorDecl(
         attr("norm_act", "enum", "silu", "sigmoid", doc="activation of the output gate z"),
     ),
     roles=(
-        RoleSpec(Role.LinearAttnInProjQkv, lambda a: (_conv_dim(a), a["d_model"])),
-        RoleSpec(Role.LinearAttnInProjZ, lambda a: (a["v_heads"] * a["v_head_dim"], a["d_model"])),
-        RoleSpec(Role.LinearAttnInProjB, lambda a: (a["v_heads"], a["d_model"])),
-        RoleSpec(Role.LinearAttnInProjA, lambda a: (a["v_heads"], a["d_model"])),
-        RoleSpec(Role.LinearAttnConv1d, lambda a: (_conv_dim(a), a["conv_kernel"])),
-        RoleSpec(Role.LinearAttnDtBias, lambda a: (a["v_heads"],)),
-        RoleSpec(Role.LinearAttnALog, lambda a: (a["v_heads"],)),
-        RoleSpec(Role.LinearAttnNorm, lambda a: (a["v_head_dim"],)),
-        RoleSpec(Role.LinearAttnOutProj, lambda a: (a["d_model"], a["v_heads"] * a["v_head_dim"])),
+        RoleSpec("LinearAttnInProjQkv", lambda a: (_conv_dim(a), a["d_model"])),
+        RoleSpec("LinearAttnInProjZ", lambda a: (_value_dim(a), a["d_model"])),
+        RoleSpec("LinearAttnInProjB", lambda a: (a["v_heads"], a["d_model"])),
+        RoleSpec("LinearAttnInProjA", lambda a: (a["v_heads"], a["d_model"])),
+        RoleSpec("LinearAttnConv1d", lambda a: (_conv_dim(a), a["conv_kernel"])),
+        RoleSpec("LinearAttnDtBias", lambda a: (a["v_heads"],)),
+        RoleSpec("LinearAttnALog", lambda a: (a["v_heads"],)),
+        RoleSpec("LinearAttnNorm", lambda a: (a["v_head_dim"],)),
+        RoleSpec("LinearAttnOutProj", lambda a: (a["d_model"], _value_dim(a))),
     ),
     regions=(
         RegionSpec("delta", "recurrent", lambda a: (a["v_heads"], a["k_head_dim"], a["v_head_dim"]), "f32", "fixed"),

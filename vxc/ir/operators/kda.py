@@ -18,18 +18,23 @@ chunked form; any chunking computes the same recurrence.
 
 from __future__ import annotations
 
-from ..roles import Role
-from . import Attrs, OperatorDecl, RegionSpec, RoleSpec, attr, register
+from .decl import Attrs, OperatorDecl, RegionSpec, RoleSpec, attr, register
 
 
 def _hd(a: Attrs) -> int:
     return a["heads"] * a["head_dim"]
 
 
+def _derive(a: Attrs) -> dict[str, int]:
+    """channels: the width of q, k, v (and of each conv and its history), heads·head_dim."""
+    return {"channels": _hd(a)}
+
+
 KDA = OperatorDecl(
     kind="kda",
     slot="mixer",
     surfaces=(),
+    derive=_derive,
     doc="q,k,v projections → three short convs + SiLU → l2-normalised q,k; g=−exp(A_log)·softplus(f_b(f_a x)+dt_bias) per channel; "
         "β=σ(b x); S←diag(e^g)S + βk(v−Sᵀk)ᵀ; o=Sᵀq; rmsnorm_per_head(o)·w·σ(g_b(g_a x)); out_proj",
     attrs=(
@@ -45,21 +50,21 @@ KDA = OperatorDecl(
         attr("chunk_size", "int", doc="prefill chunk of the reference's chunked form"),
     ),
     roles=(
-        RoleSpec(Role.KdaQProj, lambda a: (_hd(a), a["d_model"])),
-        RoleSpec(Role.KdaKProj, lambda a: (_hd(a), a["d_model"])),
-        RoleSpec(Role.KdaVProj, lambda a: (_hd(a), a["d_model"])),
-        RoleSpec(Role.KdaQConv1d, lambda a: (_hd(a), a["conv_kernel"])),
-        RoleSpec(Role.KdaKConv1d, lambda a: (_hd(a), a["conv_kernel"])),
-        RoleSpec(Role.KdaVConv1d, lambda a: (_hd(a), a["conv_kernel"])),
-        RoleSpec(Role.KdaFAProj, lambda a: (a["head_dim"], a["d_model"])),
-        RoleSpec(Role.KdaFBProj, lambda a: (_hd(a), a["head_dim"])),
-        RoleSpec(Role.KdaBProj, lambda a: (a["heads"], a["d_model"])),
-        RoleSpec(Role.KdaGAProj, lambda a: (a["head_dim"], a["d_model"])),
-        RoleSpec(Role.KdaGBProj, lambda a: (_hd(a), a["head_dim"])),
-        RoleSpec(Role.KdaALog, lambda a: (a["heads"],)),
-        RoleSpec(Role.KdaDtBias, lambda a: (_hd(a),)),
-        RoleSpec(Role.KdaONorm, lambda a: (a["head_dim"],)),
-        RoleSpec(Role.KdaOutProj, lambda a: (a["d_model"], _hd(a))),
+        RoleSpec("KdaQProj", lambda a: (_hd(a), a["d_model"])),
+        RoleSpec("KdaKProj", lambda a: (_hd(a), a["d_model"])),
+        RoleSpec("KdaVProj", lambda a: (_hd(a), a["d_model"])),
+        RoleSpec("KdaQConv1d", lambda a: (_hd(a), a["conv_kernel"])),
+        RoleSpec("KdaKConv1d", lambda a: (_hd(a), a["conv_kernel"])),
+        RoleSpec("KdaVConv1d", lambda a: (_hd(a), a["conv_kernel"])),
+        RoleSpec("KdaFAProj", lambda a: (a["head_dim"], a["d_model"])),
+        RoleSpec("KdaFBProj", lambda a: (_hd(a), a["head_dim"])),
+        RoleSpec("KdaBProj", lambda a: (a["heads"], a["d_model"])),
+        RoleSpec("KdaGAProj", lambda a: (a["head_dim"], a["d_model"])),
+        RoleSpec("KdaGBProj", lambda a: (_hd(a), a["head_dim"])),
+        RoleSpec("KdaALog", lambda a: (a["heads"],)),
+        RoleSpec("KdaDtBias", lambda a: (_hd(a),)),
+        RoleSpec("KdaONorm", lambda a: (a["head_dim"],)),
+        RoleSpec("KdaOutProj", lambda a: (a["d_model"], _hd(a))),
     ),
     regions=(
         RegionSpec("delta", "recurrent", lambda a: (a["heads"], a["head_dim"], a["head_dim"]), "f32", "fixed"),

@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
-from ..roles import Role
-from . import Attrs, RegionSpec, RoleSpec, OperatorDecl, attr, register
+from .decl import Attrs, RegionSpec, RoleSpec, OperatorDecl, attr, register
+
+
+def _bc_dim(a: Attrs) -> int:
+    return a["groups"] * a["state_size"]
+
 
 def _mamba2_conv_dim(a: Attrs) -> int:
-    return a["d_inner"] + 2 * a["groups"] * a["state_size"]
+    return a["d_inner"] + 2 * _bc_dim(a)
 
 
 def _mamba2_in_rows(a: Attrs) -> int:
-    return 2 * a["d_inner"] + 2 * a["groups"] * a["state_size"] + a["heads"]
+    return a["d_inner"] + _mamba2_conv_dim(a) + a["heads"]
+
+
+def _derive(a: Attrs) -> dict[str, int]:
+    """in_proj rows z | xBC | dt; the conv runs over xBC = x (d_inner) | B | C (bc_dim each)."""
+    return {"in_rows": _mamba2_in_rows(a), "conv_dim": _mamba2_conv_dim(a), "bc_dim": _bc_dim(a)}
 
 
 MAMBA2 = OperatorDecl(
     kind="mamba2",
     slot="mixer",
+    derive=_derive,
     doc="Mamba2 SSD mixer: in_proj → z|xBC|dt, causal conv + SiLU on xBC, selective scan, gated RMSNorm, out_proj",
     attrs=(
         attr("d_model", "int"),
@@ -36,16 +46,16 @@ MAMBA2 = OperatorDecl(
         attr("norm_group", "int", doc="channels per RMS group"),
     ),
     roles=(
-        RoleSpec(Role.Mamba2InProj, lambda a: (_mamba2_in_rows(a), a["d_model"])),
-        RoleSpec(Role.Mamba2InProjBias, lambda a: (_mamba2_in_rows(a),), when="proj_bias"),
-        RoleSpec(Role.Mamba2Conv1d, lambda a: (_mamba2_conv_dim(a), a["conv_kernel"])),
-        RoleSpec(Role.Mamba2Conv1dBias, lambda a: (_mamba2_conv_dim(a),), when="conv_bias"),
-        RoleSpec(Role.Mamba2DtBias, lambda a: (a["heads"],)),
-        RoleSpec(Role.Mamba2ALog, lambda a: (a["heads"],)),
-        RoleSpec(Role.Mamba2D, lambda a: (a["heads"],)),
-        RoleSpec(Role.Mamba2GatedNorm, lambda a: (a["d_inner"],)),
-        RoleSpec(Role.Mamba2OutProj, lambda a: (a["d_model"], a["d_inner"])),
-        RoleSpec(Role.Mamba2OutProjBias, lambda a: (a["d_model"],), when="proj_bias"),
+        RoleSpec("Mamba2InProj", lambda a: (_mamba2_in_rows(a), a["d_model"])),
+        RoleSpec("Mamba2InProjBias", lambda a: (_mamba2_in_rows(a),), when="proj_bias"),
+        RoleSpec("Mamba2Conv1d", lambda a: (_mamba2_conv_dim(a), a["conv_kernel"])),
+        RoleSpec("Mamba2Conv1dBias", lambda a: (_mamba2_conv_dim(a),), when="conv_bias"),
+        RoleSpec("Mamba2DtBias", lambda a: (a["heads"],)),
+        RoleSpec("Mamba2ALog", lambda a: (a["heads"],)),
+        RoleSpec("Mamba2D", lambda a: (a["heads"],)),
+        RoleSpec("Mamba2GatedNorm", lambda a: (a["d_inner"],)),
+        RoleSpec("Mamba2OutProj", lambda a: (a["d_model"], a["d_inner"])),
+        RoleSpec("Mamba2OutProjBias", lambda a: (a["d_model"],), when="proj_bias"),
     ),
     regions=(
         RegionSpec("ssm", "recurrent", lambda a: (a["heads"], a["head_dim"], a["state_size"]), "f32", "fixed"),

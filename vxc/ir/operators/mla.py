@@ -27,13 +27,21 @@ from __future__ import annotations
 
 import math
 
-from ..roles import Role
-from . import Attrs, OperatorDecl, RegionSpec, RoleSpec, attr, register
+from .decl import Attrs, OperatorDecl, RegionSpec, RoleSpec, attr, register
 from .rotary import ROTARY_ATTRS
 
 
 def _qk(a: Attrs) -> int:
     return a["qk_nope_head_dim"] + a["qk_rope_head_dim"]
+
+
+def _o_dim(a: Attrs) -> int:
+    return a["heads"] * a["v_head_dim"]
+
+
+def _derive(a: Attrs) -> dict[str, int]:
+    """qk_head_dim: one query head, nope | rope; o_dim: the attention output, heads·v_head_dim."""
+    return {"qk_head_dim": _qk(a), "o_dim": _o_dim(a)}
 
 
 def yarn_softmax_mscale(factor: float, mscale_all_dim: float) -> float:
@@ -51,6 +59,7 @@ MLA = OperatorDecl(
     kind="mla",
     slot="mixer",
     surfaces=("attention",),
+    derive=_derive,
     doc="q (direct or q-LoRA a→norm→b) split nope|rope; [c|k_pe]=kv_a(x), c=rmsnorm(c); kv_b(c) per head k_nope|v; "
         "rotary on q_pe and the shared k_pe as declared; causal softmax; output projection. Decode attends on latent rows (absorbed kv_b).",
     attrs=(
@@ -70,14 +79,14 @@ MLA = OperatorDecl(
         attr("rope_mscale_all_dim", "float", optional=True, doc="YaRN mscale_all_dim (its square is folded into scale)"),
     ),
     roles=(
-        RoleSpec(Role.MlaQProj, lambda a: (a["heads"] * _qk(a), a["d_model"]), unless="q_lora"),
-        RoleSpec(Role.MlaQAProj, lambda a: (a["q_lora_rank"], a["d_model"]), when="q_lora"),
-        RoleSpec(Role.MlaQANorm, lambda a: (a["q_lora_rank"],), when="q_lora"),
-        RoleSpec(Role.MlaQBProj, lambda a: (a["heads"] * _qk(a), a["q_lora_rank"]), when="q_lora"),
-        RoleSpec(Role.MlaKvAProj, lambda a: (a["kv_lora_rank"] + a["qk_rope_head_dim"], a["d_model"])),
-        RoleSpec(Role.MlaKvANorm, lambda a: (a["kv_lora_rank"],)),
-        RoleSpec(Role.MlaKvBProj, lambda a: (a["heads"] * (a["qk_nope_head_dim"] + a["v_head_dim"]), a["kv_lora_rank"])),
-        RoleSpec(Role.MlaOutProj, lambda a: (a["d_model"], a["heads"] * a["v_head_dim"])),
+        RoleSpec("MlaQProj", lambda a: (a["heads"] * _qk(a), a["d_model"]), unless="q_lora"),
+        RoleSpec("MlaQAProj", lambda a: (a["q_lora_rank"], a["d_model"]), when="q_lora"),
+        RoleSpec("MlaQANorm", lambda a: (a["q_lora_rank"],), when="q_lora"),
+        RoleSpec("MlaQBProj", lambda a: (a["heads"] * _qk(a), a["q_lora_rank"]), when="q_lora"),
+        RoleSpec("MlaKvAProj", lambda a: (a["kv_lora_rank"] + a["qk_rope_head_dim"], a["d_model"])),
+        RoleSpec("MlaKvANorm", lambda a: (a["kv_lora_rank"],)),
+        RoleSpec("MlaKvBProj", lambda a: (a["heads"] * (a["qk_nope_head_dim"] + a["v_head_dim"]), a["kv_lora_rank"])),
+        RoleSpec("MlaOutProj", lambda a: (a["d_model"], _o_dim(a))),
     ),
     regions=(
         RegionSpec("latent", "latent_rows", lambda a: (a["kv_lora_rank"] + a["qk_rope_head_dim"],), "compute", "per_token"),

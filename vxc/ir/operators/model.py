@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ..roles import Role
-from . import RoleSpec, OperatorDecl, attr, register
+from .decl import RoleSpec, OperatorDecl, attr, register
 
 RMSNORM = OperatorDecl(
     kind="rmsnorm",
@@ -11,6 +10,9 @@ RMSNORM = OperatorDecl(
     doc="x·rsqrt(mean(x²)+eps)·w, or ·(1+w) when zero_centred; computed in fp32",
     attrs=(attr("dim", "int"), attr("eps", "float"), attr("zero_centred", "bool")),
     roles=(RoleSpec(None, lambda a: (a["dim"],)),),
+    # the roles a norm instance declares as its own (placements name them: vxc.ir.roles.PLACEMENT_NORMS)
+    extra_roles=("PreAttentionNorm", "PostAttentionNorm", "PreFfnNorm", "PostFfnNorm", "PreExpertsNorm",
+                 "PostDenseFfnNorm", "PostExpertsNorm", "Mamba2PreMixerNorm", "FinalNorm"),
 )
 
 EMBEDDING = OperatorDecl(
@@ -18,7 +20,7 @@ EMBEDDING = OperatorDecl(
     slot="embedding",
     doc="token embedding table; rows beyond the logical vocab are padding",
     attrs=(attr("vocab", "int"), attr("padded_vocab", "int"), attr("dim", "int")),
-    roles=(RoleSpec(Role.Embedding, lambda a: (a["padded_vocab"], a["dim"])),),
+    roles=(RoleSpec("Embedding", lambda a: (a["padded_vocab"], a["dim"])),),
     rules=(("padded_vocab must be >= vocab", lambda a: a["padded_vocab"] >= a["vocab"]),),
 )
 
@@ -27,7 +29,7 @@ HEAD = OperatorDecl(
     slot="head",
     doc="logits = h·Wᵀ over the padded vocab; W is the embedding table when tied",
     attrs=(attr("tied", "bool"), attr("padded_vocab", "int"), attr("dim", "int")),
-    roles=(RoleSpec(Role.LmHead, lambda a: (a["padded_vocab"], a["dim"]), unless="tied"),),
+    roles=(RoleSpec("LmHead", lambda a: (a["padded_vocab"], a["dim"]), unless="tied"),),
 )
 
 

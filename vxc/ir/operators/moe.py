@@ -21,8 +21,7 @@ scaled by σ(x·SharedExpertBranchGate) when ``shared_gate``.
 
 from __future__ import annotations
 
-from ..roles import Role
-from . import Attrs, OperatorDecl, RoleSpec, attr, register
+from .decl import Attrs, OperatorDecl, RoleSpec, attr, register
 
 
 def _e(a: Attrs) -> int:
@@ -56,21 +55,23 @@ MOE = OperatorDecl(
         attr("shared_gate", "bool", doc="shared-expert branch scaled by σ(x·SharedExpertBranchGate)"),
     ),
     roles=(
-        RoleSpec(Role.MoeRouterWeight, lambda a: (_e(a), a["d_model"])),
-        RoleSpec(Role.MoeRouterBias, lambda a: (_e(a),), when="router_bias"),
-        RoleSpec(Role.MoeRouterSelectionBias, lambda a: (_e(a),), when="selection_bias"),
-        RoleSpec(Role.PerExpertGate, lambda a: (_e(a), a["intermediate"], a["d_model"]), when="expert_layout=separate"),
-        RoleSpec(Role.PerExpertUp, lambda a: (_e(a), a["intermediate"], a["d_model"]), when="expert_layout=separate"),
-        RoleSpec(Role.PerExpertDown, lambda a: (_e(a), a["d_model"], a["intermediate"]), when="expert_layout=separate"),
-        RoleSpec(Role.ExpertGateUp, lambda a: (_e(a), 2 * a["intermediate"], a["d_model"]), when="expert_layout=fused_interleaved"),
-        RoleSpec(Role.ExpertDown, lambda a: (_e(a), a["d_model"], a["intermediate"]), when="expert_layout=fused_interleaved"),
-        RoleSpec(Role.ExpertGateUpBias, lambda a: (_e(a), 2 * a["intermediate"]), when="expert_bias"),
-        RoleSpec(Role.ExpertDownBias, lambda a: (_e(a), a["d_model"]), when="expert_bias"),
-        RoleSpec(Role.SharedExpertGate, lambda a: (a["shared_intermediate"], a["d_model"]), when="shared_experts"),
-        RoleSpec(Role.SharedExpertUp, lambda a: (a["shared_intermediate"], a["d_model"]), when="shared_experts"),
-        RoleSpec(Role.SharedExpertDown, lambda a: (a["d_model"], a["shared_intermediate"]), when="shared_experts"),
-        RoleSpec(Role.SharedExpertBranchGate, lambda a: (1, a["d_model"]), when="shared_gate"),
+        RoleSpec("MoeRouterWeight", lambda a: (_e(a), a["d_model"])),
+        RoleSpec("MoeRouterBias", lambda a: (_e(a),), when="router_bias"),
+        RoleSpec("MoeRouterSelectionBias", lambda a: (_e(a),), when="selection_bias"),
+        RoleSpec("PerExpertGate", lambda a: (_e(a), a["intermediate"], a["d_model"]), when="expert_layout=separate"),
+        RoleSpec("PerExpertUp", lambda a: (_e(a), a["intermediate"], a["d_model"]), when="expert_layout=separate"),
+        RoleSpec("PerExpertDown", lambda a: (_e(a), a["d_model"], a["intermediate"]), when="expert_layout=separate"),
+        RoleSpec("ExpertGateUp", lambda a: (_e(a), 2 * a["intermediate"], a["d_model"]), when="expert_layout=fused_interleaved"),
+        RoleSpec("ExpertDown", lambda a: (_e(a), a["d_model"], a["intermediate"]), when="expert_layout=fused_interleaved"),
+        RoleSpec("ExpertGateUpBias", lambda a: (_e(a), 2 * a["intermediate"]), when="expert_bias"),
+        RoleSpec("ExpertDownBias", lambda a: (_e(a), a["d_model"]), when="expert_bias"),
+        RoleSpec("SharedExpertGate", lambda a: (a["shared_intermediate"], a["d_model"]), when="shared_experts"),
+        RoleSpec("SharedExpertUp", lambda a: (a["shared_intermediate"], a["d_model"]), when="shared_experts"),
+        RoleSpec("SharedExpertDown", lambda a: (a["d_model"], a["shared_intermediate"]), when="shared_experts"),
+        RoleSpec("SharedExpertBranchGate", lambda a: (1, a["d_model"]), when="shared_gate"),
     ),
+    # reserved in the vocabulary (VINDEX3), bound by no frontend yet
+    extra_roles=("MoeRouterScale", "MoeRouterPerExpertScale", "ExpertGateUpScales", "ExpertDownScales", "LayerScalar"),
     rules=(
         ("top_k must be between 1 and experts", lambda a: 1 <= a["top_k"] <= a["experts"]),
         ("shared_intermediate must be > 0 exactly when shared_experts", lambda a: (a["shared_intermediate"] > 0) == a["shared_experts"]),

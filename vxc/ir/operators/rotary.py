@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import attr
+from .decl import attr
 
 ROTARY_ATTRS = (
     attr("rotary_dim", "int", doc="leading dims of each head that rotate (0 = none)"),

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-from ..roles import Role
-from . import RegionSpec, RoleSpec, OperatorDecl, attr, register
+from .decl import Attrs, RegionSpec, RoleSpec, OperatorDecl, attr, register
 
+from .attention import kv_dim as _kv_dim, q_dim as _q_dim
 from .rotary import ROTARY_ATTRS
+
+
+def _derive(a: Attrs) -> dict[str, int]:
+    return {"q_dim": _q_dim(a), "kv_dim": _kv_dim(a)}
+
 
 SOFTMAX = OperatorDecl(
     kind="softmax",
     slot="mixer",
     surfaces=("attention",),
+    derive=_derive,
     doc="softmax attention: q/k/v projections (+biases), optional per-head q/k RMSNorm, rotary, causal GQA softmax, o projection",
     attrs=(
         attr("d_model", "int"),
@@ -31,18 +37,18 @@ SOFTMAX = OperatorDecl(
         *ROTARY_ATTRS,
     ),
     roles=(
-        RoleSpec(Role.AttnQ, lambda a: (a["heads"] * a["head_dim"], a["d_model"])),
-        RoleSpec(Role.AttnK, lambda a: (a["kv_heads"] * a["head_dim"], a["d_model"])),
-        RoleSpec(Role.AttnV, lambda a: (a["kv_heads"] * a["head_dim"], a["d_model"])),
-        RoleSpec(Role.AttnO, lambda a: (a["d_model"], a["heads"] * a["head_dim"])),
-        RoleSpec(Role.AttnQBias, lambda a: (a["heads"] * a["head_dim"],), when="q_bias"),
-        RoleSpec(Role.AttnKBias, lambda a: (a["kv_heads"] * a["head_dim"],), when="k_bias"),
-        RoleSpec(Role.AttnVBias, lambda a: (a["kv_heads"] * a["head_dim"],), when="v_bias"),
-        RoleSpec(Role.AttnOBias, lambda a: (a["d_model"],), when="o_bias"),
-        RoleSpec(Role.AttnQNorm, lambda a: (a["head_dim"],), when="qk_norm"),
-        RoleSpec(Role.AttnKNorm, lambda a: (a["head_dim"],), when="qk_norm"),
-        RoleSpec(Role.AttnSinks, lambda a: (a["heads"],), when="sinks"),
-        RoleSpec(Role.AttnOutputGate, lambda a: (a["heads"] * a["head_dim"], a["d_model"]), when="output_gate"),
+        RoleSpec("AttnQ", lambda a: (_q_dim(a), a["d_model"])),
+        RoleSpec("AttnK", lambda a: (_kv_dim(a), a["d_model"])),
+        RoleSpec("AttnV", lambda a: (_kv_dim(a), a["d_model"])),
+        RoleSpec("AttnO", lambda a: (a["d_model"], _q_dim(a))),
+        RoleSpec("AttnQBias", lambda a: (_q_dim(a),), when="q_bias"),
+        RoleSpec("AttnKBias", lambda a: (_kv_dim(a),), when="k_bias"),
+        RoleSpec("AttnVBias", lambda a: (_kv_dim(a),), when="v_bias"),
+        RoleSpec("AttnOBias", lambda a: (a["d_model"],), when="o_bias"),
+        RoleSpec("AttnQNorm", lambda a: (a["head_dim"],), when="qk_norm"),
+        RoleSpec("AttnKNorm", lambda a: (a["head_dim"],), when="qk_norm"),
+        RoleSpec("AttnSinks", lambda a: (a["heads"],), when="sinks"),
+        RoleSpec("AttnOutputGate", lambda a: (_q_dim(a), a["d_model"]), when="output_gate"),
     ),
     regions=(
         RegionSpec(

@@ -8,27 +8,26 @@ rmsnorm, and out_proj. Reads only roles and declared attributes.
 from __future__ import annotations
 
 from ...ir.roles import Role
-from ..lowering import StateRef, Val, _Emitter, _w, register_block
 from ...passes.plan import PlanOp
+from .emitter import Emitter, StateRef, Val, lowering, weight
 
 
-@register_block("gated_delta")
-def lower_gated_delta(e: _Emitter, p: PlanOp, x: Val) -> Val:
-    a = p.attrs
+@lowering("gated_delta")
+def lower_gated_delta(e: Emitter, p: PlanOp, x: Val) -> Val:
+    a, d = p.attrs, p.derived
     Hk, Hv, Dk, Dv = a["k_heads"], a["v_heads"], a["k_head_dim"], a["v_head_dim"]
-    conv_dim = 2 * Hk * Dk + Hv * Dv
-    (qkv,) = e.kernel(p, "linear", [x, _w(p, Role.LinearAttnInProjQkv), None], "q|k|v projection")
-    (z,) = e.kernel(p, "linear", [x, _w(p, Role.LinearAttnInProjZ), None], "z (output gate) projection")
-    (b,) = e.kernel(p, "linear", [x, _w(p, Role.LinearAttnInProjB), None], "beta logits projection")
-    (dec,) = e.kernel(p, "linear", [x, _w(p, Role.LinearAttnInProjA), None], "decay logits projection")
+    (qkv,) = e.kernel(p, "linear", [x, weight(p, Role.LinearAttnInProjQkv), None], "q|k|v projection")
+    (z,) = e.kernel(p, "linear", [x, weight(p, Role.LinearAttnInProjZ), None], "z (output gate) projection")
+    (b,) = e.kernel(p, "linear", [x, weight(p, Role.LinearAttnInProjB), None], "beta logits projection")
+    (dec,) = e.kernel(p, "linear", [x, weight(p, Role.LinearAttnInProjA), None], "decay logits projection")
     conv_state, delta_state = StateRef(p.id, "conv"), StateRef(p.id, "delta")
-    w_conv = _w(p, Role.LinearAttnConv1d)
+    w_conv = weight(p, Role.LinearAttnConv1d)
     act = a["conv_act"]
-    common = [_w(p, Role.LinearAttnALog), _w(p, Role.LinearAttnDtBias), delta_state, a["scale"], a["l2_eps"]]
+    common = [weight(p, Role.LinearAttnALog), weight(p, Role.LinearAttnDtBias), delta_state, a["scale"], a["l2_eps"]]
     if e.decode:
-        (qkv1,) = e.glue(p, "reshape", [qkv, [conv_dim]])
+        (qkv1,) = e.glue(p, "reshape", [qkv, [d["conv_dim"]]])
         (c,) = e.kernel(p, "conv1d_step", [qkv1, w_conv, None, act, conv_state], f"conv + {act} + conv-state roll/write")
-        q, k, v = e.glue(p, "split", [c, [Hk * Dk, Hk * Dk, Hv * Dv], -1], 3)
+        q, k, v = e.glue(p, "split", [c, [d["key_dim"], d["key_dim"], d["value_dim"]], -1], 3)
         (q,) = e.glue(p, "reshape", [q, [Hk, Dk]])
         (k,) = e.glue(p, "reshape", [k, [Hk, Dk]])
         (v,) = e.glue(p, "reshape", [v, [Hv, Dv]])
@@ -38,7 +37,7 @@ def lower_gated_delta(e: _Emitter, p: PlanOp, x: Val) -> Val:
                         "gates + l2norm q,k + delta-rule state update + readout")
     else:
         (c,) = e.kernel(p, "conv1d_prefill", [qkv, w_conv, None, act, conv_state], f"causal conv + {act} + conv-state write")
-        q, k, v = e.glue(p, "split", [c, [Hk * Dk, Hk * Dk, Hv * Dv], -1], 3)
+        q, k, v = e.glue(p, "split", [c, [d["key_dim"], d["key_dim"], d["value_dim"]], -1], 3)
         (q,) = e.glue(p, "reshape", [q, [-1, Hk, Dk]])
         (k,) = e.glue(p, "reshape", [k, [-1, Hk, Dk]])
         (v,) = e.glue(p, "reshape", [v, [-1, Hv, Dv]])
@@ -46,11 +45,9 @@ def lower_gated_delta(e: _Emitter, p: PlanOp, x: Val) -> Val:
                         f"gates + l2norm q,k + chunked delta rule (WY, chunk {a['chunk_size']}) + final-state write")
     (o2,) = e.glue(p, "reshape", [o, [-1, Dv]])
     (z2,) = e.glue(p, "reshape", [z, [-1, Dv]])
-    (on,) = e.kernel(p, "gated_rmsnorm", [o2, z2, _w(p, Role.LinearAttnNorm), a["norm_eps"], Dv,
+    (on,) = e.kernel(p, "gated_rmsnorm", [o2, z2, weight(p, Role.LinearAttnNorm), a["norm_eps"], Dv,
                                           a["norm_order"] == "norm_then_gate", a["norm_act"]], "per-head gated rmsnorm")
-    (o3,) = e.glue(p, "reshape", [on, [-1, Hv * Dv]])
-    (out,) = e.kernel(p, "linear", [o3, _w(p, Role.LinearAttnOutProj), None], "out_proj")
+    (o3,) = e.glue(p, "reshape", [on, [-1, d["value_dim"]]])
+    (out,) = e.kernel(p, "linear", [o3, weight(p, Role.LinearAttnOutProj), None], "out_proj")
     return out
 
-
-__all__ = ["lower_gated_delta"]

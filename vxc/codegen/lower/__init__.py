@@ -1,0 +1,59 @@
+"""``fuse``: plan ops → fused kernel groups.
+
+Each plan op is lowered, by its kind, to a short list of :class:`Call`s by the
+lowering registered for that kind: one module per operator kind in this
+package, each registering with ``@lowering("<kind>")`` (``emitter.py`` is what
+they are written with). Every module here is imported below, so a new
+operator's lowering is one new file.
+
+Variants lowered from the same plan: ``prefill`` over ``T`` tokens from
+position ``start``; ``prefill_last``, the same with the head applied to the
+last position only (what generation needs: no [T, vocab] logits); and
+``decode``, one token with fixed shapes. Only operator kinds, roles, declared
+attributes and the geometry the declarations derive are read.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import networkx as nx
+
+from ...passes.plan import plan_ops
+from .emitter import (  # noqa: F401  (the public lowering vocabulary)
+    LOWERINGS, START, TOKENS, Call, Emitter, Lowered, Lowering, RopeRef, StateRef, Val, Weight, lowering, weight,
+)
+
+VARIANTS = ("prefill", "prefill_last", "decode")
+
+
+class Unsupported(Exception):
+    pass
+
+
+def lower_plan(g: nx.DiGraph, variant: str) -> Lowered:
+    assert variant in VARIANTS
+    e = Emitter(variant)
+    hidden: Val | None = None  # output of the last op; the norms carry the residual stream (e.residual)
+    for p in plan_ops(g):
+        fn = LOWERINGS.get(p.kind)
+        if fn is None:
+            raise Unsupported(f"{p.id}: no kernel lowering for operator kind {p.kind}")
+        hidden = fn(e, p, hidden)
+    for i, c in enumerate(e.out.groups()):
+        c.group = i
+    return e.out
+
+
+def print_groups(lw: Lowered) -> str:
+    lines = [f"fuse {lw.variant}: {len(lw.groups())} fused groups"]
+    for c in lw.calls:
+        if c.kernel is not None:
+            lines.append(f"  g{c.group:<4d} vxc.{c.kernel:<15} {c.plan_op:<32} {c.note}")
+    return "\n".join(lines) + "\n"
+
+
+# one module per operator kind; each registers its lowering
+for _m in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_m}")
