@@ -381,3 +381,17 @@ def test_floor_and_argmax_helpers():
     assert R.argmax_agreement(ref64, test, 1e-3) == (0.5, 1)
     frac, excluded = R.argmax_agreement(ref64, test, 10.0)
     assert math.isnan(frac) and excluded == 3
+
+
+def test_kernel_floor_helper():
+    exact = torch.tensor([[40.0, -3.0], [0.5, 7.0]], dtype=torch.float64)
+    twin = (exact + torch.tensor([[2e-3, 0.0], [0.0, -1e-3]], dtype=torch.float64)).float()
+    fl = R.kernel_floor_and_tolerance(twin, exact)
+    assert fl["floor"] == pytest.approx(2e-3, abs=1e-5) and fl["tol"] == pytest.approx(4e-3, abs=2e-5)
+    R.assert_kernel_at_floor(exact.float() + 1.5e-3, twin, exact)  # within 2 × floor of both
+    with pytest.raises(AssertionError, match="tol"):
+        R.assert_kernel_at_floor(exact.float() - 3.5e-3, twin, exact)  # within reach of fp64, not of the twin
+    tight = R.kernel_floor_and_tolerance(exact.float(), exact)  # an exact twin: the 1e-5·max|out| term
+    assert tight["floor"] == 0.0 and tight["tol"] == pytest.approx(4e-4)
+    with pytest.raises(AssertionError):
+        R.assert_kernel_at_floor(exact.float() + 1e-3, exact.float(), exact)
