@@ -53,8 +53,8 @@ def finish(b: Builder, A: Attrs, model_dir: Path, d: int, vocab: int, layers: li
 
 
 def check_silu(A: Attrs) -> None:
-    """``hidden_act`` absent is SiLU; anything else written is refused."""
-    act = A.raw("hidden_act") if "hidden_act" in A else "silu"
+    """``hidden_act`` must be SiLU: absent it is (or the family default, recorded), anything else is refused."""
+    act = A.take("hidden_act") if "hidden_act" in A.defaults else A.raw("hidden_act") if "hidden_act" in A else "silu"
     if act != "silu":
         raise FrontendError(f"{A.where}: hidden_act={act!r} is not supported (silu only)")
 

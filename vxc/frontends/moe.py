@@ -31,6 +31,25 @@ def grouped_sigmoid_moe_op(A: Attrs, *, experts: int, top_k: int, shared: int, r
     return op("moe", attrs, defaults)
 
 
+def softmax_topk_moe_op(A: Attrs, d: int, experts: int, top_k: int, intermediate: int, shared_intermediate: int | None) -> Op:
+    """Softmax over all experts (fp32) → top-k → renormalise iff ``norm_topk_prob``; SwiGLU experts; a shared expert
+    scaled by σ(x·w_shared_gate) of width ``shared_intermediate`` (None: the family has none, a fact filled in).
+    (default) marks follow the config keys ``A`` filled from the family's defaults."""
+    shared = shared_intermediate or 0
+    attrs = {"d_model": d, "experts": experts, "top_k": top_k, "intermediate": intermediate, "router": "softmax_topk",
+             "norm_topk_prob": A.take("norm_topk_prob", bool), "routed_scaling": 1.0, "n_group": 1, "topk_group": 1,
+             "router_bias": False, "selection_bias": False, "expert_layout": "separate", "expert_bias": False,
+             "act": "silu", "shared_experts": shared > 0, "shared_intermediate": shared, "shared_gate": shared > 0}
+    defaults = {"router", "routed_scaling", "n_group", "topk_group", "router_bias", "selection_bias", "expert_bias", "shared_gate"}
+    if shared_intermediate is None:
+        defaults |= {"shared_experts", "shared_intermediate"}
+    defaults |= {a for a, key in (("experts", "num_experts"), ("top_k", "num_experts_per_tok"), ("intermediate", "moe_intermediate_size"),
+                                  ("norm_topk_prob", "norm_topk_prob"), ("act", "hidden_act"),
+                                  ("shared_intermediate", "shared_expert_intermediate_size"),
+                                  ("shared_experts", "shared_expert_intermediate_size")) if key in A.filled}
+    return op("moe", attrs, defaults)
+
+
 def bind_grouped_sigmoid_moe(b: Builder, p: str, i: int, experts: int, expert_names: tuple[str, str, str]) -> None:
     """``p`` = the MoE module prefix (``...mlp.`` / ``...block_sparse_moe.``); expert_names = gate, up, down."""
     b.bind(p + "gate.weight", Role.MoeRouterWeight, i)

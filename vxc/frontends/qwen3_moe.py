@@ -27,8 +27,8 @@ from pathlib import Path
 from ..ir.module import Module
 from ..ir.roles import Role
 from .common import Attrs, Builder, FrontendError, op
-from .decoder import bind_norms, bind_swiglu, finish, rmsnorm, sizes, swiglu_op, two_norm_layer
-from .moe import bind_swiglu_experts
+from .decoder import bind_norms, bind_swiglu, check_silu, finish, rmsnorm, sizes, swiglu_op, two_norm_layer
+from .moe import bind_swiglu_experts, softmax_topk_moe_op
 from .registry import by_model_type
 from .softmax_decoder import bind_attention, rope_attrs
 
@@ -47,9 +47,7 @@ def lower_qwen3_moe(model_dir: Path, cfg: dict, sha: str, relative_to: Path | No
     d, n_layer, heads, vocab = sizes(A)
     filled, get = A.filled, A.take
 
-    act = get("hidden_act")
-    if act != "silu":
-        raise FrontendError(f"{A.where}: hidden_act={act!r} is not supported (silu only)")
+    check_silu(A)
     if get("use_sliding_window", bool):
         raise FrontendError(f"{A.where}: use_sliding_window=true is not supported (the reference masks every layer "
                             f"fully causal while passing a window; no single declared window matches it)")
@@ -81,15 +79,7 @@ def lower_qwen3_moe(model_dir: Path, cfg: dict, sha: str, relative_to: Path | No
                      | ({"q_bias", "k_bias", "v_bias", "o_bias"} if "attention_bias" in filled else set())
                      | ({"qk_norm_eps"} if "rms_norm_eps" in filled else set())
                      | {a for a, key in (("kv_heads", "num_key_value_heads"), ("head_dim", "head_dim")) if key in filled})
-    moe_attrs = {"d_model": d, "experts": E, "top_k": top_k, "intermediate": I_moe, "router": "softmax_topk",
-                 "norm_topk_prob": get("norm_topk_prob", bool), "routed_scaling": 1.0, "n_group": 1, "topk_group": 1,
-                 "router_bias": False, "selection_bias": False, "expert_layout": "separate", "expert_bias": False,
-                 "act": "silu", "shared_experts": False, "shared_intermediate": 0, "shared_gate": False}
-    moe_defaults = ({"router", "routed_scaling", "n_group", "topk_group", "router_bias", "selection_bias",
-                     "expert_bias", "shared_experts", "shared_intermediate", "shared_gate"}
-                    | {a for a, key in (("experts", "num_experts"), ("top_k", "num_experts_per_tok"),
-                                        ("intermediate", "moe_intermediate_size"), ("norm_topk_prob", "norm_topk_prob"),
-                                        ("act", "hidden_act")) if key in filled})
+    moe_op = softmax_topk_moe_op(A, d, E, top_k, I_moe, None)
 
     layers, n_moe, stored = [], 0, set()
     for i in range(n_layer):
@@ -101,7 +91,7 @@ def lower_qwen3_moe(model_dir: Path, cfg: dict, sha: str, relative_to: Path | No
             n_moe += 1
             b.bind(p + "mlp.gate.weight", Role.MoeRouterWeight, i)
             stored.add(bind_swiglu_experts(b, p + "mlp.", i, E, I_moe))
-            ffn = op("moe", dict(moe_attrs), set(moe_defaults))
+            ffn = op("moe", dict(moe_op.attrs), set(moe_op.defaults))
         else:
             bind_swiglu(b, p + "mlp.", i)
             ffn = swiglu_op(d, get("intermediate_size", int),

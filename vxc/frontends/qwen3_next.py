@@ -33,8 +33,8 @@ from pathlib import Path
 from ..ir.module import Module, Transform
 from ..ir.roles import Role
 from .common import Attrs, Builder, FrontendError, op
-from .decoder import bind_norms, bind_swiglu, finish, rmsnorm, sizes, swiglu_op, two_norm_layer
-from .moe import bind_shared_experts, bind_swiglu_experts
+from .decoder import bind_norms, bind_swiglu, check_silu, finish, rmsnorm, sizes, swiglu_op, two_norm_layer
+from .moe import bind_shared_experts, bind_swiglu_experts, softmax_topk_moe_op
 from .registry import by_model_type
 from .softmax_decoder import rope_attrs
 
@@ -92,9 +92,7 @@ def lower_qwen3_next(model_dir: Path, cfg: dict, sha: str, relative_to: Path | N
     d, n_layer, heads, vocab = sizes(A)
     filled, get = A.filled, A.take
 
-    act = get("hidden_act")
-    if act != "silu":
-        raise FrontendError(f"{where}: hidden_act={act!r} is not supported (silu only)")
+    check_silu(A)
     if get("attention_bias", bool):
         raise FrontendError(f"{where}: attention_bias=true is not supported (the output gate's bias has no role)")
     kv, hd, eps = get("num_key_value_heads", int), get("head_dim", int, 1), get("rms_norm_eps", float)
@@ -132,16 +130,7 @@ def lower_qwen3_next(model_dir: Path, cfg: dict, sha: str, relative_to: Path | N
                      | ({"q_bias", "k_bias", "v_bias", "o_bias"} if "attention_bias" in filled else set())
                      | ({"qk_norm_eps"} if "rms_norm_eps" in filled else set())
                      | {a for a, key in (("kv_heads", "num_key_value_heads"), ("head_dim", "head_dim")) if key in filled})
-    moe_attrs = {"d_model": d, "experts": E, "top_k": top_k, "intermediate": I_moe, "router": "softmax_topk",
-                 "norm_topk_prob": get("norm_topk_prob", bool), "routed_scaling": 1.0, "n_group": 1, "topk_group": 1,
-                 "router_bias": False, "selection_bias": False, "expert_layout": "separate", "expert_bias": False,
-                 "act": "silu", "shared_experts": I_shared > 0, "shared_intermediate": I_shared, "shared_gate": I_shared > 0}
-    moe_defaults = ({"router", "routed_scaling", "n_group", "topk_group", "router_bias", "selection_bias",
-                     "expert_bias", "shared_gate"}
-                    | {a for a, key in (("experts", "num_experts"), ("top_k", "num_experts_per_tok"),
-                                        ("intermediate", "moe_intermediate_size"), ("norm_topk_prob", "norm_topk_prob"),
-                                        ("act", "hidden_act"), ("shared_intermediate", "shared_expert_intermediate_size"),
-                                        ("shared_experts", "shared_expert_intermediate_size")) if key in filled})
+    moe_op = softmax_topk_moe_op(A, d, E, top_k, I_moe, I_shared)
 
     layers = []
     n_moe = 0
@@ -183,7 +172,7 @@ def lower_qwen3_next(model_dir: Path, cfg: dict, sha: str, relative_to: Path | N
             bind_swiglu_experts(b, m, i, E, I_moe)
             bind_shared_experts(b, m + "shared_expert.", i)
             b.bind(m + "shared_expert_gate.weight", Role.SharedExpertBranchGate, i)
-            ffn = op("moe", dict(moe_attrs), set(moe_defaults))
+            ffn = op("moe", dict(moe_op.attrs), set(moe_op.defaults))
         else:
             bind_swiglu(b, p + "mlp.", i)
             ffn = swiglu_op(d, get("intermediate_size", int),
