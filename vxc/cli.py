@@ -175,7 +175,8 @@ def exec_(
     logits_out: Optional[Path] = typer.Option(None, "--logits-out", help="write teacher-forced logits of the given tokens (fp32 [positions, vocab])"),
     save_state: Optional[Path] = typer.Option(None, "--save-state", help="save the continuation state after generating"),
     resume_state: Optional[Path] = typer.Option(None, "--resume-state", help="continue from a saved state"),
-    kernels: str = typer.Option("auto", "--kernels", help="auto | torch | triton (triton on CPU needs TRITON_INTERPRET=1)"),
+    kernels: str = typer.Option("auto", "--kernels", help="auto | torch | triton | native (triton on CPU needs TRITON_INTERPRET=1)"),
+    kernel_report: bool = typer.Option(False, "--kernel-report", help="print the kernel backend and every fallback to a torch twin (--json: always in its \"kernels\" object)"),
     compile_decode: bool = typer.Option(False, "--compile", help="torch.compile the fixed-shape decode graph"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
 ):
@@ -186,7 +187,7 @@ def exec_(
         return run_exec(model=model, prompt=prompt, tokens=tokens, max_new_tokens=max_new_tokens, temperature=temperature,
                         top_p=top_p, top_k=top_k, seed=seed, dtype=dtype, device=device, max_context=max_context,
                         model_dir=model_dir, logits_out=logits_out, save_state=save_state, resume_state=resume_state,
-                        kernels=kernels, compile_decode=compile_decode, as_json=as_json)
+                        kernels=kernels, compile_decode=compile_decode, as_json=as_json, kernel_report=kernel_report)
 
     _guard(go, as_json)
 
@@ -212,7 +213,7 @@ def demo(
     print("== exec --prompt 'The state of ' --temperature 0.9 --top-k 40 --seed 0 (random weights: the text is noise)")
     exec_(ir, prompt="The state of ", tokens=None, max_new_tokens=max_new_tokens, temperature=0.9, top_p=1.0, top_k=40, seed=0,
           dtype="fp32", device="cpu", max_context=256, model_dir=None, logits_out=None, save_state=None, resume_state=None,
-          kernels="auto", compile_decode=False, as_json=False)
+          kernels="auto", kernel_report=False, compile_decode=False, as_json=False)
 
 
 def main() -> None:

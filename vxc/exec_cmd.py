@@ -11,7 +11,8 @@ from .ir.diagnostics import VxcError
 
 
 def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p, top_k, seed, dtype, device, max_context,
-             model_dir, logits_out, save_state, resume_state, kernels, compile_decode, as_json) -> None:
+             model_dir, logits_out, save_state, resume_state, kernels, compile_decode, as_json,
+             kernel_report=False) -> None:
     import torch
 
     from .codegen import kernels as K
@@ -28,8 +29,8 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
         raise VxcError(f"--dtype {dtype}: expected fp32 or bf16")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise VxcError("--device cuda: no CUDA device is available")
-    if kernels not in ("auto", "torch", "triton"):
-        raise VxcError(f"--kernels {kernels}: expected auto, torch or triton")
+    if kernels not in K.BACKENDS:
+        raise VxcError(f"--kernels {kernels}: expected one of {', '.join(K.BACKENDS)}")
     if kernels != "auto":
         K.set_backend(kernels)
     m = parse_file(model)
@@ -97,7 +98,7 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
         "load_seconds": load_s,
         "dtype": dtype,
         "device": device,
-        "kernels": K.get_backend() if kernels != "auto" else "auto",
+        "kernels": K.report(),  # the backend, the native library's status, every fallback to a torch twin
     }
     if tok is not None:
         result["generated_text"] = tok.decode(out)
@@ -105,6 +106,8 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
         print(json.dumps(result))
         return
     sys.stdout.write("\n")
+    if kernel_report:
+        note(K.format_report(result["kernels"]))
     p = result["prefill_tokens_per_s"]
     d = result["decode_tokens_per_s"]
     note(f"prefill {len(ids)} tokens: {p:.1f} tok/s · decode {n_decode} tokens: " + (f"{d:.1f} tok/s" if d else "n/a")

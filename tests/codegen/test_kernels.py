@@ -33,9 +33,16 @@ import torch.nn.functional as F  # noqa: E402
 from torch.library import opcheck  # noqa: E402
 
 from vxc.codegen import kernels  # noqa: E402
-from vxc.codegen.kernels import dispatch, native_impl, torch_impl, triton_impl  # noqa: E402
+from vxc.codegen.kernels.attention import attention_twin, rotary_twin  # noqa: E402
+from vxc.codegen.kernels.conv import conv1d_prefill_twin, conv1d_step_twin  # noqa: E402
+from vxc.codegen.kernels.dense import embedding_twin, linear_twin, swiglu_twin  # noqa: E402
+from vxc.codegen.kernels.norms import add_rmsnorm_twin, gated_rmsnorm_twin  # noqa: E402
+from vxc.codegen.kernels.ssd import ssd_prefill_twin, ssd_step_twin  # noqa: E402
+from vxc.codegen.kernels.ssd import ssd_recurrent_reference  # noqa: E402
+from vxc.codegen.kernels.torch_common import exp_clamped  # noqa: E402
+from vxc.codegen.kernels.triton_common import INTERPRETED  # noqa: E402
 
-TRITON_IN_PROCESS = torch.cuda.is_available() or triton_impl.INTERPRETED
+TRITON_IN_PROCESS = torch.cuda.is_available() or INTERPRETED
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ops = torch.ops.vxc
@@ -202,7 +209,7 @@ def naive_attention(q, k, v, k_cache, v_cache, start, scale, window, sinks):
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_add_rmsnorm_twin(zero_centred, with_residual):
     x, residual, weight = cpu(37, 200), cpu(37, 200), cpu(200)
-    normed, new_residual = torch_impl.add_rmsnorm(
+    normed, new_residual = add_rmsnorm_twin(
         x, residual if with_residual else None, weight, 1e-6, zero_centred, residual_fp32=False
     )
     r = x.double() + (residual.double() if with_residual else 0.0)
@@ -221,7 +228,7 @@ def test_add_rmsnorm_residual_dtypes():
 @pytest.mark.parametrize("norm_before_gate, act", [(False, "silu"), (True, "sigmoid")])
 def test_gated_rmsnorm_twin(norm_before_gate, act):
     x, z, weight = cpu(37, 200), cpu(37, 200), cpu(200)
-    out = torch_impl.gated_rmsnorm(x, z, weight, 1e-5, 50, norm_before_gate, act)
+    out = gated_rmsnorm_twin(x, z, weight, 1e-5, 50, norm_before_gate, act)
     x, z, weight = x.double(), z.double(), weight.double()
     gate = F.silu(z) if act == "silu" else torch.sigmoid(z)
     h = x if norm_before_gate else x * gate
@@ -233,14 +240,14 @@ def test_gated_rmsnorm_twin(norm_before_gate, act):
 def test_conv1d_prefill_twin(T):
     x, weight, bias, state = cpu(T, 97), cpu(97, 4), cpu(97), cpu(97, 4)
     expected_y, expected_state = naive_conv(x, weight, bias, "silu", state)
-    close_to_naive(torch_impl.conv1d_prefill(x, weight, bias, "silu", state), expected_y)
+    close_to_naive(conv1d_prefill_twin(x, weight, bias, "silu", state), expected_y)
     close_to_naive(state, expected_state)
 
 
 def test_conv1d_step_twin():
     x, weight, state = cpu(97), cpu(97, 4), cpu(97, 4)
     expected_y, expected_state = naive_conv(x[None], weight, None, "none", state)
-    close_to_naive(torch_impl.conv1d_step(x, weight, None, "none", state), expected_y[0])
+    close_to_naive(conv1d_step_twin(x, weight, None, "none", state), expected_y[0])
     close_to_naive(state, expected_state)
 
 
@@ -261,7 +268,7 @@ def test_ssd_prefill_twin(T, chunk_size, dt_limit):
     inputs = ssd_inputs(T, device="cpu")
     state = cpu(6, 12, 10)
     expected_y, expected_state = naive_ssd(*inputs, *dt_limit, state)
-    y = torch_impl.ssd_prefill(*inputs, *dt_limit, state, chunk_size)
+    y = ssd_prefill_twin(*inputs, *dt_limit, state, chunk_size)
     close_to_naive(y, expected_y)
     close_to_naive(state, expected_state)
 
@@ -269,7 +276,7 @@ def test_ssd_prefill_twin(T, chunk_size, dt_limit):
 def test_exp_clamped():
     """Exponents below UNDERFLOW (-60) count as -60: never a subnormal or an exp(-inf); the rest are exp itself."""
     d = torch.tensor([0.0, -1.5, -59.0, -61.0, -88.0, -100.0, -math.inf])
-    got = torch_impl.exp_clamped(d)
+    got = exp_clamped(d)
     e60 = math.exp(-60.0)
     torch.testing.assert_close(got, torch.tensor([1.0, math.exp(-1.5), math.exp(-59.0), e60, e60, e60, e60]),
                                rtol=1e-6, atol=0.0)
@@ -287,7 +294,7 @@ def test_ssd_prefill_twin_strong_decay(T):
     D, dt_bias = cpu(H), cpu(H, scale=0.5)
     state = cpu(H, P, N)
     expected_y, expected_state = naive_ssd(x, dt, A_log, B, C, D, dt_bias, 0.0, INF, state)
-    y = torch_impl.ssd_prefill(x, dt, A_log, B, C, D, dt_bias, 0.0, INF, state, 256)
+    y = ssd_prefill_twin(x, dt, A_log, B, C, D, dt_bias, 0.0, INF, state, 256)
     close_to_naive(y, expected_y)
     close_to_naive(state, expected_state)
 
@@ -296,7 +303,7 @@ def test_ssd_recurrent_reference_and_step_twin():
     inputs = ssd_inputs(9, device="cpu")
     state = cpu(6, 12, 10)
     expected_y, expected_state = naive_ssd(*inputs, 0.0, INF, state)
-    y, final = torch_impl.ssd_recurrent_reference(*inputs, 0.0, INF, state)
+    y, final = ssd_recurrent_reference(*inputs, 0.0, INF, state)
     close_to_naive(y, expected_y)
     close_to_naive(final, expected_state)
 
@@ -305,7 +312,7 @@ def test_ssd_recurrent_reference_and_step_twin():
 @pytest.mark.parametrize("rotary_dim", [12, 20])
 def test_rotary_twin(interleaved, rotary_dim):
     x, cos, sin = cpu(37, 6, 20), cpu(37, rotary_dim // 2), cpu(37, rotary_dim // 2)
-    close_to_naive(torch_impl.rotary(x, cos, sin, interleaved), naive_rotary(x, cos, sin, interleaved))
+    close_to_naive(rotary_twin(x, cos, sin, interleaved), naive_rotary(x, cos, sin, interleaved))
 
 
 ATTENTION_CASES = [  # (Hq, Hkv, window, sinks)
@@ -330,7 +337,7 @@ def test_attention_twin(Hq, Hkv, window, with_sinks):
     k_cache[start + T :], v_cache[start + T :] = math.nan, math.nan  # never read: a read would show as NaN
     sinks = cpu(Hq) if with_sinks else None
     expected, keys, values = naive_attention(q, k, v, k_cache, v_cache, start, 0.3, window, sinks)
-    out = torch_impl.attention(q, k, v, k_cache, v_cache, start, 0.3, window, sinks)
+    out = attention_twin(q, k, v, k_cache, v_cache, start, 0.3, window, sinks)
     close_to_naive(out, expected)
     close_to_naive(k_cache[: start + T], keys[: start + T])
     close_to_naive(v_cache[: start + T], values[: start + T])
@@ -338,13 +345,13 @@ def test_attention_twin(Hq, Hkv, window, with_sinks):
 
 def test_linear_swiglu_embedding_twins():
     x, weight, bias = cpu(37, 200), cpu(97, 200, scale=0.1), cpu(97)
-    close_to_naive(torch_impl.linear(x, weight, bias), x.double() @ weight.double().T + bias.double())
+    close_to_naive(linear_twin(x, weight, bias), x.double() @ weight.double().T + bias.double())
     w_gate, w_up, w_down = (cpu(*s, scale=0.1) for s in [(70, 200), (70, 200), (200, 70)])
     xd = x.double()
     expected = (F.silu(xd @ w_gate.double().T) * (xd @ w_up.double().T)) @ w_down.double().T
-    close_to_naive(torch_impl.swiglu(x, w_gate, w_up, w_down), expected)
+    close_to_naive(swiglu_twin(x, w_gate, w_up, w_down), expected)
     ids, table = torch.tensor([3, 0, 49, 3, 17]), cpu(50, 200)
-    close_to_naive(torch_impl.embedding(ids, table), torch.stack([table[i].double() for i in ids.tolist()]))
+    close_to_naive(embedding_twin(ids, table), torch.stack([table[i].double() for i in ids.tolist()]))
 
 
 # ------------------------------------------------------------------------------ (b) Triton vs the twins
@@ -363,7 +370,7 @@ def test_add_rmsnorm_triton(dtype, residual_dtype, zero_centred, residual_fp32):
     else:
         residual = None
     args = (x, residual, weight, 1e-6, zero_centred, residual_fp32)
-    for actual, expected in zip(triton(ops.add_rmsnorm, *args), torch_impl.add_rmsnorm(*args)):
+    for actual, expected in zip(triton(ops.add_rmsnorm, *args), add_rmsnorm_twin(*args)):
         assert_close(actual, expected, dtype)
 
 
@@ -373,7 +380,7 @@ def test_add_rmsnorm_triton(dtype, residual_dtype, zero_centred, residual_fp32):
 def test_gated_rmsnorm_triton(dtype, norm_before_gate, act):
     x, z, weight = rand(37, 200, dtype=dtype), rand(37, 200, dtype=dtype), rand(200)
     args = (x, z, weight, 1e-5, 40, norm_before_gate, act)
-    assert_close(triton(ops.gated_rmsnorm, *args), torch_impl.gated_rmsnorm(*args), dtype)
+    assert_close(triton(ops.gated_rmsnorm, *args), gated_rmsnorm_twin(*args), dtype)
 
 
 @triton_test
@@ -384,7 +391,7 @@ def test_conv1d_prefill_triton(dtype, T, with_bias, activation):
     state = rand(97, 4)  # an fp32 history for a bf16 stream
     args = (x, weight, bias if with_bias else None, activation)
     state_triton, state_torch = state.clone(), state.clone()
-    assert_close(triton(ops.conv1d_prefill, *args, state_triton), torch_impl.conv1d_prefill(*args, state_torch), dtype)
+    assert_close(triton(ops.conv1d_prefill, *args, state_triton), conv1d_prefill_twin(*args, state_torch), dtype)
     assert_close(state_triton, state_torch, dtype)
 
 
@@ -394,7 +401,7 @@ def test_conv1d_step_triton(dtype):
     x, weight, bias, state = (rand(*shape, dtype=dtype) for shape in [(97,), (97, 4), (97,), (97, 4)])
     state_triton, state_torch = state.clone(), state.clone()
     actual = triton(ops.conv1d_step, x, weight, bias, "silu", state_triton)
-    assert_close(actual, torch_impl.conv1d_step(x, weight, bias, "silu", state_torch), dtype)
+    assert_close(actual, conv1d_step_twin(x, weight, bias, "silu", state_torch), dtype)
     assert_close(state_triton, state_torch, dtype)
 
 
@@ -406,7 +413,7 @@ def test_ssd_prefill_triton(dtype, T, dt_limit):
     state = rand(6, 12, 10)
     state_triton, state_torch = state.clone(), state.clone()
     actual = triton(ops.ssd_prefill, *inputs, *dt_limit, state_triton, 16)
-    assert_close(actual, torch_impl.ssd_prefill(*inputs, *dt_limit, state_torch, 16), dtype)
+    assert_close(actual, ssd_prefill_twin(*inputs, *dt_limit, state_torch, 16), dtype)
     assert_close(state_triton, state_torch, dtype)
 
 
@@ -418,7 +425,7 @@ def test_ssd_step_triton(dtype, dt_limit):
     state = rand(6, 40, 10)
     state_triton, state_torch = state.clone(), state.clone()
     actual = triton(ops.ssd_step, x, dt, A_log, B, C, D, dt_bias, *dt_limit, state_triton)
-    assert_close(actual, torch_impl.ssd_step(x, dt, A_log, B, C, D, dt_bias, *dt_limit, state_torch), dtype)
+    assert_close(actual, ssd_step_twin(x, dt, A_log, B, C, D, dt_bias, *dt_limit, state_torch), dtype)
     assert_close(state_triton, state_torch, dtype)
 
 
@@ -428,7 +435,7 @@ def test_ssd_step_triton(dtype, dt_limit):
 @pytest.mark.parametrize("rotary_dim", [12, 20])
 def test_rotary_triton(dtype, interleaved, rotary_dim):
     x, cos, sin = rand(37, 6, 20, dtype=dtype), rand(37, rotary_dim // 2), rand(37, rotary_dim // 2)
-    assert_close(triton(ops.rotary, x, cos, sin, interleaved), torch_impl.rotary(x, cos, sin, interleaved), dtype)
+    assert_close(triton(ops.rotary, x, cos, sin, interleaved), rotary_twin(x, cos, sin, interleaved), dtype)
 
 
 @triton_test
@@ -441,7 +448,7 @@ def test_attention_triton(dtype, Hq, Hkv, window, with_sinks, start, T):
     sinks = rand(Hq) if with_sinks else None
     caches_triton = (k_cache.clone(), v_cache.clone())
     actual = triton(ops.attention, q, k, v, *caches_triton, start, 0.3, window, sinks)
-    expected = torch_impl.attention(q, k, v, k_cache, v_cache, start, 0.3, window, sinks)
+    expected = attention_twin(q, k, v, k_cache, v_cache, start, 0.3, window, sinks)
     assert_close(actual, expected, dtype)
     assert_close(caches_triton[0][: start + T], k_cache[: start + T], dtype)
     assert_close(caches_triton[1][: start + T], v_cache[: start + T], dtype)
@@ -453,7 +460,7 @@ def test_attention_triton(dtype, Hq, Hkv, window, with_sinks, start, T):
 def test_linear_triton(dtype, T, with_bias):
     x, weight, bias = rand(T, 200, dtype=dtype), rand(97, 200, scale=0.1, dtype=dtype), rand(97, dtype=dtype)
     args = (x, weight, bias if with_bias else None)
-    assert_close(triton(ops.linear, *args), torch_impl.linear(*args), dtype)
+    assert_close(triton(ops.linear, *args), linear_twin(*args), dtype)
 
 
 @triton_test
@@ -462,14 +469,14 @@ def test_linear_triton(dtype, T, with_bias):
 def test_swiglu_triton(dtype, T):
     x = rand(T, 200, dtype=dtype)
     w_gate, w_up, w_down = (rand(*s, scale=0.1, dtype=dtype) for s in [(70, 200), (70, 200), (200, 70)])
-    assert_close(triton(ops.swiglu, x, w_gate, w_up, w_down), torch_impl.swiglu(x, w_gate, w_up, w_down), dtype)
+    assert_close(triton(ops.swiglu, x, w_gate, w_up, w_down), swiglu_twin(x, w_gate, w_up, w_down), dtype)
 
 
 @triton_test
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_embedding_triton(dtype):
     ids, table = torch.tensor([3, 0, 49, 3, 17], device=DEVICE), rand(50, 1100, dtype=dtype)
-    assert torch.equal(triton(ops.embedding, ids, table), torch_impl.embedding(ids, table))
+    assert torch.equal(triton(ops.embedding, ids, table), embedding_twin(ids, table))
 
 
 # ----------------------------------------------------------------- (c) prefill then decode == one prefill
@@ -498,7 +505,7 @@ def test_ssd_prefill_then_steps(backend):
     inputs = ssd_inputs(37)
     x, dt, A_log, B, C, D, dt_bias = inputs
     initial = rand(6, 12, 10)
-    expected_y, expected_state = torch_impl.ssd_recurrent_reference(*inputs, 0.0, INF, initial)
+    expected_y, expected_state = ssd_recurrent_reference(*inputs, 0.0, INF, initial)
     state_full, state = initial.clone(), initial.clone()
     with kernels.backend(backend):
         y_full = ops.ssd_prefill(*inputs, 0.0, INF, state_full, 16)
@@ -562,18 +569,18 @@ def test_opcheck(backend):
 def test_backend_switch():
     tensor = torch.zeros(1, device=DEVICE)
     assert kernels.get_backend() == "auto"
-    assert dispatch.implementation(torch.zeros(1)) is native_impl  # CPU tensors: the native kernels
+    assert kernels.select(torch.zeros(1)) == "native"  # CPU tensors: the native kernels
     with kernels.backend("native"):
-        assert dispatch.implementation(torch.zeros(1)) is native_impl
+        assert kernels.select(torch.zeros(1)) == "native"
     with kernels.backend("triton"):
         assert kernels.get_backend() == "triton"
         if TRITON_IN_PROCESS:
-            assert dispatch.implementation(tensor) is triton_impl
+            assert kernels.select(tensor) == "triton"
         else:
             with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
-                dispatch.implementation(tensor)
+                kernels.select(tensor)
         with kernels.backend("torch"):
-            assert dispatch.implementation(tensor) is torch_impl
+            assert kernels.select(tensor) == "torch"
     assert kernels.get_backend() == "auto"
     with pytest.raises(ValueError, match="unknown kernel backend"):
         kernels.set_backend("cuda")

@@ -1,11 +1,12 @@
-"""The native CPU kernels (``native_impl``, compiled from ``native/vxc_cpu.c``) against their torch twins.
+"""The native CPU kernels (the ``native`` implementations of the kernel families, compiled from
+``native/vxc_cpu.c``) against their torch twins.
 
 Shapes are awkward on purpose: GEMV rows not a multiple of the 4-row block, reduction lengths not a multiple of
 the 16/32-lane vector (the masked tails), more than one OpenMP chunk. fp32 is compared tightly (only the
 summation order differs); bf16 within one rounding of the output (the native code rounds where the twin
 materialises bf16 values, but its fp32 sums run in another order, so an output may land one ulp away).
-Everything here must run natively: a kernel that silently ran its twin would compare the twin with itself,
-so each call is recorded and the recorder must hold the native call.
+Everything here must run natively: a native implementation that declined (``NotCovered``) would not return at
+all, and each call is recorded, the recorder holding the native call.
 """
 
 import math
@@ -15,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from vxc.codegen import kernels
-from vxc.codegen.kernels import native_impl as N
-from vxc.codegen.kernels import torch_impl as T
+from vxc.codegen.kernels import attention, conv, delta, dense, kda, mla, moe, norms, ssd
+from vxc.codegen.kernels import native as N
 
 DTYPES = [torch.float32, torch.bfloat16]
 TOL = {torch.float32: dict(rtol=2e-5, atol=2e-5), torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
@@ -32,7 +33,8 @@ def r(*shape, scale=1.0, dtype=torch.float32):
 
 
 def native(fn, *args, expect: str):
-    """Run a native_impl function, asserting that it made the native call ``expect`` (not its twin)."""
+    """Run a native implementation, asserting that it made the native call ``expect``."""
+    assert N.available(), N.status()
     rec = N.Recorder()
     with N.recording(rec):
         out = fn(*args)
@@ -49,7 +51,7 @@ def close(a, b, dtype):
 def test_library_builds_and_is_the_cpu_default():
     assert N.available(), N.status()
     assert N.status().startswith("loaded")
-    assert kernels.dispatch.implementation(torch.zeros(1)) is N
+    assert kernels.select(torch.zeros(1)) == "native"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -57,18 +59,18 @@ def test_library_builds_and_is_the_cpu_default():
 def test_gemv(dtype, N_out, K, bias):
     x, w = r(1, K, dtype=dtype), r(N_out, K, scale=K ** -0.5, dtype=dtype)
     b = r(N_out, dtype=dtype) if bias else None
-    close(native(N.linear, x, w, b, expect="vxc_gemv"), T.linear(x, w, b), dtype)
+    close(native(dense.linear_native, x, w, b, expect="vxc_gemv"), dense.linear_twin(x, w, b), dtype)
     # fp32 against fp64, independently of the twin
     if dtype == torch.float32:
         exact = x.double() @ w.double().T + (b.double() if bias else 0.0)
-        torch.testing.assert_close(native(N.linear, x, w, b, expect="vxc_gemv").double(), exact, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(native(dense.linear_native, x, w, b, expect="vxc_gemv").double(), exact, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_swiglu(dtype):
     x = r(1, 203, dtype=dtype)
     wg, wu, wd = r(70, 203, scale=0.1, dtype=dtype), r(70, 203, scale=0.1, dtype=dtype), r(203, 70, scale=0.1, dtype=dtype)
-    close(native(N.swiglu, x, wg, wu, wd, expect="vxc_swiglu_up"), T.swiglu(x, wg, wu, wd), dtype)
+    close(native(dense.swiglu_native, x, wg, wu, wd, expect="vxc_swiglu_up"), dense.swiglu_twin(x, wg, wu, wd), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -77,8 +79,8 @@ def test_swiglu(dtype):
 def test_add_rmsnorm(dtype, zero_centred, residual, residual_fp32):
     x, w = r(5, 201, dtype=dtype), r(201, dtype=dtype)
     res = r(5, 201, dtype=torch.float32 if residual_fp32 else dtype) if residual else None
-    got = native(N.add_rmsnorm, x, res, w, 1e-6, zero_centred, residual_fp32, expect="vxc_add_rmsnorm")
-    want = T.add_rmsnorm(x, res, w, 1e-6, zero_centred, residual_fp32)
+    got = native(norms.add_rmsnorm_native, x, res, w, 1e-6, zero_centred, residual_fp32, expect="vxc_add_rmsnorm")
+    want = norms.add_rmsnorm_twin(x, res, w, 1e-6, zero_centred, residual_fp32)
     close(got[0], want[0], dtype)
     assert torch.equal(got[1], want[1])  # the residual is one exact sum, rounded once
 
@@ -87,8 +89,8 @@ def test_add_rmsnorm(dtype, zero_centred, residual, residual_fp32):
 @pytest.mark.parametrize("norm_before_gate, act, group", [(False, "silu", 67), (True, "sigmoid", 201)])
 def test_gated_rmsnorm(dtype, norm_before_gate, act, group):
     x, z, w = r(3, 201, dtype=dtype), r(3, 201, dtype=dtype), r(201, dtype=dtype)
-    got = native(N.gated_rmsnorm, x, z, w, 1e-5, group, norm_before_gate, act, expect="vxc_gated_rmsnorm")
-    close(got, T.gated_rmsnorm(x, z, w, 1e-5, group, norm_before_gate, act), dtype)
+    got = native(norms.gated_rmsnorm_native, x, z, w, 1e-5, group, norm_before_gate, act, expect="vxc_gated_rmsnorm")
+    close(got, norms.gated_rmsnorm_twin(x, z, w, 1e-5, group, norm_before_gate, act), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -99,8 +101,8 @@ def test_gated_rmsnorm_row_strided(dtype):
     proj = r(T_, 3 * D + 5, dtype=dtype)
     z, x = proj[:, :D], proj[:, D + 5: 2 * D + 5]
     w = r(D, dtype=dtype)
-    got = native(N.gated_rmsnorm, x, z, w, 1e-5, 201, False, "silu", expect="vxc_gated_rmsnorm")
-    close(got, T.gated_rmsnorm(x, z, w, 1e-5, 201, False, "silu"), dtype)
+    got = native(norms.gated_rmsnorm_native, x, z, w, 1e-5, 201, False, "silu", expect="vxc_gated_rmsnorm")
+    close(got, norms.gated_rmsnorm_twin(x, z, w, 1e-5, 201, False, "silu"), dtype)
     assert got.is_contiguous()
 
 
@@ -116,8 +118,8 @@ def test_conv1d_prefill(dtype, T_, bias, activation):
     b = r(C, dtype=dtype) if bias else None
     s0 = r(C, K, dtype=dtype)
     s1, s2 = s0.clone(), s0.clone()
-    got = native(N.conv1d_prefill, x, w, b, activation, s1, expect="vxc_conv1d_prefill")
-    close(got, T.conv1d_prefill(x, w, b, activation, s2), dtype)
+    got = native(conv.conv1d_prefill_native, x, w, b, activation, s1, expect="vxc_conv1d_prefill")
+    close(got, conv.conv1d_prefill_twin(x, w, b, activation, s2), dtype)
     assert torch.equal(s1, s2)  # the new history holds raw inputs, exactly
     xx = torch.cat([s0.double(), x.double().T], 1)  # [C, K + T]: the old history, then the inputs
     assert torch.equal(s1.double(), xx[:, -K:])
@@ -138,8 +140,8 @@ def test_conv1d_step(dtype, bias, activation):
     b = r(C, dtype=dtype) if bias else None
     s1 = r(C, K, dtype=dtype)
     s2 = s1.clone()
-    got = native(N.conv1d_step, x, w, b, activation, s1, expect="vxc_conv1d_step")
-    close(got, T.conv1d_step(x, w, b, activation, s2), dtype)
+    got = native(conv.conv1d_step_native, x, w, b, activation, s1, expect="vxc_conv1d_step")
+    close(got, conv.conv1d_step_twin(x, w, b, activation, s2), dtype)
     assert torch.equal(s1, s2)  # the history shifts exactly
 
 
@@ -151,8 +153,8 @@ def test_ssd_step(dtype, dt_limit):
     A_log, D, dt_bias = r(H, scale=0.5), r(H), r(H, scale=0.5)
     s1 = r(H, P, Nst)
     s2 = s1.clone()
-    got = native(N.ssd_step, x, dt, A_log, B, C, D, dt_bias, *dt_limit, s1, expect="vxc_ssd_step")
-    close(got, T.ssd_step(x, dt, A_log, B, C, D, dt_bias, *dt_limit, s2), dtype)
+    got = native(ssd.ssd_step_native, x, dt, A_log, B, C, D, dt_bias, *dt_limit, s1, expect="vxc_ssd_step")
+    close(got, ssd.ssd_step_twin(x, dt, A_log, B, C, D, dt_bias, *dt_limit, s2), dtype)
     torch.testing.assert_close(s1, s2, rtol=1e-5, atol=1e-5)
 
 
@@ -163,7 +165,7 @@ def test_rotary(dtype, interleaved, R, T_):
     # T_=37: 37 tokens x 14 heads x 130 dims, past the kernel's threshold for splitting rows across threads
     H, Dh = (6, 20) if T_ == 1 else (14, 130)
     x, cos, sin = r(T_, H, Dh, dtype=dtype), r(T_, R // 2), r(T_, R // 2)
-    close(native(N.rotary, x, cos, sin, interleaved, expect="vxc_rotary"), T.rotary(x, cos, sin, interleaved), dtype)
+    close(native(attention.rotary_native, x, cos, sin, interleaved, expect="vxc_rotary"), attention.rotary_twin(x, cos, sin, interleaved), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -174,8 +176,8 @@ def test_attention_step(dtype, Hq, Hkv, start):
     kc, vc = r(S, Hkv, Dk, dtype=dtype), r(S, Hkv, Dv, dtype=dtype)
     kc[start + 1:], vc[start + 1:] = math.nan, math.nan  # rows past the position are never read
     kc2, vc2 = kc.clone(), vc.clone()
-    got = native(N.attention, q, k, v, kc, vc, start, 0.3, expect="vxc_attention_step")
-    want = T.attention(q, k, v, kc2, vc2, start, 0.3)
+    got = native(attention.attention_native, q, k, v, kc, vc, start, 0.3, expect="vxc_attention_step")
+    want = attention.attention_twin(q, k, v, kc2, vc2, start, 0.3)
     close(got, want, dtype)
     assert torch.equal(kc[: start + 1], kc2[: start + 1]) and torch.equal(vc[: start + 1], vc2[: start + 1])
     # and against the softmax written out (fp32)
@@ -212,31 +214,42 @@ def test_attention_steps_window_sinks_ring(dtype, window, sinks):
 def test_embedding():
     for dtype in DTYPES:
         ids, table = torch.tensor([3, 0, 49, 3]), r(50, 33, dtype=dtype)
-        assert torch.equal(native(N.embedding, ids, table, expect="vxc_embedding"), F.embedding(ids, table))
+        assert torch.equal(native(dense.embedding_native, ids, table, expect="vxc_embedding"), F.embedding(ids, table))
 
 
 def test_uncovered_cases_run_the_twin_and_say_so():
-    """Non-contiguous weights, sequences where only the single-token form is native, windows: the twin."""
+    """Non-contiguous weights, sequences where only the single-token form is native, kernels with no native
+    form: the native implementation declines (``NotCovered``), the op runs the twin, a capture is refused and
+    the fallback is counted."""
+    kernels.reset_fallbacks()
     x, w = r(1, 40), r(40, 30).T  # a transposed view
+    with pytest.raises(kernels.NotCovered):
+        dense.linear_native(x, w, None)
     rec = N.Recorder()
     with N.recording(rec):
-        got = N.linear(x, w, None)
+        got = torch.ops.vxc.linear(x, w, None)
     assert rec.calls == [] and "linear ran its torch twin" in rec.failed
-    torch.testing.assert_close(got, T.linear(x, w, None))
+    torch.testing.assert_close(got, dense.linear_twin(x, w, None))
     rec = N.Recorder()
     q, k, v, kc, vc = r(2, 4, 8), r(2, 2, 8), r(2, 2, 8), r(16, 2, 8), r(16, 2, 8)
     with N.recording(rec):
-        N.attention(q, k, v, kc, vc, 3, 0.3)
+        torch.ops.vxc.attention(q, k, v, kc, vc, 3, 0.3)
     assert "attention ran its torch twin" in rec.failed
     rec = N.Recorder()
     with N.recording(rec):
-        N.ssd_prefill(r(5, 2, 4), r(5, 2), r(2), r(5, 1, 3), r(5, 1, 3), r(2), r(2), 0.0, math.inf,
-                      r(2, 4, 3), 4)  # no native form at all
+        torch.ops.vxc.ssd_prefill(r(5, 2, 4), r(5, 2), r(2), r(5, 1, 3), r(5, 1, 3), r(2), r(2), 0.0, math.inf,
+                                  r(2, 4, 3), 4)  # no native form at all
     assert "ssd_prefill ran its torch twin" in rec.failed
     rec = N.Recorder()
     with N.recording(rec):  # a transposed (non-contiguous) conv weight
-        N.conv1d_prefill(r(5, 8), r(4, 8).T, None, "silu", r(8, 4))
+        torch.ops.vxc.conv1d_prefill(r(5, 8), r(4, 8).T, None, "silu", r(8, 4))
     assert "conv1d_prefill ran its torch twin" in rec.failed
+    assert kernels.fallbacks() == {
+        "conv1d_prefill": {"native": {N.OPERANDS: 1}},
+        "ssd_prefill": {"native": {"no native implementation": 1}},
+        "attention": {"native": {N.SEQUENCE: 1}},
+        "linear": {"native": {N.OPERANDS: 1}},
+    }
 
 
 def test_ops_dispatch_to_native_on_cpu():
@@ -261,7 +274,6 @@ def _moe_banks(E, rows, d, I, dtype, scale=0.3):
 def test_moe_experts_separate_silu(dtype):
     # d, I not multiples of the 4-row block or the vector width; the gate and up banks are slices of one fused
     # bank (expert stride 2I·d), as a qwen3_moe checkpoint binds them; experts listed out of order
-    from vxc.codegen.kernels import moe
 
     E, d, I = 9, 203, 45
     gate_up, w_down = _moe_banks(E, 2 * I, d, I, dtype)
@@ -270,13 +282,12 @@ def test_moe_experts_separate_silu(dtype):
     experts = torch.tensor([[7, 2, 5, 0]])
     weights = torch.rand(1, 4)
     args = (x, weights, experts, gate, up, w_down, None, None, "separate", "silu", None, None)
-    got = native(lambda *a: N.moe_experts(*a), *args, expect="vxc_moe_ffn_step")
+    got = native(lambda *a: moe.experts_native(*a), *args, expect="vxc_moe_ffn_step")
     close(got, moe.experts_twin(*args), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_moe_experts_fused_clamped_glu_biases(dtype):
-    from vxc.codegen.kernels import moe
 
     E, d, I = 6, 130, 37  # I odd: the last interleaved block holds one gate/up pair
     w_in, w_down = _moe_banks(E, 2 * I, d, I, dtype, scale=0.8)
@@ -286,26 +297,24 @@ def test_moe_experts_fused_clamped_glu_biases(dtype):
     args = (x, weights, experts, w_in, None, w_down, b_in, b_down, "fused_interleaved", "clamped_glu", 1.702, 7.0)
     gu = x.float() @ w_in[4].float().T + b_in[4].float()
     assert float(gu[:, 0::2].max()) > 7.0 and float(gu[:, 1::2].abs().max()) > 7.0  # the clamps are exercised
-    got = native(lambda *a: N.moe_experts(*a), *args, expect="vxc_moe_ffn_step")
+    got = native(lambda *a: moe.experts_native(*a), *args, expect="vxc_moe_ffn_step")
     close(got, moe.experts_twin(*args), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("gated", [False, True])
 def test_moe_shared(dtype, gated):
-    from vxc.codegen.kernels import moe
 
     d, I = 77, 50
     x, routed = r(1, d, dtype=dtype), r(1, d, dtype=dtype)
     g, u, dn = r(I, d, scale=0.3, dtype=dtype), r(I, d, scale=0.3, dtype=dtype), r(d, I, scale=0.3, dtype=dtype)
     bg = r(1, d, scale=0.3, dtype=dtype) if gated else None
-    got = native(lambda *a: N.moe_shared(*a), x, routed, g, u, dn, bg, expect="vxc_moe_ffn_step")
+    got = native(lambda *a: moe.shared_native(*a), x, routed, g, u, dn, bg, expect="vxc_moe_ffn_step")
     close(got, moe.shared_twin(x, routed, g, u, dn, bg), dtype)
 
 
 def test_moe_ops_take_the_native_path_for_one_token_only():
     """Through torch.ops.vxc: one token runs natively (recorded), several tokens run the twin."""
-    from vxc.codegen.kernels import moe
 
     E, d, I = 5, 40, 24
     gate, w_down = _moe_banks(E, I, d, I, torch.float32)
@@ -330,14 +339,13 @@ def test_moe_ops_take_the_native_path_for_one_token_only():
     ("sigmoid_grouped", True, 4, 2, True), ("sigmoid_grouped", False, 1, 1, True),
     ("topk_softmax", False, 1, 1, True)])
 def test_moe_router(dtype, router, norm, n_group, topk_group, biases):
-    from vxc.codegen.kernels import moe
 
     E, d, k = 36, 93, 5
     x, W = r(1, d, dtype=dtype), r(E, d, scale=0.5, dtype=dtype)
     bias = r(E, dtype=dtype) if biases and router == "topk_softmax" else None
     sel = r(E, scale=0.3) if biases and router == "sigmoid_grouped" else None
     args = (x, W, bias, sel, router, k, norm, 2.5, n_group, topk_group)
-    vals, idx = native(lambda *a: N.moe_router(*a), *args, expect="vxc_moe_router_step")
+    vals, idx = native(lambda *a: moe.router_native(*a), *args, expect="vxc_moe_router_step")
     want_vals, want_idx = moe.router_twin(*args)
     assert torch.equal(idx, want_idx)
     torch.testing.assert_close(vals, want_vals, rtol=1e-5, atol=1e-6)
@@ -346,13 +354,12 @@ def test_moe_router(dtype, router, norm, n_group, topk_group, biases):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("Hk, Hv, Dk, Dv", [(2, 6, 20, 37), (3, 3, 64, 16)])
 def test_gated_delta_step(dtype, Hk, Hv, Dk, Dv):
-    from vxc.codegen.kernels import delta
 
     q, k, v = r(Hk, Dk, dtype=dtype), r(Hk, Dk, dtype=dtype), r(Hv, Dv, dtype=dtype)
     a, b = r(Hv, dtype=dtype), r(Hv, dtype=dtype)
     A_log, dt_bias = r(Hv, scale=0.5), r(Hv, scale=0.5)
     a[0] = 25.0  # softplus past its linear threshold
-    _delta_step_vs_twin(N.gated_delta_step, delta.gated_delta_step_twin, dtype, q, k, v, a, b, A_log, dt_bias,
+    _delta_step_vs_twin(delta.gated_delta_step_native, delta.gated_delta_step_twin, dtype, q, k, v, a, b, A_log, dt_bias,
                         r(Hv, Dk, Dv, scale=0.3))
 
 
@@ -367,22 +374,20 @@ def _delta_step_vs_twin(fn, twin, dtype, q, k, v, a, b, A_log, dt_bias, state):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sigmoid_gate_mul(dtype):
-    from vxc.codegen.kernels import delta
 
     x, g = r(1, 301, dtype=dtype), r(1, 301, scale=3.0, dtype=dtype)
-    close(native(N.sigmoid_gate_mul, x, g, expect="vxc_sigmoid_gate_mul"), delta.sigmoid_gate_mul_twin(x, g), dtype)
+    close(native(delta.sigmoid_gate_mul_native, x, g, expect="vxc_sigmoid_gate_mul"), delta.sigmoid_gate_mul_twin(x, g), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("H, D", [(3, 20), (2, 64)])
 def test_kda_step(dtype, H, D):
-    from vxc.codegen.kernels import kda
 
     q, k, v = r(H, D, dtype=dtype), r(H, D, dtype=dtype), r(H, D, dtype=dtype)
     f, b = r(H * D, scale=2.0, dtype=dtype), r(H, dtype=dtype)
     f[3] = 30.0  # softplus past its linear threshold
     A_log, dt_bias = r(H, scale=0.5), r(H * D, scale=0.5)
-    _delta_step_vs_twin(N.kda_step, kda.kda_step_twin, dtype, q, k, v, f, b, A_log, dt_bias, r(H, D, D, scale=0.3))
+    _delta_step_vs_twin(kda.kda_step_native, kda.kda_step_twin, dtype, q, k, v, f, b, A_log, dt_bias, r(H, D, D, scale=0.3))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -390,7 +395,6 @@ def test_kda_step(dtype, H, D):
                                                ("interleaved", True)])
 def test_mla_decode(dtype, layout, split_out):
     # H 5, nope 12 + rope 6, v 7, latent 20; 9 earlier rows in the latent cache, the token at position 9
-    from vxc.codegen.kernels import mla
 
     H, NOPE, P, V, R, start = 5, 12, 6, 7, 20, 9
     q, kv = r(1, H, NOPE + P, dtype=dtype), r(1, R + P, dtype=dtype)
@@ -403,7 +407,7 @@ def test_mla_decode(dtype, layout, split_out):
     c1, c2 = c0.clone(), c0.clone()
     args = (q, kv, norm_w, 1e-6, w_kvb, cos, sin)
     tail = (start, 0.23, NOPE, layout == "interleaved", split_out)
-    got = native(N.mla_decode, *args, c1, *tail, expect="vxc_mla_decode")
+    got = native(mla.mla_decode_native, *args, c1, *tail, expect="vxc_mla_decode")
     want = mla.mla_decode_twin(*args, c2, *tail).to(dtype)
     close(got, want, dtype)
     close(c1, c2, dtype)
@@ -415,5 +419,5 @@ def test_moe_experts_refuses_out_of_range_ids():
     w_in, w_down = _moe_banks(E, I, d, I, torch.float32)
     up = r(E, I, d)
     with pytest.raises(ValueError, match="outside 0..3"):
-        N.moe_experts(r(1, d), torch.rand(1, 2), torch.tensor([[1, 4]]), w_in, up, w_down, None, None, "separate",
+        moe.experts_native(r(1, d), torch.rand(1, 2), torch.tensor([[1, 4]]), w_in, up, w_down, None, None, "separate",
                       "silu", None, None)

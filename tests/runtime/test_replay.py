@@ -12,7 +12,6 @@ import torch
 
 from tests.runtime import parity_table as P
 from vxc.codegen import kernels
-from vxc.codegen.kernels import native_impl
 from vxc.runtime.replay import CAPTURES, DecodeReplay
 from vxc.runtime.session import Session
 
@@ -63,7 +62,7 @@ def test_bf16_replay_is_bit_identical(lab, name):
 
 def test_a_step_with_a_non_native_kernel_is_refused(lab, monkeypatch):
     """An op without a native form would be skipped by a replay: the capture refuses, naming it."""
-    monkeypatch.setattr(native_impl, "NATIVE_OPS", native_impl.NATIVE_OPS - {"ssd_step"})
+    monkeypatch.setattr(kernels, "NATIVE_OPS", kernels.NATIVE_OPS - {"ssd_step"})
     f = P.FAMILIES["mamba2-native"]
     _, ir = lab.built("mamba2-native")
     ids = P.prompt_ids(f)[:20]
@@ -95,9 +94,9 @@ def test_arguments_that_move_with_the_position_are_followed():
     for pos in (5, 9):
         out = rep(pos)
         kc2, vc2 = kc.clone(), vc.clone()
-        from vxc.codegen.kernels import torch_impl
+        from vxc.codegen.kernels.attention import attention_twin
 
-        torch.testing.assert_close(out, torch_impl.attention(q, k, v, kc2, vc2, 2 * pos + 1, 0.3), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out, attention_twin(q, k, v, kc2, vc2, 2 * pos + 1, 0.3), rtol=1e-5, atol=1e-5)
 
 
 def test_a_non_linear_argument_is_refused():

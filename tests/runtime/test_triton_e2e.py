@@ -40,10 +40,10 @@ def child(specs: list[str]) -> None:
     from tests import references as R
     from tests.runtime import parity_table as P
     from vxc.codegen import kernels as K
-    from vxc.codegen.kernels import torch_impl, triton_impl
+    from vxc.codegen.kernels.triton_common import INTERPRETED
     from vxc.runtime.session import Session
 
-    assert triton_impl.INTERPRETED
+    assert INTERPRETED
     K.set_backend("triton")
     counts = {"triton": dict.fromkeys(OPS, 0), "torch": dict.fromkeys(OPS, 0)}
 
@@ -54,9 +54,10 @@ def child(specs: list[str]) -> None:
         return wrapped
 
     for name in OPS:
-        setattr(triton_impl, name, counting("triton", name, getattr(triton_impl, name)))
-        setattr(torch_impl, name, counting("torch", name, getattr(torch_impl, name)))
-    out = {"families": {}, "interpreted": bool(triton_impl.INTERPRETED), "backend": K.get_backend()}
+        impls = K.KERNELS[name].impls
+        impls["triton"] = counting("triton", name, impls["triton"])
+        impls["torch"] = counting("torch", name, impls["torch"])
+    out = {"families": {}, "interpreted": bool(INTERPRETED), "backend": K.get_backend()}
     for spec in specs:
         name, mdir, ir = spec.split("=")
         f = P.FAMILIES[name]

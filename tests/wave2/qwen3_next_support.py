@@ -233,7 +233,6 @@ def triton_child(model_dir: str) -> dict:
     assert os.environ.get("TRITON_INTERPRET") == "1"
     torch.set_num_threads(1)
     from vxc.codegen import kernels as K
-    from vxc.codegen.kernels import delta
     names = ("gated_delta_prefill", "gated_delta_step", "sigmoid_gate_mul")
     counts = {"triton": dict.fromkeys(names, 0), "torch": dict.fromkeys(names, 0)}
 
@@ -244,8 +243,9 @@ def triton_child(model_dir: str) -> dict:
         return wrapped
 
     for n in names:
-        setattr(delta, f"{n}_triton", counting("triton", n, getattr(delta, f"{n}_triton")))
-        setattr(delta, f"{n}_twin", counting("torch", n, getattr(delta, f"{n}_twin")))
+        impls = K.KERNELS[n].impls
+        impls["triton"] = counting("triton", n, impls["triton"])
+        impls["torch"] = counting("torch", n, impls["torch"])
     ids = prompt(5, n=E2E_PROMPT)
     model_dir = Path(model_dir)
     cfg = json.loads((model_dir / "config.json").read_text())

@@ -23,10 +23,10 @@ from tests.triton_support import triton_case as triton_case_for  # noqa: E402
 
 from vxc.codegen import kernels  # noqa: E402
 from vxc.codegen.kernels import mla as M  # noqa: E402,F401  (registers the ops)
-from vxc.codegen.kernels import triton_impl  # noqa: E402
+from vxc.codegen.kernels.triton_common import INTERPRETED  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TRITON_HERE = torch.cuda.is_available() or triton_impl.INTERPRETED
+TRITON_HERE = torch.cuda.is_available() or INTERPRETED
 ops = torch.ops.vxc
 
 # R latent rank, P rope dims, N nope dims, V value dims; H heads; S cache rows

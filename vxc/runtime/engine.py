@@ -13,7 +13,7 @@ from ..codegen.lower import VARIANTS, Lowered, RopeRef, StateRef, Weight, lower_
 from ..ir.module import Module
 from ..passes.context import Context
 from ..passes.manager import DEFAULT_PIPELINE, PassManager, parse_pipeline
-from ..codegen.kernels import dispatch
+from ..codegen import kernels
 from .replay import DecodeReplay
 from .rope import tables
 from .state import StateBuffers, StateProvider
@@ -65,7 +65,7 @@ class Engine:
         """Logits ``[1, padded_vocab]`` (compute dtype) of ``token`` at position ``pos``: the fixed-shape
         decode graph, or its native replay once captured (CPU, native kernels, not --compile)."""
         self.decode_ids[0] = token
-        if self.replay is not None and dispatch.get_backend() in ("auto", "native"):
+        if self.replay is not None and kernels.get_backend() in ("auto", "native"):
             return self.replay(pos)
         return self.decode_fn(self.decode_ids, pos)
 

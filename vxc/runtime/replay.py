@@ -4,7 +4,7 @@ without torch (the CPU analogue of a CUDA graph).
 The decode graph is already fixed-shape and reads static buffers (weights, state regions, the engine's token
 buffer); what a step still spends outside its kernels is Python and dispatcher work per op, which on this
 kind of CPU costs as much as the small kernels themselves once the weight stream has evicted the caches.
-So the first steps run the graph normally while ``native_impl`` records every kernel call with its raw
+So the first steps run the graph normally while ``kernels.native`` records every kernel call with its raw
 arguments (pointers, sizes, flags), outputs drawn from one pool that every captured step reuses. Three
 captured steps at different positions must agree call for call; an argument that differs must be an
 integer that moves linearly with the position (a rotary table row, the attention's row count), and the
@@ -22,7 +22,8 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..codegen.kernels import native_impl
+from ..codegen import kernels
+from ..codegen.kernels import native
 
 CAPTURES = 3
 
@@ -37,7 +38,7 @@ class _Guard(TorchDispatchMode):
     """Watches the graph-level ops of a captured step: views pass, each native-capable vxc op must have
     recorded a native call, anything else refuses the capture."""
 
-    def __init__(self, rec: native_impl.Recorder):
+    def __init__(self, rec: native.Recorder):
         super().__init__()
         self.rec = rec
 
@@ -46,7 +47,7 @@ class _Guard(TorchDispatchMode):
         before = len(self.rec.calls)
         out = func(*args, **(kwargs or {}))
         if ns == "vxc":
-            if name not in native_impl.NATIVE_OPS:
+            if name not in kernels.NATIVE_OPS:
                 self.rec.failed = self.rec.failed or f"vxc::{name} has no native form"
             elif len(self.rec.calls) == before:
                 self.rec.failed = self.rec.failed or f"vxc::{name} made no native call"
@@ -61,7 +62,7 @@ class DecodeReplay:
         self.pool: list[Tensor] = []
         self.captures: list[tuple[int, list, Tensor]] = []
         self.program: Optional[list] = None
-        self.refused: Optional[str] = None if native_impl.available() else native_impl.status()
+        self.refused: Optional[str] = None if native.available() else native.status()
         self.out: Optional[Tensor] = None
 
     @property
@@ -75,8 +76,8 @@ class DecodeReplay:
             return self.out.clone()
         if self.refused is not None:
             return self.graph(self.ids, pos)
-        rec = native_impl.Recorder(self.pool)
-        with native_impl.recording(rec), _Guard(rec):
+        rec = native.Recorder(self.pool)
+        with native.recording(rec), _Guard(rec):
             out = self.graph(self.ids, pos)
         if rec.failed:
             self._refuse(rec.failed)
@@ -95,7 +96,7 @@ class DecodeReplay:
         (p0, c0, out), (p1, c1, _), (p2, c2, _) = self.captures
         if len({len(c0), len(c1), len(c2)}) != 1 or p0 == p1:
             return self._refuse("captured steps differ in their calls")
-        lib = native_impl.load()
+        lib = native.load()
         program = []
         for (n0, a0), (n1, a1), (n2, a2) in zip(c0, c1, c2):
             if not (n0 == n1 == n2) or not (len(a0) == len(a1) == len(a2)):

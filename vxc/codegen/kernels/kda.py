@@ -14,7 +14,7 @@ on the fp32 state ``[H, D, D]`` (``S[key channel, value channel]``), which they 
   ``A_ij = Σ_d k_i[d] k_j[d] e^{G_i[d]−G_j[d]}`` (a unit-triangular solve), then
   ``O = (e^G ⊙ Q) S₀ + B U`` with the lower ``B_ij = Σ_d q_i[d] k_j[d] e^{G_i[d]−G_j[d]}``, and
   ``S = diag(e^{G_L}) S₀ + Σ_j diag(e^{G_L−G_j}) k_j u_jᵀ``.
-- torch twin, step and the test oracle ``kda_recurrent_reference``: the recurrence token by token.
+- torch twin, step: the recurrence token by token.
 - Triton: one program per (head, block of value channels) walks the sequence with its slice of the
   state in registers (a recurrent scan; the same kernel serves the step with T = 1).
 """
@@ -26,8 +26,45 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import dispatch, native_impl
-from .torch_impl import exp_clamped
+from .delta import delta_step_native
+from .registry import kernel
+from .torch_common import exp_clamped
+
+# ------------------------------------------------------------------------------------------------ declarations
+
+
+def _check(q, k, v, f, b, A_log, dt_bias, state):
+    H, D = q.shape[-2:]
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)} must agree")
+    if f.shape[-1] != H * D or b.shape[-1] != H or A_log.shape != (H,) or dt_bias.shape != (H * D,):
+        raise ValueError("forget logits [.., H·D], beta logits [.., H], A_log [H], dt_bias [H·D] expected")
+    if tuple(state.shape) != (H, D, D):
+        raise ValueError(f"state {list(state.shape)} is not [H, D, D] = [{H}, {D}, {D}]")
+
+
+@kernel("kda_prefill", mutates=("state",))
+def kda_prefill(q: Tensor, k: Tensor, v: Tensor, f: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+                state: Tensor, scale: float, l2_eps: float, chunk_size: int) -> Tensor:
+    _check(q, k, v, f, b, A_log, dt_bias, state)
+
+
+@kernel("kda_step", mutates=("state",))
+def kda_step(q: Tensor, k: Tensor, v: Tensor, f: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+             state: Tensor, scale: float, l2_eps: float) -> Tensor:
+    """One token: q, k, v [H, D], f [H·D], b [H]."""
+    _check(q, k, v, f, b, A_log, dt_bias, state)
+
+
+@kda_prefill.fake
+def _(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps, chunk_size):
+    return torch.empty_like(v)
+
+
+@kda_step.fake
+def _(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps):
+    return torch.empty_like(v)
+
 
 # ------------------------------------------------------------------------------------------- torch twin
 
@@ -89,16 +126,14 @@ def kda_prefill_twin(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps, chunk_
     return out.transpose(0, 1)
 
 
-def kda_recurrent_reference(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps):
-    """Test oracle: the recurrence token by token. Returns (o [T, H, D] fp32, final state); state is not touched."""
-    S = state.clone().float()
-    outs = [kda_step_twin(q[t], k[t], v[t], f[t], b[t], A_log, dt_bias, S, scale, l2_eps) for t in range(q.shape[0])]
-    return torch.stack(outs), S
+kda_step.impl("torch")(lambda *a: kda_step_twin(*a).to(a[0].dtype))
+kda_prefill.impl("torch")(lambda *a: kda_prefill_twin(*a).to(a[0].dtype))
 
 
 # ----------------------------------------------------------------------------------------------- Triton
 
 
+@triton.jit
 def _kda_scan_kernel(
     q_ptr, k_ptr, v_ptr, f_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, o_ptr,
     T, H, D, scale, l2_eps,
@@ -135,18 +170,6 @@ def _kda_scan_kernel(
     tl.store(state_ptr + s_offs, S, mask=s_mask)
 
 
-_JIT: dict[str, object] = {}
-
-
-def _jit(fn):
-    """Decorate on first use, in the mode (compiled / interpreted) TRITON_INTERPRET selects then."""
-    mode = bool(triton.knobs.runtime.interpret)
-    key = f"{fn.__name__}:{mode}"
-    if key not in _JIT:
-        _JIT[key] = triton.jit(fn)
-    return _JIT[key]
-
-
 def _scan(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps):
     assert state.is_contiguous() and state.dtype == torch.float32, "the KDA state must be contiguous fp32"
     q, k, v, f, b = (x.contiguous() for x in (q, k, v, f, b))
@@ -154,61 +177,28 @@ def _scan(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps):
     out = torch.empty_like(v)
     block_k = triton.next_power_of_2(D)
     block_v = min(block_k, 32)
-    _jit(_kda_scan_kernel)[(H, triton.cdiv(D, block_v))](
+    _kda_scan_kernel[(H, triton.cdiv(D, block_v))](
         q, k, v, f, b, A_log.contiguous(), dt_bias.contiguous(), state, out, T, H, D, scale, l2_eps,
         BLOCK_K=block_k, BLOCK_V=block_v, num_warps=4,
     )
     return out
 
 
-def _use_triton(x: Tensor) -> bool:
-    return dispatch.use_triton(x)
+@kda_prefill.impl("triton")
+def kda_prefill_triton(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps, chunk_size):
+    return _scan(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps)
 
 
-# ------------------------------------------------------------------------------------------------- ops
+@kda_step.impl("triton")
+def kda_step_triton(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps):
+    return _scan(q[None], k[None], v[None], f[None], b[None], A_log, dt_bias, state, scale, l2_eps)[0]
 
 
-def _check(q, k, v, f, b, A_log, dt_bias, state):
-    H, D = q.shape[-2:]
-    if k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)} must agree")
-    if f.shape[-1] != H * D or b.shape[-1] != H or A_log.shape != (H,) or dt_bias.shape != (H * D,):
-        raise ValueError("forget logits [.., H·D], beta logits [.., H], A_log [H], dt_bias [H·D] expected")
-    if tuple(state.shape) != (H, D, D):
-        raise ValueError(f"state {list(state.shape)} is not [H, D, D] = [{H}, {D}, {D}]")
+# ------------------------------------------------------------------------------------------------ native
 
 
-@torch.library.custom_op("vxc::kda_prefill", mutates_args=("state",))
-def kda_prefill(q: Tensor, k: Tensor, v: Tensor, f: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
-                state: Tensor, scale: float, l2_eps: float, chunk_size: int) -> Tensor:
-    _check(q, k, v, f, b, A_log, dt_bias, state)
-    if _use_triton(q):
-        return _scan(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps)
-    return kda_prefill_twin(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps, chunk_size).to(q.dtype)
-
-
-@kda_prefill.register_fake
-def _(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps, chunk_size):
-    return torch.empty_like(v)
-
-
-@torch.library.custom_op("vxc::kda_step", mutates_args=("state",))
-def kda_step(q: Tensor, k: Tensor, v: Tensor, f: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
-             state: Tensor, scale: float, l2_eps: float) -> Tensor:
-    """One token: q, k, v [H, D], f [H·D], b [H]."""
-    _check(q, k, v, f, b, A_log, dt_bias, state)
-    if _use_triton(q):
-        return _scan(q[None], k[None], v[None], f[None], b[None], A_log, dt_bias, state, scale, l2_eps)[0]
-    if dispatch.implementation(q) is native_impl:
-        o = native_impl.kda_step(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps)
-        if o is not None:
-            return o
-    return kda_step_twin(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps).to(q.dtype)
-
-
-@kda_step.register_fake
-def _(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps):
-    return torch.empty_like(v)
-
-
-__all__ = ["kda_prefill", "kda_step", "kda_prefill_twin", "kda_step_twin", "kda_recurrent_reference"]
+@kda_step.impl("native")
+def kda_step_native(q: Tensor, k: Tensor, v: Tensor, f: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+                    state: Tensor, scale: float, l2_eps: float) -> Tensor:
+    """One KDA token natively (fp32 state, per-key-channel decay): the delta-rule step of ``delta``."""
+    return delta_step_native(True, q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps)

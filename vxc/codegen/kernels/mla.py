@@ -28,8 +28,61 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import dispatch, native_impl
-from . import triton_impl as _tri
+from . import native as N
+from .attention import attention_triton
+from .dense import linear_triton
+from .native import BF, I, L, P
+from .native import F as Fc
+from .registry import NotCovered, kernel
+
+# ------------------------------------------------------------------------------------------------ declarations
+
+
+def _check(q, kv, norm_w, w_kvb, cos, cache, start, nope):
+    T, H, NQ = q.shape
+    R = norm_w.shape[0]
+    P = NQ - nope
+    if kv.shape != (T, R + P):
+        raise ValueError(f"kv {list(kv.shape)} is not [T, R+P] = [{T}, {R + P}]")
+    if cache.shape[-1] != R + P:
+        raise ValueError(f"latent rows of {cache.shape[-1]} values, expected R+P = {R + P}")
+    if w_kvb.shape[1] != R or w_kvb.shape[0] % H:
+        raise ValueError(f"kv_b {list(w_kvb.shape)} is not [H·(N+V), R]")
+    if cos is not None and 2 * cos.shape[-1] != P:
+        raise ValueError(f"rotary tables of {2 * cos.shape[-1]} dims, rope part has {P}")
+    if start + T > cache.shape[0]:
+        raise ValueError(f"rows {start}..{start + T - 1} do not fit a cache of {cache.shape[0]} rows")
+
+
+@kernel("mla_prefill", mutates=("cache",))
+def mla_prefill(q: Tensor, kv: Tensor, norm_w: Tensor, eps: float, w_kvb: Tensor, cos: Optional[Tensor],
+                sin: Optional[Tensor], cache: Tensor, start: int, scale: float, nope: int, interleaved: bool,
+                split_out: bool) -> Tensor:
+    _check(q, kv, norm_w, w_kvb, cos, cache, start, nope)
+
+
+@kernel("mla_decode", mutates=("cache",))
+def mla_decode(q: Tensor, kv: Tensor, norm_w: Tensor, eps: float, w_kvb: Tensor, cos: Optional[Tensor],
+               sin: Optional[Tensor], cache: Tensor, start: int, scale: float, nope: int, interleaved: bool,
+               split_out: bool) -> Tensor:
+    _check(q, kv, norm_w, w_kvb, cos, cache, start, nope)
+
+
+@mla_prefill.fake
+@mla_decode.fake
+def _(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, nope, interleaved, split_out):
+    return q.new_empty(q.shape[0], q.shape[1], w_kvb.shape[0] // q.shape[1] - nope)
+
+
+def _at_q_dtype(fn):
+    """``fn`` (an fp32 result) cast to q's dtype, contiguous."""
+
+    def cast(*args):
+        return fn(*args).to(args[0].dtype).contiguous()
+
+    cast.__name__ = cast.__qualname__ = f"{fn.__name__}_at_q_dtype"
+    return cast
+
 
 # ------------------------------------------------------------------------------------------- torch twin
 
@@ -96,6 +149,7 @@ def mla_decode_twin(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, no
 # ----------------------------------------------------------------------------------------------- Triton
 
 
+@triton.jit
 def _mla_rows_kernel(
     q_ptr, kv_ptr, w_ptr, cos_ptr, sin_ptr, cache_ptr, q_out_ptr,
     start, H, R, P, NQ, nope, eps,
@@ -152,6 +206,7 @@ def _mla_rows_kernel(
         tl.store(q_out_ptr + base + nope + d, yq, mask=d_mask)
 
 
+@triton.jit
 def _mla_absorbed_kernel(
     q_ptr, w_ptr, cache_ptr, o_ptr,
     T, start, H, R, P, nope, V, scale,
@@ -204,17 +259,6 @@ def _mla_absorbed_kernel(
         tl.store(o_ptr + o_base + vv, o.to(o_ptr.dtype.element_ty), mask=v_mask)
 
 
-_JIT: dict[str, object] = {}
-
-
-def _jit(fn):
-    """Decorate on first use, in the mode (compiled / interpreted) TRITON_INTERPRET selects then."""
-    key = f"{fn.__name__}:{bool(triton.knobs.runtime.interpret)}"
-    if key not in _JIT:
-        _JIT[key] = triton.jit(fn)
-    return _JIT[key]
-
-
 def _rows_triton(q, kv, norm_w, eps, cos, sin, cache, start, nope, interleaved, split_out):
     assert cache.is_contiguous(), "the latent rows are written in place and must be contiguous"
     q, kv = q.contiguous(), kv.contiguous()
@@ -223,7 +267,7 @@ def _rows_triton(q, kv, norm_w, eps, cos, sin, cache, start, nope, interleaved, 
     P = kv.shape[1] - R
     q_out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     has_rope = cos is not None
-    _jit(_mla_rows_kernel)[(T,)](
+    _mla_rows_kernel[(T,)](
         q, kv, norm_w.contiguous(), cos.contiguous() if has_rope else kv, sin.contiguous() if has_rope else kv, cache, q_out,
         start, H, R, P, NQ, nope, eps,
         HAS_ROPE=has_rope, INTERLEAVED=interleaved, SPLIT_OUT=split_out,
@@ -238,11 +282,11 @@ def mla_prefill_triton(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale,
     q_rot = _rows_triton(q, kv, norm_w, eps, cos, sin, cache, start, nope, interleaved, split_out)
     end = start + T
     rows = cache[:end].float()
-    kvb = _tri.linear(rows[:, :R].contiguous(), w_kvb.float().contiguous(), None).reshape(end, H, -1)  # [S, H, N+V]
+    kvb = linear_triton(rows[:, :R].contiguous(), w_kvb.float().contiguous(), None).reshape(end, H, -1)  # [S, H, N+V]
     k = torch.cat([kvb[..., :nope], rows[:, None, R:].expand(end, H, rows.shape[1] - R)], dim=-1).contiguous()
     v = kvb[..., nope:].contiguous()
     # the flash kernel reads rows 0..end-1 of these (its write of rows start.. rewrites the same values)
-    return _tri.attention(q_rot, k[start:], v[start:], k, v, start, scale)
+    return attention_triton(q_rot, k[start:], v[start:], k, v, start, scale)
 
 
 def mla_decode_triton(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, nope, interleaved, split_out):
@@ -252,7 +296,7 @@ def mla_decode_triton(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, 
     V = w_kvb.shape[0] // H - nope
     q_rot = _rows_triton(q, kv, norm_w, eps, cos, sin, cache, start, nope, interleaved, split_out)
     out = torch.empty(T, H, V, dtype=torch.float32, device=q.device)
-    _jit(_mla_absorbed_kernel)[(T, H)](
+    _mla_absorbed_kernel[(T, H)](
         q_rot, w_kvb.contiguous(), cache, out, T, start, H, R, P, nope, V, scale,
         BLOCK_N=min(triton.next_power_of_2(max(nope, 1)), 32), BLOCK_R=triton.next_power_of_2(R),
         BLOCK_P=triton.next_power_of_2(P), BLOCK_S=16, BLOCK_V=min(triton.next_power_of_2(V), 32),
@@ -260,63 +304,35 @@ def mla_decode_triton(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, 
     return out
 
 
-def _use_triton(x: Tensor) -> bool:
-    return dispatch.use_triton(x)
+for _k, _twin, _triton in ((mla_prefill, mla_prefill_twin, mla_prefill_triton),
+                           (mla_decode, mla_decode_twin, mla_decode_triton)):
+    _k.impl("torch")(_at_q_dtype(_twin))
+    _k.impl("triton")(_at_q_dtype(_triton))
 
 
-# ------------------------------------------------------------------------------------------------- ops
+# ------------------------------------------------------------------------------------------------ native
+
+_MLA_DECODE = N.declare("vxc_mla_decode", P, P, P, P, P, P, P, P, L, L, L, L, L, L, Fc, Fc, I, I, I, I, I, I, I)
 
 
-def _check(q, kv, norm_w, w_kvb, cos, cache, start, nope):
-    T, H, NQ = q.shape
+@mla_decode.impl("native")
+def mla_decode_native(q: Tensor, kv: Tensor, norm_w: Tensor, eps: float, w_kvb: Tensor, cos: Optional[Tensor],
+                      sin: Optional[Tensor], cache: Tensor, start: int, scale: float, nope: int, interleaved: bool,
+                      split_out: bool) -> Tensor:
+    """One MLA token (absorbed attention over the latent rows)."""
+    if q.shape[0] != 1 or kv.shape[0] != 1:
+        raise NotCovered(N.SEQUENCE)
+    if not (N.ok(q, kv, norm_w, w_kvb, cos, sin, cache) and q.dtype == kv.dtype and (cos is None) == (sin is None)):
+        raise NotCovered(N.OPERANDS)
+    _, H, NP = q.shape
     R = norm_w.shape[0]
-    P = NQ - nope
-    if kv.shape != (T, R + P):
-        raise ValueError(f"kv {list(kv.shape)} is not [T, R+P] = [{T}, {R + P}]")
-    if cache.shape[-1] != R + P:
-        raise ValueError(f"latent rows of {cache.shape[-1]} values, expected R+P = {R + P}")
-    if w_kvb.shape[1] != R or w_kvb.shape[0] % H:
-        raise ValueError(f"kv_b {list(w_kvb.shape)} is not [H·(N+V), R]")
-    if cos is not None and 2 * cos.shape[-1] != P:
-        raise ValueError(f"rotary tables of {2 * cos.shape[-1]} dims, rope part has {P}")
-    if start + T > cache.shape[0]:
-        raise ValueError(f"rows {start}..{start + T - 1} do not fit a cache of {cache.shape[0]} rows")
-
-
-_ARGS = dict(mutates_args=("cache",))
-
-
-@torch.library.custom_op("vxc::mla_prefill", **_ARGS)
-def mla_prefill(q: Tensor, kv: Tensor, norm_w: Tensor, eps: float, w_kvb: Tensor, cos: Optional[Tensor],
-                sin: Optional[Tensor], cache: Tensor, start: int, scale: float, nope: int, interleaved: bool,
-                split_out: bool) -> Tensor:
-    _check(q, kv, norm_w, w_kvb, cos, cache, start, nope)
-    fn = mla_prefill_triton if _use_triton(q) else mla_prefill_twin
-    return fn(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, nope, interleaved, split_out).to(q.dtype).contiguous()
-
-
-@mla_prefill.register_fake
-def _(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, nope, interleaved, split_out):
-    return q.new_empty(q.shape[0], q.shape[1], w_kvb.shape[0] // q.shape[1] - nope)
-
-
-@torch.library.custom_op("vxc::mla_decode", **_ARGS)
-def mla_decode(q: Tensor, kv: Tensor, norm_w: Tensor, eps: float, w_kvb: Tensor, cos: Optional[Tensor],
-               sin: Optional[Tensor], cache: Tensor, start: int, scale: float, nope: int, interleaved: bool,
-               split_out: bool) -> Tensor:
-    _check(q, kv, norm_w, w_kvb, cos, cache, start, nope)
-    if not _use_triton(q) and dispatch.implementation(q) is native_impl:
-        out = native_impl.mla_decode(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, nope, interleaved,
-                                     split_out)
-        if out is not None:
-            return out
-    fn = mla_decode_triton if _use_triton(q) else mla_decode_twin
-    return fn(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, nope, interleaved, split_out).to(q.dtype).contiguous()
-
-
-@mla_decode.register_fake
-def _(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, nope, interleaved, split_out):
-    return q.new_empty(q.shape[0], q.shape[1], w_kvb.shape[0] // q.shape[1] - nope)
-
-
-__all__ = ["mla_prefill", "mla_decode", "mla_prefill_twin", "mla_decode_twin", "rope"]
+    P_ = NP - nope
+    V = w_kvb.shape[0] // H - nope
+    M = N.MAX_HEAD_DIM
+    if not (R <= M and NP <= 2 * M and V <= M and P_ <= M and (cos is None or cos.shape == (1, P_ // 2))):
+        raise NotCovered(N.LIMITS)
+    out = N.empty(1, H, V, dtype=q.dtype)
+    N.call(_MLA_DECODE, q.data_ptr(), kv.data_ptr(), norm_w.data_ptr(), w_kvb.data_ptr(), N.ptr(cos), N.ptr(sin),
+           cache.data_ptr(), out.data_ptr(), H, nope, P_, V, R, start, eps, scale, int(interleaved), int(split_out),
+           BF[q.dtype], BF[norm_w.dtype], BF[w_kvb.dtype], BF[cos.dtype] if cos is not None else 0, BF[cache.dtype])
+    return out

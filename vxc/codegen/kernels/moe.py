@@ -1,5 +1,4 @@
-"""Mixture-of-experts kernels: ``vxc::moe_router``, ``vxc::moe_experts``, ``vxc::moe_shared`` and
-``vxc::mxfp4_dequant``.
+"""Mixture-of-experts kernels: ``vxc::moe_router``, ``vxc::moe_experts`` and ``vxc::moe_shared``.
 
 Every argument that changes the math is a declared attribute of the ``moe`` operator, passed through:
 
@@ -27,8 +26,6 @@ Every argument that changes the math is a declared attribute of the ``moe`` oper
   limit)``, ``(u + 1)·g·σ(alpha·g)``.
 - ``moe_shared(x, routed, w_gate, w_up, w_down, branch_gate) -> routed + [σ(x·branch_gateᵀ)] ·
   down(silu(x·gateᵀ)·(x·upᵀ))`` (the factor only when ``branch_gate [1, d]`` is given).
-- ``mxfp4_dequant(blocks u8 [..., G, 16], scales u8 [..., G], dtype) -> [..., G·32]``: the runtime's
-  :func:`vxc.runtime.views.decode_mxfp4` (the torch twin *is* that function), and a Triton kernel.
 
 Torch twins compute in fp32 and return the input's dtype; the expert twin loops over the experts that
 were hit, as the references do. Triton: one program per token for the router (the expert scores in
@@ -48,7 +45,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import dispatch, native_impl, torch_impl, triton_impl
+from . import native as N
+from .dense import gemm, linear_triton, swiglu_triton
+from .native import BF, I, L, P
+from .native import F as Fc
+from .registry import NotCovered, kernel
+from .triton_common import pow2
 
 ROUTERS = ("softmax_topk", "sigmoid_grouped", "topk_softmax")
 LAYOUTS = ("separate", "fused_interleaved")
@@ -57,9 +59,68 @@ _ROUTER_ID = {name: i for i, name in enumerate(ROUTERS)}
 NORM_EPS_GROUPED = 1e-20  # sigmoid_grouped: the renormalisation denominator is sum + 1e-20
 
 
+# ------------------------------------------------------------------------------------------------ declarations
+
+
+@kernel("moe_router")
+def moe_router(x: Tensor, weight: Tensor, bias: Optional[Tensor], selection_bias: Optional[Tensor], router: str,
+               top_k: int, norm_topk_prob: bool, routed_scaling: float, n_group: int,
+               topk_group: int) -> tuple[Tensor, Tensor]:
+    if router not in ROUTERS:
+        raise ValueError(f"router {router!r} is not one of {ROUTERS}")
+    E = weight.shape[0]
+    if not (1 <= top_k <= E) or n_group < 1 or E % n_group or not (1 <= topk_group <= n_group):
+        raise ValueError(f"router geometry: {E} experts, top_k {top_k}, n_group {n_group}, topk_group {topk_group}")
+    if router == "sigmoid_grouped" and top_k > topk_group * (E // n_group):
+        raise ValueError(f"top_k {top_k} exceeds the {topk_group}·{E // n_group} experts of the kept groups")
+
+
+@moe_router.fake
+def _(x, weight, bias, selection_bias, router, top_k, norm_topk_prob, routed_scaling, n_group, topk_group):
+    T = x.shape[0]
+    return x.new_empty(T, top_k, dtype=torch.float32), x.new_empty(T, top_k, dtype=torch.int64)
+
+
+@kernel("moe_experts")
+def moe_experts(x: Tensor, weights: Tensor, experts: Tensor, w_in: Tensor, w_up: Optional[Tensor], w_down: Tensor,
+                b_in: Optional[Tensor], b_down: Optional[Tensor], layout: str, act: str, alpha: Optional[float],
+                limit: Optional[float]) -> Tensor:
+    if layout not in LAYOUTS:
+        raise ValueError(f"expert layout {layout!r} is not one of {LAYOUTS}")
+    if act not in ACTS:
+        raise ValueError(f"expert activation {act!r} is not one of {ACTS}")
+    if act == "clamped_glu" and (alpha is None or limit is None):
+        raise ValueError("clamped_glu needs alpha and limit")
+    if (layout == "separate") != (w_up is not None):
+        raise ValueError("layout separate takes gate and up banks; fused_interleaved one gate_up bank and no up bank")
+    if layout == "separate" and b_in is not None:
+        raise ValueError("a gate/up bias needs the fused_interleaved layout")
+    E, I_ = w_down.shape[0], w_down.shape[2]
+    rows = 2 * I_ if layout == "fused_interleaved" else I_
+    if tuple(w_in.shape) != (E, rows, x.shape[1]) or w_down.shape[1] != x.shape[1]:
+        raise ValueError(f"expert banks {list(w_in.shape)} / {list(w_down.shape)} do not fit x {list(x.shape)} ({layout})")
+
+
+@moe_experts.fake
+def _(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit):
+    return x.new_empty(x.shape[0], w_down.shape[1])
+
+
+@kernel("moe_shared")
+def moe_shared(x: Tensor, routed: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
+               branch_gate: Optional[Tensor]) -> Tensor:
+    """``routed + [σ(x·branch_gateᵀ)] · down(silu(x·gateᵀ)·(x·upᵀ))``."""
+
+
+@moe_shared.fake
+def _(x, routed, w_gate, w_up, w_down, branch_gate):
+    return torch.empty_like(routed)
+
+
 # ------------------------------------------------------------------------------------------- torch twins
 
 
+@moe_router.impl("torch")
 def router_twin(x, weight, bias, selection_bias, router, top_k, norm_topk_prob, routed_scaling, n_group, topk_group):
     logits = F.linear(x.float(), weight.float(), None if bias is None else bias.float())  # [T, E]
     if router == "softmax_topk":
@@ -104,10 +165,11 @@ def _matmul(h: Tensor, w: Tensor, dtype: torch.dtype) -> Tensor:
     back widened: no fp32 copy of an expert's weight is made per call (a bf16 decode step used to write and
     read one for every selected expert). Otherwise (fp32 runs) exactly ``h @ w.float()ᵀ``."""
     if w.dtype == dtype != torch.float32:
-        return torch_impl.gemm(h.to(dtype), w).float()  # (one row: torch's GEMV, which streams faster)
+        return gemm(h.to(dtype), w).float()  # (one row: torch's GEMV, which streams faster)
     return h.float() @ w.float().T
 
 
+@moe_experts.impl("torch")
 def experts_twin(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit):
     out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float32, device=x.device)
     for e in torch.unique(experts).tolist():  # ascending, as the references visit them
@@ -127,17 +189,12 @@ def experts_twin(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, 
     return out.to(x.dtype)
 
 
+@moe_shared.impl("torch")
 def shared_twin(x, routed, w_gate, w_up, w_down, branch_gate):
     y = _matmul(F.silu(_matmul(x, w_gate, x.dtype)) * _matmul(x, w_up, x.dtype), w_down, x.dtype)
     if branch_gate is not None:
         y = torch.sigmoid(_matmul(x, branch_gate, x.dtype)) * y
     return (routed.float() + y).to(routed.dtype)
-
-
-def mxfp4_twin(blocks: Tensor, scales: Tensor, dtype: torch.dtype) -> Tensor:
-    from ...runtime.views import decode_mxfp4
-
-    return decode_mxfp4(blocks, scales, dtype)
 
 
 # ------------------------------------------------------------------------------------------------ Triton
@@ -291,32 +348,7 @@ def _expert_out_kernel(
     tl.store(out_ptr + t * D + n, acc.to(out_ptr.dtype.element_ty), mask=nm)
 
 
-@triton.jit
-def _mxfp4_kernel(blocks_ptr, scales_ptr, out_ptr, R, BLOCK_R: tl.constexpr):
-    """Rows of 16 bytes (32 FP4 values) and their scale bytes → 32 values each, low nibble first."""
-    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    rm = r < R
-    j = tl.arange(0, 16)
-    byte = tl.load(blocks_ptr + r[:, None] * 16 + j[None, :], mask=rm[:, None], other=0).to(tl.int32)
-    ex = tl.load(scales_ptr + r, mask=rm, other=127).to(tl.int32) - 127
-    e1 = tl.where(ex >= 0, ex // 2, -((1 - ex) // 2))  # floor(ex / 2)
-    f1 = tl.exp2(e1.to(tl.float32))
-    f2 = tl.exp2((ex - e1).to(tl.float32))
-    for half in range(2):
-        code = (byte >> (4 * half)) & 0xF
-        mag = code & 0x7
-        ebits = mag >> 1
-        mant = (mag & 1).to(tl.float32)
-        v = tl.where(ebits == 0, 0.5 * mant, (1.0 + 0.5 * mant) * tl.exp2((ebits - 1).to(tl.float32)))
-        v = tl.where(code >= 8, -v, v)
-        v = v * f1[:, None] * f2[:, None]
-        tl.store(out_ptr + r[:, None] * 32 + 2 * j[None, :] + half, v.to(out_ptr.dtype.element_ty), mask=rm[:, None])
-
-
-def _pow2(n: int, floor: int = 1) -> int:
-    return max(floor, triton.next_power_of_2(max(int(n), 1)))
-
-
+@moe_router.impl("triton")
 def router_triton(x, weight, bias, selection_bias, router, top_k, norm_topk_prob, routed_scaling, n_group, topk_group):
     x, weight = x.contiguous(), weight.contiguous()
     T, D = x.shape
@@ -324,13 +356,13 @@ def router_triton(x, weight, bias, selection_bias, router, top_k, norm_topk_prob
     eg = E // n_group
     out_w = torch.empty(T, top_k, dtype=torch.float32, device=x.device)
     out_i = torch.empty(T, top_k, dtype=torch.int64, device=x.device)
-    block_d = max(16, min(64, 8192 // (_pow2(n_group) * _pow2(eg))))
+    block_d = max(16, min(64, 8192 // (pow2(n_group) * pow2(eg))))
     _router_kernel[(T,)](
         x, weight, weight if bias is None else bias.contiguous(),
         weight if selection_bias is None else selection_bias.contiguous(), out_w, out_i,
         D, eg, n_group, topk_group, top_k, float(routed_scaling),
         ROUTER=_ROUTER_ID[router], HAS_BIAS=bias is not None, HAS_SEL=selection_bias is not None, NORM=bool(norm_topk_prob),
-        BLOCK_G=_pow2(n_group), BLOCK_EG=_pow2(eg), BLOCK_D=_pow2(block_d, 16), BLOCK_K=_pow2(top_k),
+        BLOCK_G=pow2(n_group), BLOCK_EG=pow2(eg), BLOCK_D=pow2(block_d, 16), BLOCK_K=pow2(top_k),
     )
     return out_w, out_i
 
@@ -338,6 +370,7 @@ def router_triton(x, weight, bias, selection_bias, router, top_k, norm_topk_prob
 _BLOCK_I, _BLOCK_D, _BLOCK_N = 32, 64, 32
 
 
+@moe_experts.impl("triton")
 def experts_triton(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit):
     x = x.contiguous()
     T, D = x.shape
@@ -361,120 +394,91 @@ def experts_triton(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout
     return out
 
 
+@moe_shared.impl("triton")
 def shared_triton(x, routed, w_gate, w_up, w_down, branch_gate):
-    y = triton_impl.swiglu(x.float().contiguous(), w_gate, w_up, w_down)
+    y = swiglu_triton(x.float().contiguous(), w_gate, w_up, w_down)
     if branch_gate is not None:
-        y = torch.sigmoid(triton_impl.linear(x.float().contiguous(), branch_gate, None)) * y
+        y = torch.sigmoid(linear_triton(x.float().contiguous(), branch_gate, None)) * y
     return (routed.float() + y).to(routed.dtype)
 
 
-_MXFP4_ROWS = 64
+# ------------------------------------------------------------------------------------------------ native (one token)
+
+_MOE_ACT = {"silu": 1, "clamped_glu": 3}
+MAX_TOP_K = 64  # the MoE step sorts its selected experts on the stack
+MAX_ROUTER_EXPERTS = 4096  # the router step keeps its logits on the stack
+MAX_ROUTER_GROUPS = 256
+_MOE_FFN_STEP = N.declare("vxc_moe_ffn_step", P, P, P, L, P, P, P, P, P, P, P, P, L, L, L, L, L, I, I, Fc, Fc, I)
+_MOE_ROUTER_STEP = N.declare("vxc_moe_router_step", P, P, P, P, P, P, L, L, I, L, I, Fc, L, L, I, I, I)
 
 
-def mxfp4_triton(blocks: Tensor, scales: Tensor, dtype: torch.dtype) -> Tensor:
-    from ...ir.views import encoded_shape
-
-    shape = encoded_shape("mxfp4", {"blocks": tuple(blocks.shape), "scales": tuple(scales.shape)})
-    blocks, scales = blocks.contiguous(), scales.contiguous()
-    R = scales.numel()
-    out = torch.empty(R * 32, dtype=dtype, device=blocks.device)
-    if R:
-        _mxfp4_kernel[(triton.cdiv(R, _MXFP4_ROWS),)](blocks, scales, out, R, BLOCK_R=_MXFP4_ROWS)
-    return out.reshape(shape)
+def _bank(t: Optional[Tensor], dtype: torch.dtype) -> bool:
+    """A CPU bank [E, rows, cols] at ``dtype`` whose experts are each one contiguous matrix (the bank itself may
+    be a slice of a wider one: its expert stride is passed)."""
+    return t is None or (t.device.type == "cpu" and t.dtype == dtype and t.dim() == 3 and t.stride(2) == 1
+                         and t.stride(1) == t.shape[2])
 
 
-# --------------------------------------------------------------------------------------------------- ops
+@moe_experts.impl("native")
+def experts_native(x: Tensor, weights: Tensor, experts: Tensor, w_in: Tensor, w_up: Optional[Tensor], w_down: Tensor,
+                   b_in: Optional[Tensor], b_down: Optional[Tensor], layout: str, act: str, alpha: Optional[float],
+                   limit: Optional[float]) -> Tensor:
+    """The routed experts of one token."""
+    if x.shape[0] != 1:
+        raise NotCovered(N.SEQUENCE)
+    if not (N.ok(x, b_in, b_down) and all(_bank(t, x.dtype) for t in (w_in, w_up, w_down))
+            and all(b is None or b.dtype == x.dtype for b in (b_in, b_down))
+            and weights.dtype == torch.float32 and weights.is_contiguous() and experts.dtype == torch.int64
+            and experts.is_contiguous() and weights.shape == experts.shape):
+        raise NotCovered(N.OPERANDS)
+    if experts.shape[1] > MAX_TOP_K:
+        raise NotCovered(N.LIMITS)
+    E = w_down.shape[0]
+    if experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= E):  # the kernel indexes the banks
+        raise ValueError(f"expert ids {experts.tolist()} outside 0..{E - 1}")
+    d, I_ = x.shape[1], w_down.shape[2]
+    out = N.empty(1, d, dtype=x.dtype)
+    N.call(_MOE_FFN_STEP, x.data_ptr(), experts.data_ptr(), weights.data_ptr(), experts.shape[1], w_in.data_ptr(),
+           N.ptr(w_up), w_down.data_ptr(), N.ptr(b_in), N.ptr(b_down), None, None, out.data_ptr(), d, I_,
+           w_in.stride(0), 0 if w_up is None else w_up.stride(0), w_down.stride(0), int(layout == "fused_interleaved"),
+           _MOE_ACT[act], 0.0 if alpha is None else alpha, 0.0 if limit is None else limit, BF[x.dtype])
+    return out
 
 
-def _triton(x: Tensor) -> bool:
-    return dispatch.implementation(x) is triton_impl
+@moe_shared.impl("native")
+def shared_native(x: Tensor, routed: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
+                  branch_gate: Optional[Tensor]) -> Tensor:
+    """The shared expert of one token added to the routed sum."""
+    if x.shape[0] != 1:
+        raise NotCovered(N.SEQUENCE)
+    if not (N.ok(x, routed, w_gate, w_up, w_down, branch_gate)
+            and x.dtype == routed.dtype == w_gate.dtype == w_up.dtype == w_down.dtype
+            and (branch_gate is None or (branch_gate.dtype == x.dtype and branch_gate.shape[0] == 1))):
+        raise NotCovered(N.OPERANDS)
+    d, I_ = x.shape[1], w_down.shape[1]
+    out = N.empty(1, d, dtype=x.dtype)
+    N.call(_MOE_FFN_STEP, x.data_ptr(), None, None, 1, w_gate.data_ptr(), w_up.data_ptr(), w_down.data_ptr(),
+           None, None, N.ptr(branch_gate), routed.data_ptr(), out.data_ptr(), d, I_, 0, 0, 0, 0, 1, 0.0, 0.0,
+           BF[x.dtype])
+    return out
 
 
-def _native(x: Tensor) -> bool:
-    return dispatch.implementation(x) is native_impl
-
-
-@torch.library.custom_op("vxc::moe_router", mutates_args=())
-def moe_router(x: Tensor, weight: Tensor, bias: Optional[Tensor], selection_bias: Optional[Tensor], router: str,
-               top_k: int, norm_topk_prob: bool, routed_scaling: float, n_group: int,
-               topk_group: int) -> tuple[Tensor, Tensor]:
-    if router not in ROUTERS:
-        raise ValueError(f"router {router!r} is not one of {ROUTERS}")
-    E = weight.shape[0]
-    if not (1 <= top_k <= E) or n_group < 1 or E % n_group or not (1 <= topk_group <= n_group):
-        raise ValueError(f"router geometry: {E} experts, top_k {top_k}, n_group {n_group}, topk_group {topk_group}")
-    if router == "sigmoid_grouped" and top_k > topk_group * (E // n_group):
-        raise ValueError(f"top_k {top_k} exceeds the {topk_group}·{E // n_group} experts of the kept groups")
-    if _native(x):  # one token natively; anything else runs the twin
-        out = native_impl.moe_router(x, weight, bias, selection_bias, router, top_k, norm_topk_prob, routed_scaling,
-                                     n_group, topk_group)
-        if out is not None:
-            return out
-    fn = router_triton if _triton(x) else router_twin
-    return fn(x, weight, bias, selection_bias, router, top_k, norm_topk_prob, routed_scaling, n_group, topk_group)
-
-
-@moe_router.register_fake
-def _(x, weight, bias, selection_bias, router, top_k, norm_topk_prob, routed_scaling, n_group, topk_group):
-    T = x.shape[0]
-    return x.new_empty(T, top_k, dtype=torch.float32), x.new_empty(T, top_k, dtype=torch.int64)
-
-
-@torch.library.custom_op("vxc::moe_experts", mutates_args=())
-def moe_experts(x: Tensor, weights: Tensor, experts: Tensor, w_in: Tensor, w_up: Optional[Tensor], w_down: Tensor,
-                b_in: Optional[Tensor], b_down: Optional[Tensor], layout: str, act: str, alpha: Optional[float],
-                limit: Optional[float]) -> Tensor:
-    if layout not in LAYOUTS:
-        raise ValueError(f"expert layout {layout!r} is not one of {LAYOUTS}")
-    if act not in ACTS:
-        raise ValueError(f"expert activation {act!r} is not one of {ACTS}")
-    if act == "clamped_glu" and (alpha is None or limit is None):
-        raise ValueError("clamped_glu needs alpha and limit")
-    if (layout == "separate") != (w_up is not None):
-        raise ValueError("layout separate takes gate and up banks; fused_interleaved one gate_up bank and no up bank")
-    if layout == "separate" and b_in is not None:
-        raise ValueError("a gate/up bias needs the fused_interleaved layout")
-    E, I = w_down.shape[0], w_down.shape[2]
-    rows = 2 * I if layout == "fused_interleaved" else I
-    if tuple(w_in.shape) != (E, rows, x.shape[1]) or w_down.shape[1] != x.shape[1]:
-        raise ValueError(f"expert banks {list(w_in.shape)} / {list(w_down.shape)} do not fit x {list(x.shape)} ({layout})")
-    if _native(x):  # one token natively; anything else runs the twin
-        out = native_impl.moe_experts(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit)
-        if out is not None:
-            return out
-    fn = experts_triton if _triton(x) else experts_twin
-    return fn(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit)
-
-
-@moe_experts.register_fake
-def _(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit):
-    return x.new_empty(x.shape[0], w_down.shape[1])
-
-
-@torch.library.custom_op("vxc::moe_shared", mutates_args=())
-def moe_shared(x: Tensor, routed: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
-               branch_gate: Optional[Tensor]) -> Tensor:
-    if _native(x):
-        out = native_impl.moe_shared(x, routed, w_gate, w_up, w_down, branch_gate)
-        if out is not None:
-            return out
-    fn = shared_triton if _triton(x) else shared_twin
-    return fn(x, routed, w_gate, w_up, w_down, branch_gate)
-
-
-@moe_shared.register_fake
-def _(x, routed, w_gate, w_up, w_down, branch_gate):
-    return torch.empty_like(routed)
-
-
-@torch.library.custom_op("vxc::mxfp4_dequant", mutates_args=())
-def mxfp4_dequant(blocks: Tensor, scales: Tensor, dtype: torch.dtype) -> Tensor:
-    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
-        raise ValueError(f"mxfp4 parts must be uint8, got blocks {blocks.dtype}, scales {scales.dtype}")
-    fn = mxfp4_triton if _triton(blocks) else mxfp4_twin
-    return fn(blocks, scales, dtype)
-
-
-@mxfp4_dequant.register_fake
-def _(blocks, scales, dtype):
-    return blocks.new_empty(*blocks.shape[:-1][:-1], blocks.shape[-2] * 32, dtype=dtype)
+@moe_router.impl("native")
+def router_native(x: Tensor, weight: Tensor, bias: Optional[Tensor], selection_bias: Optional[Tensor], router: str,
+                  top_k: int, norm_topk_prob: bool, routed_scaling: float, n_group: int,
+                  topk_group: int) -> tuple[Tensor, Tensor]:
+    """The router of one token."""
+    E, d = weight.shape
+    aux = [t for t in (bias, selection_bias) if t is not None]
+    if x.shape[0] != 1:
+        raise NotCovered(N.SEQUENCE)
+    if not (N.ok(x, weight, *aux) and x.dtype == weight.dtype and all(t.dim() == 1 and t.shape[0] == E for t in aux)):
+        raise NotCovered(N.OPERANDS)
+    if not (E <= MAX_ROUTER_EXPERTS and top_k <= MAX_TOP_K and n_group <= MAX_ROUTER_GROUPS):
+        raise NotCovered(N.LIMITS)
+    vals, idx = N.empty(1, top_k, dtype=torch.float32), N.empty(1, top_k, dtype=torch.int64)
+    N.call(_MOE_ROUTER_STEP, x.data_ptr(), weight.data_ptr(), N.ptr(bias), N.ptr(selection_bias), vals.data_ptr(),
+           idx.data_ptr(), E, d, _ROUTER_ID[router] + 1, top_k, int(norm_topk_prob), routed_scaling, n_group,
+           topk_group, BF[x.dtype], BF[bias.dtype] if bias is not None else 0,
+           BF[selection_bias.dtype] if selection_bias is not None else 0)
+    return vals, idx

@@ -1,0 +1,251 @@
+"""The native CPU library (``native/vxc_cpu.c``): build, load, ABI check, the ctypes call and the decode
+capture. The C functions' Python bindings live in the kernel family files, each with its ctypes signature
+(``declare``) next to the code that calls it.
+
+A decode step is many small operations on a few KB of activations between GEMVs that stream the weights;
+the torch twins spend most of that time in per-op dispatch and in temporaries (a Mamba2 step reads and
+writes its [H, P, N] state four times). The native implementations run each such op in one pass, and the
+GEMVs with AVX-512 (BF16 dot products for bf16 weights) over OpenMP threads shared with torch's own pool.
+
+The library is compiled at first use with the host C compiler into a cache directory (``VXC_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/vxc``, else ``~/.cache/vxc``) keyed by the source, flags, compiler and CPU;
+``VXC_NATIVE=0`` turns it off, ``VXC_NATIVE_CFLAGS`` adds compiler flags (e.g. ``-mno-avx512f``).
+``status()`` says whether it is loaded and, if not, why. Its ABI version is the ``VXC_ABI_VERSION`` the
+source defines, checked against the loaded library's ``vxc_abi_version()``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+SOURCE = Path(__file__).parent / "native" / "vxc_cpu.c"
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *os.environ.get("VXC_NATIVE_CFLAGS", "").split()]
+MAX_HEAD_DIM = 1024  # the attention / delta / MLA steps keep a few head rows on the stack
+
+# ctypes argument types for the bindings' signatures
+P, L, I, F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
+
+SIGNATURES: dict[str, list] = {}  # C symbol -> ctypes argtypes, filled by ``declare`` in the family files
+
+_lib: Optional[ctypes.CDLL] = None
+_why_not: Optional[str] = None
+_tried = False
+
+
+def abi_version() -> int:
+    """The ``VXC_ABI_VERSION`` the C source defines."""
+    m = re.search(r"^#define VXC_ABI_VERSION (\d+)$", SOURCE.read_text(), re.MULTILINE)
+    if m is None:
+        raise RuntimeError(f"{SOURCE} defines no VXC_ABI_VERSION")
+    return int(m.group(1))
+
+
+def declare(symbol: str, *argtypes) -> str:
+    """Declare the ctypes signature of the C function ``symbol`` (returns void); returns the symbol."""
+    SIGNATURES[symbol] = list(argtypes)
+    if _lib is not None:
+        _bind(_lib, symbol)
+    return symbol
+
+
+def _bind(lib: ctypes.CDLL, symbol: str) -> None:
+    fn = getattr(lib, symbol)
+    fn.argtypes, fn.restype = SIGNATURES[symbol], None
+
+
+def _cache_dir() -> Path:
+    if os.environ.get("VXC_CACHE_DIR"):
+        return Path(os.environ["VXC_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "vxc"
+
+
+def _cpu_key() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _compiler() -> Optional[str]:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _build(cc: str) -> Path:
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    key = hashlib.sha256(
+        "\0".join([SOURCE.read_text(), " ".join(FLAGS), cc, *version, _cpu_key()]).encode()
+    ).hexdigest()[:16]
+    out = _cache_dir() / f"vxc_cpu-{key}.so"
+    if out.exists():
+        return out
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(out.parent, os.W_OK):
+            raise PermissionError(str(out.parent))
+    except OSError:  # an unwritable cache (read-only home): a per-user temporary directory
+        out = Path(tempfile.gettempdir()) / f"vxc-{os.getuid()}" / out.name
+        if out.exists():
+            return out
+        out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        r = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"{cc} failed: {r.stderr.strip()[-800:]}")
+        os.replace(tmp, out)  # atomic: concurrent builders never see a partial library
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def load() -> Optional[ctypes.CDLL]:
+    """The compiled library, building it on first call; None (with ``status()`` saying why) if unavailable."""
+    global _lib, _why_not, _tried
+    if _tried:
+        return _lib
+    _tried = True
+    if os.environ.get("VXC_NATIVE", "1") == "0":
+        _why_not = "disabled by VXC_NATIVE=0"
+        return None
+    cc = _compiler()
+    if cc is None:
+        _why_not = "no C compiler found (set CC)"
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(cc)))
+        want = abi_version()
+        if lib.vxc_abi_version() != want:
+            raise RuntimeError(f"library ABI {lib.vxc_abi_version()} != {want}")
+        for symbol in SIGNATURES:
+            _bind(lib, symbol)
+    except Exception as e:  # a broken toolchain leaves the torch twins in charge, and says so
+        _why_not = f"native kernels unavailable: {e}"
+        return None
+    _lib = lib
+    return lib
+
+
+def available() -> bool:
+    return _lib is not None if _tried else load() is not None
+
+
+def status() -> str:
+    lib = load()
+    if lib is None:
+        return _why_not or "not loaded"
+    return f"loaded ({'AVX-512 BF16' if lib.vxc_has_avx512bf16() else 'no AVX-512 BF16'})"
+
+
+# ------------------------------------------------------------------------------------------------ recording
+# A decode step made only of native calls can be captured (every call, with its raw arguments) and replayed
+# without torch: ``vxc.runtime.replay``. While a Recorder is active, outputs come from its pool (the same
+# buffers on every captured step, so the arguments of two captures line up), and a fallback to a twin (the
+# dispatcher calls ``refuse_capture``) marks the capture as unusable.
+
+
+class Recorder:
+    def __init__(self, pool: list[Tensor] | None = None):
+        self.calls: list[tuple[str, tuple]] = []
+        self.pool: list[Tensor] = [] if pool is None else pool
+        self.next = 0
+        self.failed: Optional[str] = None
+
+    def out(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        i, self.next = self.next, self.next + 1
+        if i == len(self.pool):
+            self.pool.append(torch.empty(shape, dtype=dtype))
+        t = self.pool[i]
+        if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+            self.failed = f"output {i} changed shape between captured steps ({list(t.shape)} → {list(shape)})"
+            return torch.empty(shape, dtype=dtype)
+        return t
+
+
+_rec: Optional[Recorder] = None
+
+
+class recording:
+    """``with recording(rec):`` native calls are recorded into ``rec`` (and still run)."""
+
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+
+    def __enter__(self) -> Recorder:
+        global _rec
+        self.prev, _rec = _rec, self.rec
+        return self.rec
+
+    def __exit__(self, *exc) -> None:
+        global _rec
+        _rec = self.prev
+
+
+def empty(*shape: int, dtype: torch.dtype) -> Tensor:
+    """An output buffer: fresh, or the capture's pooled one while recording."""
+    return torch.empty(shape, dtype=dtype) if _rec is None else _rec.out(shape, dtype)
+
+
+def call(symbol: str, *args) -> None:
+    """Call the C function ``symbol`` (recorded while capturing)."""
+    getattr(_lib, symbol)(*args)
+    if _rec is not None:
+        _rec.calls.append((symbol, args))
+
+
+def refuse_capture(why: str) -> None:
+    """Mark a step being captured as not replayable (work done outside native calls)."""
+    if _rec is not None:
+        _rec.failed = _rec.failed or why
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+BF = {torch.bfloat16: 1, torch.float32: 0}  # the ``bf`` flag of a tensor's dtype
+ACT = {"none": 0, "silu": 1, "sigmoid": 2}  # the C activation codes
+
+
+def ok(*ts: Optional[Tensor]) -> bool:
+    """Every tensor is a contiguous fp32/bf16 CPU tensor (or None)."""
+    return all(t is None or (t.device.type == "cpu" and t.is_contiguous() and t.dtype in BF) for t in ts)
+
+
+def row_stride(t: Tensor) -> Optional[int]:
+    """The row stride of ``t`` seen as [rows, last dim] when its rows are dense (e.g. a column slice of one
+    projection's output), else None."""
+    if t.dim() == 0 or t.stride(-1) != 1:
+        return None
+    if t.is_contiguous():
+        return t.shape[-1]
+    return t.stride(0) if t.dim() == 2 else None
+
+
+def ok_rows(*ts: Optional[Tensor]) -> bool:
+    """As ``ok``, but row-strided 2-d views are accepted (the kernel takes their row strides)."""
+    return all(t is None or (t.device.type == "cpu" and t.dtype in BF and row_stride(t) is not None) for t in ts)
+
+
+def ptr(t: Optional[Tensor]):
+    return None if t is None else t.data_ptr()
+
+
+# the reasons a native implementation gives for a call it does not cover (``registry.NotCovered``)
+SEQUENCE = "a sequence (the native form is one token)"
+OPERANDS = "operands not fp32/bf16 dense CPU tensors of the supported dtype combination"
+LIMITS = "sizes past the native kernel's limits"

@@ -1,0 +1,194 @@
+"""Norm kernels: ``vxc::add_rmsnorm`` (residual add + RMSNorm) and ``vxc::gated_rmsnorm`` (grouped RMSNorm
+gated by ``act(z)``), each with its torch twin, Triton kernel and native binding."""
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from . import native as N
+from .native import BF, F, I, L, P
+from .registry import NotCovered, kernel
+from .torch_common import activate, check_activation
+from .triton_common import ACTIVATIONS
+from .triton_common import activate as tl_activate
+
+# ------------------------------------------------------------------------------------------------ add_rmsnorm
+
+
+@kernel("add_rmsnorm")
+def add_rmsnorm(
+    x: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float, zero_centred: bool, residual_fp32: bool
+) -> tuple[Tensor, Tensor]:
+    """``r = x + residual``; returns ``(rmsnorm(r) * w, r)``."""
+
+
+@add_rmsnorm.fake
+def _(x, residual, weight, eps, zero_centred, residual_fp32):
+    return torch.empty_like(x), torch.empty_like(x, dtype=torch.float32 if residual_fp32 else x.dtype)
+
+
+@add_rmsnorm.impl("torch")
+def add_rmsnorm_twin(
+    x: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float, zero_centred: bool, residual_fp32: bool
+) -> tuple[Tensor, Tensor]:
+    """``r = x + residual``; returns ``(rmsnorm(r) * w, r)``.
+
+    The norm reads ``r`` as stored (rounded to x.dtype unless residual_fp32). A zero-centred weight scales by
+    ``1 + w`` in fp32 before the one cast; a plain weight scales after it: the normalised row is cast to
+    x.dtype, then multiplied by ``w`` in x.dtype (each as the reference norms of its kind round).
+    """
+    r = x.float() if residual is None else x.float() + residual.float()
+    new_residual = r.to(torch.float32 if residual_fp32 else x.dtype, copy=True)
+    r = new_residual.float()
+    normalised = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps)
+    if zero_centred:
+        normed = (normalised * (1.0 + weight.float())).to(x.dtype)
+    else:
+        normed = weight.to(x.dtype) * normalised.to(x.dtype)
+    return normed, new_residual
+
+
+@triton.jit
+def _add_rmsnorm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, D, eps,
+    HAS_RESIDUAL: tl.constexpr, ZERO_CENTRED: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    mask = cols < D
+    offs = row * D + cols
+    r = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r += tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    r = r.to(res_out_ptr.dtype.element_ty)
+    tl.store(res_out_ptr + offs, r, mask=mask)
+    r = r.to(tl.float32)  # the norm reads the residual as stored
+    h = r * tl.rsqrt(tl.sum(r * r, 0) / D + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if ZERO_CENTRED:
+        out = h * (1.0 + w)
+    else:  # a plain weight: cast the normalised row, then scale in the output dtype
+        dtype = out_ptr.dtype.element_ty
+        out = h.to(dtype).to(tl.float32) * w.to(dtype).to(tl.float32)
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@add_rmsnorm.impl("triton")
+def add_rmsnorm_triton(
+    x: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float, zero_centred: bool, residual_fp32: bool
+) -> tuple[Tensor, Tensor]:
+    x = x.contiguous()
+    D = x.shape[-1]
+    normed = torch.empty_like(x)
+    new_residual = torch.empty_like(x, dtype=torch.float32 if residual_fp32 else x.dtype)
+    block = triton.next_power_of_2(D)
+    _add_rmsnorm_kernel[(x.numel() // D,)](
+        x, x if residual is None else residual.contiguous(), weight.contiguous(), normed, new_residual, D, eps,
+        HAS_RESIDUAL=residual is not None, ZERO_CENTRED=zero_centred, BLOCK_D=block,
+        num_warps=min(max(block // 256, 1), 16),
+    )
+    return normed, new_residual
+
+
+_ADD_RMSNORM = N.declare("vxc_add_rmsnorm", P, P, P, P, P, L, L, F, I, I, I, I)
+
+
+@add_rmsnorm.impl("native")
+def add_rmsnorm_native(x: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float, zero_centred: bool,
+                       residual_fp32: bool) -> tuple[Tensor, Tensor]:
+    res_dtype = torch.float32 if residual_fp32 else x.dtype
+    if not (N.ok(x, residual, weight) and (residual is None or residual.dtype == res_dtype) and x.dim() == 2):
+        raise NotCovered(N.OPERANDS)
+    T, D = x.shape
+    out, new_res = N.empty(T, D, dtype=x.dtype), N.empty(T, D, dtype=res_dtype)
+    N.call(_ADD_RMSNORM, x.data_ptr(), N.ptr(residual), weight.data_ptr(), out.data_ptr(), new_res.data_ptr(),
+           T, D, eps, int(zero_centred), int(residual_fp32), BF[x.dtype], BF[weight.dtype])
+    return out, new_res
+
+
+# ---------------------------------------------------------------------------------------------- gated_rmsnorm
+
+
+@kernel("gated_rmsnorm")
+def gated_rmsnorm(
+    x: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int, norm_before_gate: bool, act: str
+) -> Tensor:
+    check_activation(act, ("silu", "sigmoid"))
+    if x.shape[-1] % group_size:
+        raise ValueError(f"width {x.shape[-1]} is not a multiple of group_size {group_size}")
+
+
+@gated_rmsnorm.fake
+def _(x, z, weight, eps, group_size, norm_before_gate, act):
+    return torch.empty_like(x)
+
+
+@gated_rmsnorm.impl("torch")
+def gated_rmsnorm_twin(
+    x: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int, norm_before_gate: bool, act: str
+) -> Tensor:
+    """RMSNorm over each contiguous group of ``group_size`` channels, gated by ``act(z)``.
+
+    ``norm_before_gate``: ``rmsnorm(x) * w * act(z)``; otherwise ``rmsnorm(x * act(z)) * w``.
+    """
+    gate = activate(z.float(), act)
+    h = x.float() if norm_before_gate else x.float() * gate
+    groups = h.unflatten(-1, (-1, group_size))
+    h = (groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + eps)).flatten(-2) * weight.float()
+    if norm_before_gate:
+        h = h * gate
+    return h.to(x.dtype)
+
+
+@triton.jit
+def _gated_rmsnorm_kernel(
+    x_ptr, z_ptr, w_ptr, out_ptr, D, group_size, eps,
+    NORM_BEFORE_GATE: tl.constexpr, ACT: tl.constexpr, BLOCK_G: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    idx = tl.arange(0, BLOCK_G)
+    mask = idx < group_size
+    cols = tl.program_id(1) * group_size + idx
+    offs = row * D + cols
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    gate = tl_activate(tl.load(z_ptr + offs, mask=mask, other=0.0).to(tl.float32), ACT)
+    if not NORM_BEFORE_GATE:
+        x = x * gate
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = x * tl.rsqrt(tl.sum(x * x, 0) / group_size + eps) * w
+    if NORM_BEFORE_GATE:
+        y = y * gate
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@gated_rmsnorm.impl("triton")
+def gated_rmsnorm_triton(
+    x: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int, norm_before_gate: bool, act: str
+) -> Tensor:
+    x, z = x.contiguous(), z.contiguous()
+    D = x.shape[-1]
+    out = torch.empty_like(x)
+    _gated_rmsnorm_kernel[(x.numel() // D, D // group_size)](
+        x, z, weight.contiguous(), out, D, group_size, eps,
+        NORM_BEFORE_GATE=norm_before_gate, ACT=ACTIVATIONS[act], BLOCK_G=triton.next_power_of_2(group_size),
+    )
+    return out
+
+
+_GATED_RMSNORM = N.declare("vxc_gated_rmsnorm", P, P, P, P, L, L, L, F, I, I, I, I, L, L)
+
+
+@gated_rmsnorm.impl("native")
+def gated_rmsnorm_native(x: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int, norm_before_gate: bool,
+                         act: str) -> Tensor:
+    if not (N.ok_rows(x, z) and N.ok(weight) and z.dtype == x.dtype and z.shape == x.shape):
+        raise NotCovered(N.OPERANDS)
+    D = x.shape[-1]
+    out = N.empty(*x.shape, dtype=x.dtype)
+    N.call(_GATED_RMSNORM, x.data_ptr(), z.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // D, D,
+           group_size, eps, int(norm_before_gate), N.ACT[act], BF[x.dtype], BF[weight.dtype], N.row_stride(x),
+           N.row_stride(z))
+    return out
