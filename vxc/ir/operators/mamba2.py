@@ -18,8 +18,8 @@ def _mamba2_in_rows(a: Attrs) -> int:
 
 
 def _derive(a: Attrs) -> dict[str, int]:
-    """in_proj rows z | xBC | dt; the conv runs over xBC = x (d_inner) | B | C (bc_dim each)."""
-    return {"in_rows": _mamba2_in_rows(a), "conv_dim": _mamba2_conv_dim(a), "bc_dim": _bc_dim(a)}
+    """in_proj splits into z (d_inner) | xBC (conv_dim) | dt (heads); xBC into x (d_inner) | B | C (bc_dim each)."""
+    return {"conv_dim": _mamba2_conv_dim(a), "bc_dim": _bc_dim(a)}
 
 
 MAMBA2 = OperatorDecl(

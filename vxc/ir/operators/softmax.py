@@ -9,7 +9,8 @@ from .rotary import ROTARY_ATTRS
 
 
 def _derive(a: Attrs) -> dict[str, int]:
-    return {"q_dim": _q_dim(a), "kv_dim": _kv_dim(a)}
+    """q_dim: the width of q (and of the attention output), heads·head_dim."""
+    return {"q_dim": _q_dim(a)}
 
 
 SOFTMAX = OperatorDecl(
