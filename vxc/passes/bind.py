@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.module import Module, Operand
+from ..ir.module import Operand
 from ..ir.views import ViewError, encoded_shape, view_shape
 from .context import Context
 from .declared import declared_roles, layer_ops
@@ -17,7 +17,7 @@ def fmt(shape) -> str:
     return "[" + ",".join(str(s) for s in shape) + "]"
 
 
-def source_shape(m: Module, o: Operand, tensors) -> tuple[int, ...]:
+def source_shape(o: Operand, tensors) -> tuple[int, ...]:
     shapes = [tensors[s].stored_shape for s in o.sources]
     if o.encoding is None:
         return shapes[0]
@@ -43,7 +43,7 @@ class Bind:
         for o in m.operands:
             what = describe_operand(o, tensors)
             try:
-                shape = view_shape(source_shape(m, o, tensors), o.transforms)
+                shape = view_shape(source_shape(o, tensors), o.transforms)
             except ViewError as e:
                 out.append(Finding("bad-view", f"role {o.role} {what}: {e}", o.layer, role=str(o.role), tensor=what))
                 continue

@@ -29,7 +29,7 @@ def declared_roles(ops: list[Op]) -> dict[Role, Slot]:
         decl = OPERATORS.get(op.kind)
         if decl is None:
             continue
-        for role, spec in decl.role_specs(op.attrs, op.role):
+        for role, spec in decl.role_specs(op.role):
             out.setdefault(role, Slot(op, spec))
     return out
 

@@ -82,7 +82,7 @@ def build_plan(m: Module) -> nx.DiGraph:
 
     def roles_of(op: Op, ops_bound: dict[Role, Operand]) -> dict[Role, Operand]:
         decl = OPERATORS[op.kind]
-        return {r: ops_bound[r] for r, s in decl.role_specs(op.attrs, op.role) if s.required(op.attrs) and r in ops_bound}
+        return {r: ops_bound[r] for r, s in decl.role_specs(op.role) if s.required(op.attrs) and r in ops_bound}
 
     for layer in m.layers:
         lb = bound(layer.index)

@@ -136,7 +136,7 @@ class OperatorDecl:
                 return a
         return None
 
-    def role_specs(self, attrs: Attrs, own_role: Role | None = None) -> list[tuple[Role, RoleSpec]]:
+    def role_specs(self, own_role: Role | None = None) -> list[tuple[Role, RoleSpec]]:
         out = []
         for spec in self.roles:
             role = spec.role if spec.role is not None else own_role
@@ -145,7 +145,7 @@ class OperatorDecl:
         return out
 
     def required_roles(self, attrs: Attrs, own_role: Role | None = None) -> list[Role]:
-        return [r for r, s in self.role_specs(attrs, own_role) if s.required(attrs)]
+        return [r for r, s in self.role_specs(own_role) if s.required(attrs)]
 
     def region_specs(self, attrs: Attrs) -> list[RegionSpec]:
         return [r for r in self.regions if r.required(attrs)]
