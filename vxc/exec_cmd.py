@@ -33,6 +33,7 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
         raise VxcError(f"--kernels {kernels}: expected one of {', '.join(K.BACKENDS)}")
     if kernels != "auto":
         K.set_backend(kernels)
+    K.reset_fallbacks()  # the report covers this run
     m = parse_file(model)
     mdir = model_dir_of(m, Path(model), model_dir)
     tok = load_tokenizer(mdir)

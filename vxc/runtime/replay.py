@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 

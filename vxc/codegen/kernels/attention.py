@@ -38,7 +38,7 @@ def _(x, cos, sin, interleaved):
 
 
 @rotary.impl("torch")
-def rotary_twin(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+def rotary_twin(x, cos, sin, interleaved):
     """Rotate the first ``R = 2 * cos.shape[-1]`` dims of each head of ``x [T, H, D]``; the rest pass through.
 
     Pairs are ``(i, i + R/2)`` (half-split) or ``(2i, 2i+1)`` (interleaved):
@@ -87,7 +87,7 @@ def _rotary_kernel(
 
 
 @rotary.impl("triton")
-def rotary_triton(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+def rotary_triton(x, cos, sin, interleaved):
     x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
     T, H, D = x.shape
     out = torch.empty_like(x)
@@ -103,7 +103,7 @@ _ROTARY = N.declare("vxc_rotary", P, P, P, P, L, L, L, L, I, I, I)
 
 
 @rotary.impl("native")
-def rotary_native(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+def rotary_native(x, cos, sin, interleaved):
     if not (N.ok(x, cos, sin) and x.dim() == 3 and cos.dtype == sin.dtype and cos.shape == sin.shape and cos.dim() == 2):
         raise NotCovered(N.OPERANDS)
     if x.shape[-1] > N.MAX_HEAD_DIM:
@@ -168,17 +168,7 @@ def _ring(linear):
     return attend
 
 
-def attention_twin(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    start: int,
-    scale: float,
-    window: int = 0,
-    sinks: Optional[Tensor] = None,
-) -> Tensor:
+def attention_twin(q, k, v, k_cache, v_cache, start, scale, window=0, sinks=None):
     """(a cache that holds every position) Causal GQA softmax attention of ``q [T, Hq, Dk]`` at absolute positions ``start..start+T-1``.
 
     Writes k, v into the cache rows ``start..start+T-1`` first, then query t attends to rows ``0..start+t``
@@ -288,17 +278,7 @@ def _attention_kernel(
     )
 
 
-def attention_triton(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    start: int,
-    scale: float,
-    window: int = 0,
-    sinks: Optional[Tensor] = None,
-) -> Tensor:
+def attention_triton(q, k, v, k_cache, v_cache, start, scale, window=0, sinks=None):
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "cache rows must be contiguous in the head dim"
     T, Hq, Dk = q.shape
     Hkv, Dv = v.shape[1:]
@@ -325,8 +305,7 @@ _ATTENTION_STEP = N.declare("vxc_attention_step", P, P, P, P, P, P, L, Fc, L, L,
 
 
 @attention.impl("native")
-def attention_native(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, start: int, scale: float,
-                     window: int = 0, sinks: Optional[Tensor] = None) -> Tensor:
+def attention_native(q, k, v, k_cache, v_cache, start, scale, window=0, sinks=None):
     """One query token, the sliding-window ring included (position p at cache row p % rows once the
     positions outgrow the rows)."""
     if q.shape[0] != 1:

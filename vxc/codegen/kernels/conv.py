@@ -37,7 +37,7 @@ def _(x, weight, bias, activation, conv_state):
 
 
 @conv1d_prefill.impl("torch")
-def conv1d_prefill_twin(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str, conv_state: Tensor) -> Tensor:
+def conv1d_prefill_twin(x, weight, bias, activation, conv_state):
     """Causal depthwise conv over ``x [T, C]`` continuing the history in ``conv_state [C, K]``.
 
     The inputs before ``x[0]`` are the last K-1 columns of conv_state; afterwards conv_state holds the K most
@@ -53,7 +53,7 @@ def conv1d_prefill_twin(x: Tensor, weight: Tensor, bias: Optional[Tensor], activ
 
 
 @conv1d_step.impl("torch")
-def conv1d_step_twin(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str, conv_state: Tensor) -> Tensor:
+def conv1d_step_twin(x, weight, bias, activation, conv_state):
     """One token ``x [C]``: shift it into the history ``conv_state [C, K]``, then convolve the history."""
     history = torch.cat([conv_state[:, 1:].float(), x.float()[:, None]], dim=1)
     conv_state.copy_(history)
@@ -131,7 +131,7 @@ _CONV_BLOCK_T, _CONV_BLOCK_C = 32, 64
 
 
 @conv1d_prefill.impl("triton")
-def conv1d_prefill_triton(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str, conv_state: Tensor) -> Tensor:
+def conv1d_prefill_triton(x, weight, bias, activation, conv_state):
     assert conv_state.is_contiguous(), "conv_state is updated in place and must be contiguous"
     x, weight = x.contiguous(), weight.contiguous()
     (T, C), K = x.shape, weight.shape[1]
@@ -153,7 +153,7 @@ def conv1d_prefill_triton(x: Tensor, weight: Tensor, bias: Optional[Tensor], act
 
 
 @conv1d_step.impl("triton")
-def conv1d_step_triton(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str, conv_state: Tensor) -> Tensor:
+def conv1d_step_triton(x, weight, bias, activation, conv_state):
     assert conv_state.is_contiguous(), "conv_state is updated in place and must be contiguous"
     x, weight = x.contiguous(), weight.contiguous()
     C, K = weight.shape
@@ -173,7 +173,7 @@ _CONV1D_STEP = N.declare("vxc_conv1d_step", P, P, P, P, P, L, L, I, I, I, I)
 
 
 @conv1d_prefill.impl("native")
-def conv1d_prefill_native(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str, conv_state: Tensor) -> Tensor:
+def conv1d_prefill_native(x, weight, bias, activation, conv_state):
     if not (N.ok_rows(x) and N.ok(weight, bias, conv_state) and x.dim() == 2
             and (bias is None or bias.dtype == weight.dtype) and x.shape[1] == weight.shape[0] == conv_state.shape[0]
             and weight.shape[1] == conv_state.shape[1]):
@@ -187,7 +187,7 @@ def conv1d_prefill_native(x: Tensor, weight: Tensor, bias: Optional[Tensor], act
 
 
 @conv1d_step.impl("native")
-def conv1d_step_native(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str, conv_state: Tensor) -> Tensor:
+def conv1d_step_native(x, weight, bias, activation, conv_state):
     if not (N.ok(x, weight, bias, conv_state) and (bias is None or bias.dtype == weight.dtype) and x.dim() == 1):
         raise NotCovered(N.OPERANDS)
     C, K = weight.shape

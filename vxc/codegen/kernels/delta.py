@@ -43,7 +43,7 @@ from . import native as N
 from .native import BF, I, L, P
 from .native import F as Fc
 from .registry import NotCovered, kernel
-from .torch_common import exp_clamped
+from .torch_common import at_dtype_of, exp_clamped
 from .triton_common import dot_precision, softplus
 
 # ------------------------------------------------------------------------------------------------ declarations
@@ -163,12 +163,12 @@ def gated_delta_prefill_twin(q, k, v, a, b, A_log, dt_bias, state, scale: float,
     return out.transpose(0, 1)
 
 
-gated_delta_step.impl("torch")(lambda *a: gated_delta_step_twin(*a).to(a[2].dtype))
-gated_delta_prefill.impl("torch")(lambda *a: gated_delta_prefill_twin(*a).to(a[2].dtype))
+gated_delta_step.impl("torch")(at_dtype_of(2, gated_delta_step_twin))  # the twins compute in fp32: at v's dtype
+gated_delta_prefill.impl("torch")(at_dtype_of(2, gated_delta_prefill_twin))
 
 
 @sigmoid_gate_mul.impl("torch")
-def sigmoid_gate_mul_twin(x: Tensor, gate: Tensor) -> Tensor:
+def sigmoid_gate_mul_twin(x, gate):
     return (x.float() * torch.sigmoid(gate.float())).to(x.dtype)
 
 
@@ -285,7 +285,7 @@ def _blocks(Dk: int, Dv: int) -> tuple[int, int]:
 
 
 @gated_delta_prefill.impl("triton")
-def gated_delta_prefill_triton(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps, chunk_size) -> Tensor:
+def gated_delta_prefill_triton(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps, chunk_size):
     assert state.is_contiguous(), "the delta state is updated in place and must be contiguous"
     q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
     T, Hk, Dk = q.shape
@@ -304,7 +304,7 @@ def gated_delta_prefill_triton(q, k, v, a, b, A_log, dt_bias, state, scale, l2_e
 
 
 @gated_delta_step.impl("triton")
-def gated_delta_step_triton(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps) -> Tensor:
+def gated_delta_step_triton(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps):
     assert state.is_contiguous(), "the delta state is updated in place and must be contiguous"
     q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
     Hk, Dk = q.shape
@@ -319,7 +319,7 @@ def gated_delta_step_triton(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps)
 
 
 @sigmoid_gate_mul.impl("triton")
-def sigmoid_gate_mul_triton(x: Tensor, gate: Tensor) -> Tensor:
+def sigmoid_gate_mul_triton(x, gate):
     x, gate = x.contiguous(), gate.contiguous()
     out = torch.empty_like(x)
     n = x.numel()
@@ -351,13 +351,12 @@ def delta_step_native(kda: bool, q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: 
 
 
 @gated_delta_step.impl("native")
-def gated_delta_step_native(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
-                            state: Tensor, scale: float, l2_eps: float) -> Tensor:
+def gated_delta_step_native(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps):
     return delta_step_native(False, q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps)
 
 
 @sigmoid_gate_mul.impl("native")
-def sigmoid_gate_mul_native(x: Tensor, gate: Tensor) -> Tensor:
+def sigmoid_gate_mul_native(x, gate):
     """``x · σ(gate)`` for up to one token's worth of values."""
     if not (N.ok(x, gate) and x.dtype == gate.dtype):
         raise NotCovered(N.OPERANDS)

@@ -49,7 +49,7 @@ def _(ids, table):
 
 
 @linear.impl("torch")
-def linear_twin(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+def linear_twin(x, weight, bias):
     """``x [T, IN] @ weight[OUT, IN]ᵀ + bias``.
 
     Same-dtype operands go straight to the BLAS/oneDNN GEMM, which accumulates in fp32 (bf16 runs on the
@@ -70,7 +70,7 @@ def gemm(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
 
 
 @swiglu.impl("torch")
-def swiglu_twin(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
+def swiglu_twin(x, w_gate, w_up, w_down):
     """``down(silu(x W_gateᵀ) * (x W_upᵀ))``; GEMMs in the operands' dtype (fp32 accumulate), as ``linear``."""
     if x.dtype == w_gate.dtype == w_up.dtype == w_down.dtype:
         return gemm(F.silu(gemm(x, w_gate)) * gemm(x, w_up), w_down)
@@ -80,7 +80,7 @@ def swiglu_twin(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tens
 
 
 @embedding.impl("torch")
-def embedding_twin(ids: Tensor, table: Tensor) -> Tensor:
+def embedding_twin(ids, table):
     """Rows ``table[ids]``."""
     return F.embedding(ids, table)
 
@@ -149,7 +149,7 @@ def _gemm_grid(M: int, N: int) -> tuple[int, tuple[int, int]]:
 
 
 @linear.impl("triton")
-def linear_triton(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+def linear_triton(x, weight, bias):
     x, weight = x.contiguous(), weight.contiguous()
     (M, K), N = x.shape, weight.shape[0]
     out = x.new_empty(M, N)
@@ -163,7 +163,7 @@ def linear_triton(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
 
 
 @swiglu.impl("triton")
-def swiglu_triton(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
+def swiglu_triton(x, w_gate, w_up, w_down):
     x = x.contiguous()
     (M, D), I = x.shape, w_gate.shape[0]
     h = x.new_empty(M, I, dtype=torch.float32)  # the gated activations stay fp32 between the two GEMMs
@@ -193,7 +193,7 @@ def _embedding_kernel(ids_ptr, table_ptr, out_ptr, D, BLOCK_D: tl.constexpr):
 
 
 @embedding.impl("triton")
-def embedding_triton(ids: Tensor, table: Tensor) -> Tensor:
+def embedding_triton(ids, table):
     ids, table = ids.contiguous(), table.contiguous()
     D = table.shape[1]
     out = table.new_empty(ids.shape[0], D)
@@ -210,7 +210,7 @@ _EMBEDDING = N.declare("vxc_embedding", P, P, P, L, L, L)
 
 
 @linear.impl("native")
-def linear_native(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+def linear_native(x, weight, bias):
     if x.shape[0] != 1:
         raise NotCovered(N.SEQUENCE)
     if not (N.ok(x, weight, bias) and x.dtype == weight.dtype and (bias is None or bias.dtype == x.dtype)):
@@ -222,7 +222,7 @@ def linear_native(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
 
 
 @swiglu.impl("native")
-def swiglu_native(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
+def swiglu_native(x, w_gate, w_up, w_down):
     if x.shape[0] != 1:
         raise NotCovered(N.SEQUENCE)
     if not (N.ok(x, w_gate, w_up, w_down) and x.dtype == w_gate.dtype == w_up.dtype == w_down.dtype):
@@ -237,7 +237,7 @@ def swiglu_native(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Te
 
 
 @embedding.impl("native")
-def embedding_native(ids: Tensor, table: Tensor) -> Tensor:
+def embedding_native(ids, table):
     if not (N.ok(table) and ids.dtype == torch.int64 and ids.is_contiguous() and ids.dim() == 1 and table.dim() == 2):
         raise NotCovered(N.OPERANDS)
     out = N.empty(ids.shape[0], table.shape[1], dtype=table.dtype)

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from .delta import delta_step_native
 from .registry import kernel
-from .torch_common import exp_clamped
+from .torch_common import at_dtype_of, exp_clamped
 
 # ------------------------------------------------------------------------------------------------ declarations
 
@@ -126,8 +126,8 @@ def kda_prefill_twin(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps, chunk_
     return out.transpose(0, 1)
 
 
-kda_step.impl("torch")(lambda *a: kda_step_twin(*a).to(a[0].dtype))
-kda_prefill.impl("torch")(lambda *a: kda_prefill_twin(*a).to(a[0].dtype))
+kda_step.impl("torch")(at_dtype_of(0, kda_step_twin))  # the twins compute in fp32: at q's dtype
+kda_prefill.impl("torch")(at_dtype_of(0, kda_prefill_twin))
 
 
 # ----------------------------------------------------------------------------------------------- Triton
@@ -198,7 +198,6 @@ def kda_step_triton(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps):
 
 
 @kda_step.impl("native")
-def kda_step_native(q: Tensor, k: Tensor, v: Tensor, f: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
-                    state: Tensor, scale: float, l2_eps: float) -> Tensor:
+def kda_step_native(q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps):
     """One KDA token natively (fp32 state, per-key-channel decay): the delta-rule step of ``delta``."""
     return delta_step_native(True, q, k, v, f, b, A_log, dt_bias, state, scale, l2_eps)

@@ -34,6 +34,7 @@ from .dense import linear_triton
 from .native import BF, I, L, P
 from .native import F as Fc
 from .registry import NotCovered, kernel
+from .torch_common import at_dtype_of
 
 # ------------------------------------------------------------------------------------------------ declarations
 
@@ -72,16 +73,6 @@ def mla_decode(q: Tensor, kv: Tensor, norm_w: Tensor, eps: float, w_kvb: Tensor,
 @mla_decode.fake
 def _(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, nope, interleaved, split_out):
     return q.new_empty(q.shape[0], q.shape[1], w_kvb.shape[0] // q.shape[1] - nope)
-
-
-def _at_q_dtype(fn):
-    """``fn`` (an fp32 result) cast to q's dtype, contiguous."""
-
-    def cast(*args):
-        return fn(*args).to(args[0].dtype).contiguous()
-
-    cast.__name__ = cast.__qualname__ = f"{fn.__name__}_at_q_dtype"
-    return cast
 
 
 # ------------------------------------------------------------------------------------------- torch twin
@@ -306,8 +297,8 @@ def mla_decode_triton(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, 
 
 for _k, _twin, _triton in ((mla_prefill, mla_prefill_twin, mla_prefill_triton),
                            (mla_decode, mla_decode_twin, mla_decode_triton)):
-    _k.impl("torch")(_at_q_dtype(_twin))
-    _k.impl("triton")(_at_q_dtype(_triton))
+    _k.impl("torch")(at_dtype_of(0, _twin, contiguous=True))  # fp32 results: at q's dtype
+    _k.impl("triton")(at_dtype_of(0, _triton, contiguous=True))
 
 
 # ------------------------------------------------------------------------------------------------ native
@@ -316,9 +307,7 @@ _MLA_DECODE = N.declare("vxc_mla_decode", P, P, P, P, P, P, P, P, L, L, L, L, L,
 
 
 @mla_decode.impl("native")
-def mla_decode_native(q: Tensor, kv: Tensor, norm_w: Tensor, eps: float, w_kvb: Tensor, cos: Optional[Tensor],
-                      sin: Optional[Tensor], cache: Tensor, start: int, scale: float, nope: int, interleaved: bool,
-                      split_out: bool) -> Tensor:
+def mla_decode_native(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, nope, interleaved, split_out):
     """One MLA token (absorbed attention over the latent rows)."""
     if q.shape[0] != 1 or kv.shape[0] != 1:
         raise NotCovered(N.SEQUENCE)

@@ -420,9 +420,7 @@ def _bank(t: Optional[Tensor], dtype: torch.dtype) -> bool:
 
 
 @moe_experts.impl("native")
-def experts_native(x: Tensor, weights: Tensor, experts: Tensor, w_in: Tensor, w_up: Optional[Tensor], w_down: Tensor,
-                   b_in: Optional[Tensor], b_down: Optional[Tensor], layout: str, act: str, alpha: Optional[float],
-                   limit: Optional[float]) -> Tensor:
+def experts_native(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit):
     """The routed experts of one token."""
     if x.shape[0] != 1:
         raise NotCovered(N.SEQUENCE)
@@ -446,8 +444,7 @@ def experts_native(x: Tensor, weights: Tensor, experts: Tensor, w_in: Tensor, w_
 
 
 @moe_shared.impl("native")
-def shared_native(x: Tensor, routed: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor,
-                  branch_gate: Optional[Tensor]) -> Tensor:
+def shared_native(x, routed, w_gate, w_up, w_down, branch_gate):
     """The shared expert of one token added to the routed sum."""
     if x.shape[0] != 1:
         raise NotCovered(N.SEQUENCE)
@@ -464,9 +461,7 @@ def shared_native(x: Tensor, routed: Tensor, w_gate: Tensor, w_up: Tensor, w_dow
 
 
 @moe_router.impl("native")
-def router_native(x: Tensor, weight: Tensor, bias: Optional[Tensor], selection_bias: Optional[Tensor], router: str,
-                  top_k: int, norm_topk_prob: bool, routed_scaling: float, n_group: int,
-                  topk_group: int) -> tuple[Tensor, Tensor]:
+def router_native(x, weight, bias, selection_bias, router, top_k, norm_topk_prob, routed_scaling, n_group, topk_group):
     """The router of one token."""
     E, d = weight.shape
     aux = [t for t in (bias, selection_bias) if t is not None]

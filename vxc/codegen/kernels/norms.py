@@ -31,9 +31,7 @@ def _(x, residual, weight, eps, zero_centred, residual_fp32):
 
 
 @add_rmsnorm.impl("torch")
-def add_rmsnorm_twin(
-    x: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float, zero_centred: bool, residual_fp32: bool
-) -> tuple[Tensor, Tensor]:
+def add_rmsnorm_twin(x, residual, weight, eps, zero_centred, residual_fp32):
     """``r = x + residual``; returns ``(rmsnorm(r) * w, r)``.
 
     The norm reads ``r`` as stored (rounded to x.dtype unless residual_fp32). A zero-centred weight scales by
@@ -77,9 +75,7 @@ def _add_rmsnorm_kernel(
 
 
 @add_rmsnorm.impl("triton")
-def add_rmsnorm_triton(
-    x: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float, zero_centred: bool, residual_fp32: bool
-) -> tuple[Tensor, Tensor]:
+def add_rmsnorm_triton(x, residual, weight, eps, zero_centred, residual_fp32):
     x = x.contiguous()
     D = x.shape[-1]
     normed = torch.empty_like(x)
@@ -97,8 +93,7 @@ _ADD_RMSNORM = N.declare("vxc_add_rmsnorm", P, P, P, P, P, L, L, F, I, I, I, I)
 
 
 @add_rmsnorm.impl("native")
-def add_rmsnorm_native(x: Tensor, residual: Optional[Tensor], weight: Tensor, eps: float, zero_centred: bool,
-                       residual_fp32: bool) -> tuple[Tensor, Tensor]:
+def add_rmsnorm_native(x, residual, weight, eps, zero_centred, residual_fp32):
     res_dtype = torch.float32 if residual_fp32 else x.dtype
     if not (N.ok(x, residual, weight) and (residual is None or residual.dtype == res_dtype) and x.dim() == 2):
         raise NotCovered(N.OPERANDS)
@@ -127,9 +122,7 @@ def _(x, z, weight, eps, group_size, norm_before_gate, act):
 
 
 @gated_rmsnorm.impl("torch")
-def gated_rmsnorm_twin(
-    x: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int, norm_before_gate: bool, act: str
-) -> Tensor:
+def gated_rmsnorm_twin(x, z, weight, eps, group_size, norm_before_gate, act):
     """RMSNorm over each contiguous group of ``group_size`` channels, gated by ``act(z)``.
 
     ``norm_before_gate``: ``rmsnorm(x) * w * act(z)``; otherwise ``rmsnorm(x * act(z)) * w``.
@@ -165,9 +158,7 @@ def _gated_rmsnorm_kernel(
 
 
 @gated_rmsnorm.impl("triton")
-def gated_rmsnorm_triton(
-    x: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int, norm_before_gate: bool, act: str
-) -> Tensor:
+def gated_rmsnorm_triton(x, z, weight, eps, group_size, norm_before_gate, act):
     x, z = x.contiguous(), z.contiguous()
     D = x.shape[-1]
     out = torch.empty_like(x)
@@ -182,8 +173,7 @@ _GATED_RMSNORM = N.declare("vxc_gated_rmsnorm", P, P, P, P, L, L, L, F, I, I, I,
 
 
 @gated_rmsnorm.impl("native")
-def gated_rmsnorm_native(x: Tensor, z: Tensor, weight: Tensor, eps: float, group_size: int, norm_before_gate: bool,
-                         act: str) -> Tensor:
+def gated_rmsnorm_native(x, z, weight, eps, group_size, norm_before_gate, act):
     if not (N.ok_rows(x, z) and N.ok(weight) and z.dtype == x.dtype and z.shape == x.shape):
         raise NotCovered(N.OPERANDS)
     D = x.shape[-1]

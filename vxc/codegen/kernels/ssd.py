@@ -21,19 +21,8 @@ MAX_STATE_N = 1024  # the native SSD step keeps B and C rows of N <= 1024 on the
 
 
 @kernel("ssd_prefill", mutates=("ssm_state",))
-def ssd_prefill(
-    x: Tensor,
-    dt: Tensor,
-    A_log: Tensor,
-    B: Tensor,
-    C: Tensor,
-    D: Tensor,
-    dt_bias: Tensor,
-    dt_min: float,
-    dt_max: float,
-    ssm_state: Tensor,
-    chunk_size: int,
-) -> Tensor:
+def ssd_prefill(x: Tensor, dt: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, dt_bias: Tensor, dt_min: float,
+                dt_max: float, ssm_state: Tensor, chunk_size: int) -> Tensor:
     """``x [T, H, P]``, ``dt [T, H]``, ``B, C [T, G, N]``; ``chunk_size`` is the model's SSD chunk."""
 
 
@@ -43,18 +32,8 @@ def _(x, dt, A_log, B, C, D, dt_bias, dt_min, dt_max, ssm_state, chunk_size):
 
 
 @kernel("ssd_step", mutates=("ssm_state",))
-def ssd_step(
-    x: Tensor,
-    dt: Tensor,
-    A_log: Tensor,
-    B: Tensor,
-    C: Tensor,
-    D: Tensor,
-    dt_bias: Tensor,
-    dt_min: float,
-    dt_max: float,
-    ssm_state: Tensor,
-) -> Tensor:
+def ssd_step(x: Tensor, dt: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, dt_bias: Tensor, dt_min: float,
+             dt_max: float, ssm_state: Tensor) -> Tensor:
     """One token: ``x [H, P]``, ``dt [H]``, ``B, C [G, N]``."""
 
 
@@ -85,19 +64,7 @@ def _per_head(groups: Tensor, heads: int) -> Tensor:
 CPU_SSD_CHUNK = 64
 
 @ssd_prefill.impl("torch")
-def ssd_prefill_twin(
-    x: Tensor,
-    dt: Tensor,
-    A_log: Tensor,
-    B: Tensor,
-    C: Tensor,
-    D: Tensor,
-    dt_bias: Tensor,
-    dt_min: float,
-    dt_max: float,
-    ssm_state: Tensor,
-    chunk_size: int,
-) -> Tensor:
+def ssd_prefill_twin(x, dt, A_log, B, C, D, dt_bias, dt_min, dt_max, ssm_state, chunk_size):
     """Mamba2 SSD over ``x [T, H, P]``, chunked.
 
     The recurrence ``h_t = exp(dt_t A) h_{t-1} + dt_t x_t ⊗ B_t``, ``y_t = h_t C_t + D x_t``, computed per chunk:
@@ -144,18 +111,7 @@ def ssd_prefill_twin(
 
 
 @ssd_step.impl("torch")
-def ssd_step_twin(
-    x: Tensor,
-    dt: Tensor,
-    A_log: Tensor,
-    B: Tensor,
-    C: Tensor,
-    D: Tensor,
-    dt_bias: Tensor,
-    dt_min: float,
-    dt_max: float,
-    ssm_state: Tensor,
-) -> Tensor:
+def ssd_step_twin(x, dt, A_log, B, C, D, dt_bias, dt_min, dt_max, ssm_state):
     """One token of the Mamba2 recurrence: ``x [H, P]``, ``dt [H]``, ``B, C [G, N]``, ``ssm_state [H, P, N]``."""
     H = x.shape[0]
     x32 = x.float()
@@ -274,19 +230,7 @@ _SSD_BLOCK_L = 32
 
 
 @ssd_prefill.impl("triton")
-def ssd_prefill_triton(
-    x: Tensor,
-    dt: Tensor,
-    A_log: Tensor,
-    B: Tensor,
-    C: Tensor,
-    D: Tensor,
-    dt_bias: Tensor,
-    dt_min: float,
-    dt_max: float,
-    ssm_state: Tensor,
-    chunk_size: int,
-) -> Tensor:
+def ssd_prefill_triton(x, dt, A_log, B, C, D, dt_bias, dt_min, dt_max, ssm_state, chunk_size):
     """``chunk_size`` is the model's SSD chunk; the kernel uses its own (_SSD_BLOCK_L): the result is the same."""
     assert ssm_state.is_contiguous() and ssm_state.dtype == torch.float32, "ssm_state must be contiguous fp32"
     x, dt, A_log, B, C, D, dt_bias = (t.contiguous() for t in (x, dt, A_log, B, C, D, dt_bias))
@@ -303,18 +247,7 @@ def ssd_prefill_triton(
 
 
 @ssd_step.impl("triton")
-def ssd_step_triton(
-    x: Tensor,
-    dt: Tensor,
-    A_log: Tensor,
-    B: Tensor,
-    C: Tensor,
-    D: Tensor,
-    dt_bias: Tensor,
-    dt_min: float,
-    dt_max: float,
-    ssm_state: Tensor,
-) -> Tensor:
+def ssd_step_triton(x, dt, A_log, B, C, D, dt_bias, dt_min, dt_max, ssm_state):
     assert ssm_state.is_contiguous() and ssm_state.dtype == torch.float32, "ssm_state must be contiguous fp32"
     x, dt, A_log, B, C, D, dt_bias = (t.contiguous() for t in (x, dt, A_log, B, C, D, dt_bias))
     H, P = x.shape
@@ -334,8 +267,7 @@ _SSD_STEP = N.declare("vxc_ssd_step", P, P, P, P, P, P, P, Fc, Fc, I, P, P, L, L
 
 
 @ssd_step.impl("native")
-def ssd_step_native(x: Tensor, dt: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, dt_bias: Tensor,
-                    dt_min: float, dt_max: float, ssm_state: Tensor) -> Tensor:
+def ssd_step_native(x, dt, A_log, B, C, D, dt_bias, dt_min, dt_max, ssm_state):
     if not (N.ok(x, dt, A_log, B, C, D, dt_bias, ssm_state) and ssm_state.dtype == torch.float32
             and A_log.dtype == D.dtype == dt_bias.dtype and dt.dtype == B.dtype == C.dtype == x.dtype):
         raise NotCovered(N.OPERANDS)

@@ -38,3 +38,14 @@ UNDERFLOW = -60.0
 def exp_clamped(d: Tensor) -> Tensor:
     """``exp(max(d, UNDERFLOW))`` (a fresh tensor)."""
     return d.clamp(min=UNDERFLOW).exp_()
+
+
+def at_dtype_of(index: int, fn, contiguous: bool = False):
+    """``fn`` (a twin whose result is fp32) with its result cast to the dtype of its argument ``index``."""
+
+    def cast(*args):
+        out = fn(*args).to(args[index].dtype)
+        return out.contiguous() if contiguous else out
+
+    cast.__name__ = cast.__qualname__ = f"{fn.__name__}_at_dtype_of_{index}"
+    return cast
