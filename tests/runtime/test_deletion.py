@@ -24,6 +24,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from tests import references as R
 from tests.runtime import parity_table as P
 
 TENSOR = re.compile(r'^(\s*tensor \$\S+ \S+ @(\w+) )"([^"]*)"(.*)$')
@@ -89,13 +90,15 @@ def anonymise(ir: Path, mdir: Path, dst: Path, seed: int, swap: tuple[str, str] 
     return new_ir, mapping
 
 
-def _logits(ir: Path, ids: list[int], steps: list[int]) -> torch.Tensor:
+def _logits(ir: Path, ids: list[int], steps: list[int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The logits of a prefill and of decode steps, and the weights the engine bound (by operand)."""
     from vxc.runtime.session import Session
 
-    s = Session(P.engine_for(ir, max_context=128))
+    e = P.engine_for(ir, max_context=128)
+    s = Session(e)
     rows = [s.prefill(ids)]
     rows += [s.step(t)[None] for t in steps]
-    return torch.cat(rows)
+    return torch.cat(rows), {n: b for n, b in e.root.named_buffers() if n.startswith("w_")}
 
 
 @pytest.mark.parametrize("name", ["mamba2attn-native", "oute-base1", "qwen3"])
@@ -103,7 +106,7 @@ def test_deletion(lab, tmp_path, name):
     mdir, ir = lab.built(name)
     ids = P.prompt_ids(lab.family(name))
     steps = ids[:5]
-    before = _logits(ir, ids, steps)
+    before, w_before = _logits(ir, ids, steps)
     new_ir, mapping = anonymise(ir, mdir, tmp_path, seed=zlib.crc32(name.encode()))
     text = new_ir.read_text()
     for old in mapping:
@@ -114,8 +117,22 @@ def test_deletion(lab, tmp_path, name):
     for f in new_dir.iterdir():
         with safe_open(str(f), framework="pt") as fh:
             assert set(fh.keys()) <= set(mapping.values())
-    after = _logits(new_ir, ids, steps)
-    assert torch.equal(before, after)
+    after, w_after = _logits(new_ir, ids, steps)
+    # the same values are bound to the same operands, bit for bit...
+    assert w_before.keys() == w_after.keys() and w_before
+    for n in w_before:
+        assert w_before[n].dtype == w_after[n].dtype and torch.equal(w_before[n], w_after[n]), n
+    # ...and execution is the same: bit-identical with the native kernels (alignment-independent loops); the
+    # torch GEMMs (VXC_NATIVE=0) may round differently once rewriting the files moves the data offsets and so
+    # the weights' memory alignment, so there the logits are held to the reference's floor
+    from vxc.codegen.kernels import native
+
+    if native.available():
+        assert torch.equal(before, after)
+    else:
+        ref = P.Reference(lab.family(name), mdir)
+        tol = R.floor_and_tolerance(ref.full(ids), ref.full(ids, fp64=True), ref.full(ids))["tol"]
+        assert float((before - after).abs().max()) <= tol
 
 
 def test_deletion_control_swapped_keys_change_the_logits(lab, tmp_path):
@@ -125,7 +142,7 @@ def test_deletion_control_swapped_keys_change_the_logits(lab, tmp_path):
     ids = P.prompt_ids(lab.family("mamba2attn-native"))
     a, b = "backbone.layers.0.norm.weight", "backbone.layers.2.norm.weight"
     new_ir, _ = anonymise(ir, mdir, tmp_path, seed=5, swap=(a, b))
-    assert not torch.equal(_logits(ir, ids, []), _logits(new_ir, ids, []))
+    assert not torch.equal(_logits(ir, ids, [])[0], _logits(new_ir, ids, [])[0])
 
 
 def test_stale_header_record_is_refused(lab, tmp_path):

@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from tests import builders as B
+from tests import references as R
 from tests.runtime import parity_table as P
 from tests.wave2.test_moe import quantise_mxfp4
 from tests.wave2.test_qwen3_moe import _one_thread  # noqa: F401  (fixture)
-from tests.wave2.test_qwen3_moe import (assert_at_floor, copy_model, lowered_text, measure_moe, print_row,
+from tests.wave2.test_qwen3_moe import (assert_at_floor, copy_model, load_reference, lowered_text, measure_moe, print_row,
                                         program_lines)
 
 # Miniature: hidden 96, 4 heads × 20 (q 80, k/v 40), 3 layers (sliding 8, full, sliding 8), 6 experts of
@@ -314,4 +315,16 @@ def test_window_bounds_the_allocated_rows(built):
     full = s.prefill(ids)
     s.reset()
     stepped = torch.cat([s.prefill(ids[:2])] + [s.step(t)[None] for t in ids[2:]])
-    assert float((full - stepped).abs().max()) < 1e-4
+    # at the reference's floor on these positions (its fp32 vs fp64, its full vs prefill-then-step through
+    # its own sliding-window cache), not a fixed bound: the step GEMVs round differently on each CPU
+    ref = load_reference(mdir, FUSED)  # (the experts' eager loop, which runs in fp64)
+    r32, r64 = ref.full(ids), ref.full(ids, fp64=True)
+    tol = R.floor_and_tolerance(r32, r64, ref.prefill_then_step(ids, 2))["tol"]
+    # each within the tolerance of the exact (fp64) reference, so the ring steps and the full prefill agree
+    # within 2·tol: this random miniature amplifies rounding ~70x (floor ~1e-4), and on an AVX2-only build
+    # the full prefill alone sits at 0.97·tol from fp64 while the ring steps sit at 0.26·tol
+    v = r64.shape[-1]
+    for what, got in (("ring steps", stepped), ("full prefill", full)):
+        err = float((got[:, :v].double() - r64).abs().max())
+        assert err <= tol, f"{what}: {err:.3e} from fp64 > tol {tol:.3e}"
+    assert float((full[:, :v] - stepped[:, :v]).abs().max()) <= 2 * tol

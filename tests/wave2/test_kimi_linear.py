@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests import builders as B
+from tests import references as R
 from tests.wave2 import latent_support as S
 
 # Miniature: hidden 40, dense ffn 56, vocab 97; 5 layers, MLA (NoPE) on 0-based 1 and 4, KDA elsewhere.
@@ -216,18 +217,23 @@ def test_kda_state_matches_reference_cache(mini):
     import transformers
 
     ids = S.prompt(VOCAB, 37, seed=3)
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(mini["dense"]), dtype=torch.float32).eval()
-    with torch.no_grad():
-        cache = model(torch.tensor([ids]), use_cache=True).cache
+    caches = {}
+    for dt in (torch.float32, torch.float64):  # the floor of each state tensor: the reference's fp32 vs its fp64
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(mini["dense"]), dtype=torch.float32).to(dt).eval()
+        with torch.no_grad():
+            caches[dt] = model(torch.tensor([ids]), use_cache=True).cache
     from vxc.runtime.session import Session
 
     eng = S.engine(mini["dense"])
     Session(eng).prefill(ids)
     for i in KDA_LAYERS:
         st = lambda r: eng.state.buffers[f"L{i}.kda.state.{r}"]  # noqa: E731
-        torch.testing.assert_close(st("delta"), cache.layers[i].recurrent_states[0].float()[0], rtol=1e-4, atol=1e-5)
-        conv = cache.layers[i].conv_states[0][0]  # [3·24, k]: q | k | v channels
-        torch.testing.assert_close(torch.cat([st("conv_q"), st("conv_k"), st("conv_v")]), conv, rtol=1e-5, atol=1e-5)  # raw projections
+        c32, c64 = caches[torch.float32].layers[i], caches[torch.float64].layers[i]
+        R.assert_kernel_at_floor(st("delta"), c32.recurrent_states[0].float()[0], c64.recurrent_states[0][0],
+                                 f"layer {i} delta state")
+        # [3·24, k]: q | k | v channels, the raw projections
+        R.assert_kernel_at_floor(torch.cat([st("conv_q"), st("conv_k"), st("conv_v")]), c32.conv_states[0][0],
+                                 c64.conv_states[0][0], f"layer {i} conv histories")
 
 
 # ---------------------------------------------------------------- the 48B witness (header-only, full geometry)
