@@ -159,3 +159,18 @@ def describe_json(cli):
         return cache[key]
 
     return get
+
+
+# ---------------------------------------------------------------- the native kernels
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``native`` exercise the compiled CPU kernels (or the decode replay built on them): with
+    ``VXC_NATIVE=0`` in the environment (the user turned them off) they are skipped, saying so; anywhere else a
+    library that fails to build fails those tests (it is never skipped silently)."""
+    if os.environ.get("VXC_NATIVE", "1") != "0":
+        return
+    skip = pytest.mark.skip(reason="needs the native kernels, turned off by VXC_NATIVE=0")
+    for item in items:
+        if item.get_closest_marker("native") is not None:
+            item.add_marker(skip)

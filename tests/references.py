@@ -657,3 +657,36 @@ def argmax_agreement(ref, test, tol: float) -> tuple[float, int]:
         return float("nan"), excluded
     agree = (ref.argmax(-1) == test.argmax(-1))[keep].double().mean()
     return float(agree), excluded
+
+
+# ------------------------------------------------------------------ kernel oracles (fp64, from OPERATORS.md)
+
+
+def experts_fp64(x, w, idx, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit):
+    """OPERATORS.md's routed experts, token by token and slot by slot, in fp64 (the floor's exact side)."""
+    x, w_in, w_down, w = x.double(), w_in.double(), w_down.double(), w.double()
+    out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float64, device=x.device)
+    for t in range(x.shape[0]):
+        for j, e in enumerate(idx[t].tolist()):
+            if layout == "separate":
+                g, u = w_in[e] @ x[t], w_up[e].double() @ x[t]
+            else:
+                gu = w_in[e] @ x[t] + (0.0 if b_in is None else b_in[e].double())
+                g, u = gu[0::2], gu[1::2]
+            if act == "silu":
+                h = g * torch.sigmoid(g) * u
+            else:
+                g, u = g.clamp(max=limit), u.clamp(-limit, limit)
+                h = (u + 1.0) * g * torch.sigmoid(alpha * g)
+            y = w_down[e] @ h + (0.0 if b_down is None else b_down[e].double())
+            out[t] += w[t, j] * y
+    return out
+
+
+def shared_fp64(x, routed, w_gate, w_up, w_down, branch_gate):
+    x = x.double()
+    g, u = x @ w_gate.double().T, x @ w_up.double().T
+    y = (g * torch.sigmoid(g) * u) @ w_down.double().T
+    if branch_gate is not None:
+        y = torch.sigmoid(x @ branch_gate.double().T) * y
+    return routed.double() + y

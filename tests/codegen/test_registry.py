@@ -25,6 +25,7 @@ def test_every_kernel_has_a_twin_and_an_op():
     assert kernels.NATIVE_OPS == {n for n, k in kernels.KERNELS.items() if "native" in k.impls}
 
 
+@pytest.mark.native
 def test_every_native_binding_is_a_library_function_with_its_signature():
     lib = N.load()
     assert lib is not None, N.status()
@@ -36,6 +37,7 @@ def test_every_native_binding_is_a_library_function_with_its_signature():
         assert fn.argtypes == argtypes and fn.restype is None, symbol
 
 
+@pytest.mark.native
 def test_a_native_fallback_is_recorded_reported_and_refuses_a_capture():
     kernels.reset_fallbacks()
     x, w = torch.randn(1, 40, dtype=torch.float16), torch.randn(30, 40, dtype=torch.float16)  # fp16: not native
@@ -77,6 +79,7 @@ def _exec(*args):
     return r
 
 
+@pytest.mark.native
 def test_exec_json_reports_the_kernels(qwen3_ir):
     """A prefill runs sequences, which the native forms do not cover: its linears are recorded fallbacks;
     the single-token decode steps run natively."""
@@ -90,6 +93,7 @@ def test_exec_json_reports_the_kernels(qwen3_ir):
     assert res["kernels"]["backend"] == "torch" and res["kernels"]["fallbacks"] == {}
 
 
+@pytest.mark.native
 def test_exec_kernel_report(qwen3_ir):
     r = _exec(qwen3_ir, "--tokens", "1,2,3", "--max-new-tokens", 2, "--kernel-report")
     assert "kernels: backend auto · native loaded" in r.stderr

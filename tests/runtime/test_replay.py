@@ -30,6 +30,7 @@ def _tokens(f: P.Family) -> list[int]:
 
 
 @pytest.mark.parametrize("name", sorted(P.FAMILIES))
+@pytest.mark.native
 def test_replay_is_bit_identical_to_the_graph(lab, name):
     f = P.FAMILIES[name]
     _, ir = lab.built(name)
@@ -51,6 +52,7 @@ def test_replay_is_bit_identical_to_the_graph(lab, name):
 
 
 @pytest.mark.parametrize("name", ["mamba2-native", "qwen3", "oute-base1"])
+@pytest.mark.native
 def test_bf16_replay_is_bit_identical(lab, name):
     f = P.FAMILIES[name]
     _, ir = lab.built(name)
@@ -60,6 +62,7 @@ def test_bf16_replay_is_bit_identical(lab, name):
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
+@pytest.mark.native
 def test_a_step_with_a_non_native_kernel_is_refused(lab, monkeypatch):
     """An op without a native form would be skipped by a replay: the capture refuses, naming it."""
     monkeypatch.setattr(kernels, "NATIVE_OPS", kernels.NATIVE_OPS - {"ssd_step"})
@@ -85,6 +88,7 @@ def _attention_graph(start_of):
     return graph, (q, k, v, kc, vc)
 
 
+@pytest.mark.native
 def test_arguments_that_move_with_the_position_are_followed():
     graph, (q, k, v, kc, vc) = _attention_graph(lambda pos: 2 * pos + 1)
     rep = DecodeReplay(graph, torch.zeros(1, dtype=torch.int64))
@@ -99,6 +103,7 @@ def test_arguments_that_move_with_the_position_are_followed():
         torch.testing.assert_close(out, attention_twin(q, k, v, kc2, vc2, 2 * pos + 1, 0.3), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.native
 def test_a_non_linear_argument_is_refused():
     graph, _ = _attention_graph(lambda pos: pos * pos)
     rep = DecodeReplay(graph, torch.zeros(1, dtype=torch.int64))
@@ -108,6 +113,7 @@ def test_a_non_linear_argument_is_refused():
     assert rep.refused == "vxc_attention_step argument 6 changes with the position non-linearly"
 
 
+@pytest.mark.native
 def test_graph_level_compute_is_refused():
     """Arithmetic outside the vxc kernels would not be replayed: refused."""
     w = torch.randn(8, 8)

@@ -171,6 +171,7 @@ def _check(p: S.Parity, run, want):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("variant", ["moe", "direct"])
+@pytest.mark.native
 def test_decode_replays_natively_bit_identical_to_the_graph(mini, variant, dtype):
     """MLA with q-LoRA + YaRN (interleaved, split) or a direct q (half rotary), the grouped sigmoid router with
     its selection bias and the experts all run natively for one token: the decode step is replayed bit-identically."""

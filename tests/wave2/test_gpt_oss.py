@@ -86,6 +86,7 @@ def built(tmp_path_factory):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("variant", ["fused", "mxfp4"])
+@pytest.mark.native
 def test_decode_replay(built, variant, dtype):
     """Attention with sinks, biases and a sliding window, the top-k softmax router and the clamped-GLU experts
     with biases run natively for one token: the decode step is replayed bit-identically to the graph."""

@@ -206,6 +206,7 @@ def test_parity_moe(mini):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.native
 def test_decode_replays_natively_bit_identical_to_the_graph(mini, dtype):
     """KDA, MLA (absorbed, on the latent rows), the grouped sigmoid router and the experts have native one-token
     forms: the decode step is captured and replayed, bit-identical to the graph."""

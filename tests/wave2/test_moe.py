@@ -298,38 +298,10 @@ def test_triton_experts_and_shared():
         wd = r(E, d, I)
         y0 = moe.experts_twin(x, w, idx, w_in, w_up, wd, b_in, b_dn, layout, act, al, lim)
         y1 = _tri(ops.moe_experts, x, w, idx, w_in, w_up, wd, b_in, b_dn, layout, act, al, lim)
-        exact = _experts_fp64(x, w, idx, w_in, w_up, wd, b_in, b_dn, layout, act, al, lim)
+        exact = R.experts_fp64(x, w, idx, w_in, w_up, wd, b_in, b_dn, layout, act, al, lim)
         R.assert_kernel_at_floor(y1, y0, exact, f"moe_experts {layout}/{act}")
     args = (x, r(T, d), r(I, d), r(I, d), r(d, I), r(1, d))
-    R.assert_kernel_at_floor(_tri(ops.moe_shared, *args), moe.shared_twin(*args), _shared_fp64(*args), "moe_shared")
-
-
-def _experts_fp64(x, w, idx, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit):
-    """OPERATORS.md's routed experts, token by token and slot by slot, in fp64 (the floor's exact side)."""
-    x, w_in, w_down, w = x.double(), w_in.double(), w_down.double(), w.double()
-    out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float64, device=x.device)
-    for t in range(x.shape[0]):
-        for j, e in enumerate(idx[t].tolist()):
-            if layout == "separate":
-                g, u = w_in[e] @ x[t], w_up[e].double() @ x[t]
-            else:
-                gu = w_in[e] @ x[t] + (0.0 if b_in is None else b_in[e].double())
-                g, u = gu[0::2], gu[1::2]
-            if act == "silu":
-                h = g * torch.sigmoid(g) * u
-            else:
-                g, u = g.clamp(max=limit), u.clamp(-limit, limit)
-                h = (u + 1.0) * g * torch.sigmoid(alpha * g)
-            y = w_down[e] @ h + (0.0 if b_down is None else b_down[e].double())
-            out[t] += w[t, j] * y
-    return out
-
-
-def _shared_fp64(x, routed, w_gate, w_up, w_down, branch_gate):
-    x = x.double()
-    g, u = x @ w_gate.double().T, x @ w_up.double().T
-    y = (g * torch.sigmoid(g) * u) @ w_down.double().T
-    return routed.double() + torch.sigmoid(x @ branch_gate.double().T) * y
+    R.assert_kernel_at_floor(_tri(ops.moe_shared, *args), moe.shared_twin(*args), R.shared_fp64(*args), "moe_shared")
 
 
 # ------------------------------------------------------------------------------ (d) block lowering

@@ -212,6 +212,7 @@ def parity(built):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.native
 def test_decode_replay(built, dtype):
     """The softmax top-k router and the experts run natively for one token: the decode step is replayed
     bit-identically to the graph."""

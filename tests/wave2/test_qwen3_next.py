@@ -118,6 +118,7 @@ def test_runs_are_bit_identical(parity, moe_dir):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.native
 def test_decode_replays_natively_bit_identical_to_the_graph(moe_dir, dtype):
     """Gated delta, gated softmax, router, experts and shared expert all have native one-token forms, so the
     decode step is captured and replayed; replayed steps equal the graph's bit for bit."""
