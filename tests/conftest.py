@@ -49,6 +49,10 @@ class JsonSnapshot(_Golden):
     file_extension = "json"
 
 
+class TextSnapshot(_Golden):
+    file_extension = "txt"
+
+
 @pytest.fixture
 def snapshot(snapshot):
     """syrupy's fixture, storing ``.vxir`` text under golden/."""
@@ -58,6 +62,12 @@ def snapshot(snapshot):
 @pytest.fixture
 def snapshot_json(snapshot):
     return snapshot.use_extension(JsonSnapshot)
+
+
+@pytest.fixture
+def snapshot_text(snapshot):
+    """Listings that are not IR (e.g. the ``fuse`` dump), stored as ``.txt`` under golden/."""
+    return snapshot.use_extension(TextSnapshot)
 
 
 # ---------------------------------------------------------------- model directories

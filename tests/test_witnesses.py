@@ -226,6 +226,24 @@ def test_golden_describe(name, witnesses, describe_json, snapshot_json):
     assert json.dumps(describe_json(witnesses[name]), indent=1, sort_keys=True) + "\n" == snapshot_json
 
 
+def test_golden_fuse_listing(witnesses, snapshot_text):
+    """The ``--print-after fuse`` listing of the hybrid witness (Mamba2 + conv-QKV attention, OuteAI dialect):
+    every fused kernel group of prefill and decode, in order, with its plan op and what it fuses."""
+    from vxc.passes.manager import parse_pipeline
+
+    d = witnesses["mamba2attn-250m.oute-dialect"]
+    dumps: list[str] = []
+    PassManager(parse_pipeline("verify,bind,closure,state,plan,fuse"), print_after={"fuse"},
+                emit=dumps.append).run(Context(lower(d, relative_to=d.parent), model_dir=d))
+    (text,) = dumps
+    assert text.startswith(HEADER.format("fuse") + "\n")
+    lines = text.splitlines()
+    assert sum(line.startswith(("fuse prefill:", "fuse decode:")) for line in lines) == 2
+    for kernel in ("vxc.ssd_prefill", "vxc.ssd_step", "vxc.conv1d_prefill", "vxc.conv1d_step", "vxc.attention"):
+        assert any(kernel + " " in line for line in lines), kernel
+    assert text == snapshot_text
+
+
 def test_golden_round_trip():
     """``print(parse(text)) == text`` for every golden IR (runs last in this module)."""
     files = sorted(GOLDEN.rglob("*.vxir"))

@@ -285,7 +285,7 @@ def test_witness_describe_human(witness, cli):
     assert "constant-size" not in out
 
 
-def test_witness_golden(witness, describe_json, snapshot, snapshot_json):
+def test_witness_golden_ir(witness, snapshot):
     from vxc.frontends import lower
     from vxc.ir import print_module
     from vxc.passes import PassManager
@@ -297,4 +297,7 @@ def test_witness_golden(witness, describe_json, snapshot, snapshot_json):
     assert f'model_dir "{W}"' in text and 'dialect "kimi_linear/hub"' in text
     assert len(text.splitlines()) < 3000
     assert text == snapshot
+
+
+def test_witness_golden_describe(witness, describe_json, snapshot_json):
     assert json.dumps(describe_json(witness), indent=1, sort_keys=True) + "\n" == snapshot_json
