@@ -45,10 +45,15 @@ def supported() -> list[str]:
 
 
 def _load() -> None:
-    from . import llama, mamba2_hf, mamba_ssm, qwen2, qwen3  # noqa: F401  (registration)
-    from . import gpt_oss, qwen3_moe  # noqa: F401  (registration)
-    from . import qwen3_next  # noqa: F401  (registration)
-    from . import deepseek_v3, kimi_linear  # noqa: F401  (registration)
+    """Import every module of this package: a frontend registers itself (``by_model_type`` / ``by_dialect``) on
+    import, so a new family file needs no list kept here."""
+    import importlib
+    import pkgutil
+
+    from . import __path__ as package_path
+
+    for m in sorted(pkgutil.iter_modules(package_path), key=lambda m: m.name):
+        importlib.import_module(f"{__package__}.{m.name}")
 
 
 def resolve(cfg: dict) -> tuple[str, LowerFn]:

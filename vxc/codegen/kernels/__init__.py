@@ -31,11 +31,20 @@ from . import native
 from .registry import (BACKENDS, KERNELS, NotCovered, backend, fallbacks, format_report, get_backend, report,
                        reset_fallbacks, select, set_backend)
 
-from . import norms, conv, ssd, attention, dense, delta, kda, mla, moe  # noqa: E402,I001  (register the kernels)
+import importlib as _importlib  # noqa: E402
+import pkgutil as _pkgutil  # noqa: E402
+
+# every other module of this package is a kernel family; importing it declares its kernels (no import list to
+# keep: a new family file is found here)
+_SHARED = frozenset({"native", "registry", "triton_common", "torch_common"})
+FAMILIES = tuple(sorted(m.name for m in _pkgutil.iter_modules(__path__) if m.name not in _SHARED and not m.ispkg))
+for _name in FAMILIES:
+    _importlib.import_module(f"{__name__}.{_name}")
+from . import attention, conv, dense, delta, kda, mla, moe, norms, ssd  # noqa: E402,F401  (names for __all__)
 
 # the kernels with a native form: a decode step made of these alone can be captured and replayed
 NATIVE_OPS = frozenset(name for name, k in KERNELS.items() if "native" in k.impls)
 
-__all__ = ["BACKENDS", "KERNELS", "NATIVE_OPS", "NotCovered", "attention", "backend", "conv", "dense", "delta",
+__all__ = ["BACKENDS", "FAMILIES", "KERNELS", "NATIVE_OPS", "NotCovered", "attention", "backend", "conv", "dense", "delta",
            "fallbacks", "format_report", "get_backend", "kda", "mla", "moe", "native", "norms", "report",
            "reset_fallbacks", "select", "set_backend", "ssd"]
