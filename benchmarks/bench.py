@@ -12,7 +12,7 @@ One run of this script:
    - ``qwen3-0.6b``: a Qwen3-0.6B-shaped transformers ``Qwen3Config`` model
      (random init) written by save_pretrained; vxc lowers the same dir.
    - ``qwen3-next-shaped`` / ``kimi-linear-shaped``: the witness configs' hidden sizes and head geometry
-     with 4 layers (the real layer pattern) and 32 experts, random init (decay rates as tests/wave2's
+     with 4 layers (the real layer pattern) and 32 experts, random init (decay rates as tests/families'
      miniatures), written by save_pretrained; vxc lowers the same dir.
    Checkpoints are written at the run dtype (an fp32 copy for the fp32 runs, a
    bf16 copy for the bf16 runs) unless ``--ckpt-dtype fp32`` is given.

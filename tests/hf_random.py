@@ -6,8 +6,9 @@ init (``A_log`` up to log 16) decays a recurrent state to nothing within a token
 would pass), and a router's selection bias (``e_score_correction_bias``) starts at 0 (a router ignoring it
 would pass).  :func:`random_hf_model` builds the model and :func:`perturb_init` moves those tensors.
 
-Used by the wave-2 miniatures (``tests/wave2/latent_support.py``) and by the benchmark's shaped models
-(``benchmarks/benchlib/models.py``); they differ only in ``norm_std`` and ``dt_bias`` (see the callers).
+Used by the family miniatures (``tests/families/latent_support.py``, ``tests/families/qwen3_next_support.py``)
+and by the benchmark's shaped models (``benchmarks/benchlib/models.py``); they differ only in ``norm_std`` and
+``dt_bias`` (see the callers).
 """
 
 from __future__ import annotations

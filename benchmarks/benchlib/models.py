@@ -269,7 +269,7 @@ def build_child(model: str, small: bool, out: Path, ckpt: str) -> None:
             with torch.no_grad():
                 m = transformers.Qwen3ForCausalLM(cfg).float().eval()
         else:
-            # qwen3_next / kimi_linear: random init (seed 0), then, as tests/wave2 builds its miniatures, the decay
+            # qwen3_next / kimi_linear: random init (seed 0), then, as tests/families builds its miniatures, the decay
             # rates exp(A_log) log-uniform in [0.05, 2] (the reference init, up to 16, decays the state to nothing
             # within a token or two), dt_bias spread, norms moved off their initial values, and a nonzero
             # router selection bias (kimi: e_score_correction_bias starts at 0)

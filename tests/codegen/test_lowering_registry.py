@@ -2,9 +2,8 @@
 lowering emits exists as ``torch.ops.vxc.<name>``, lowerings read the geometry the declarations derive
 (never their own formula), and one helper names every state region.
 
-Lowered, in every variant: every executable miniature (the runtime families and the wave-2 ones, built
-with random weights from their own tests' configs; gpt-oss's is left out: its module pulls in the MoE
-kernel tests) and every golden witness IR (full geometry, no weights; gpt-oss-20b among them).
+Lowered, in every variant: every executable miniature (the runtime families and tests/families' ones, built
+with random weights from their own tests' configs; gpt-oss's is left out) and every golden witness IR (full geometry, no weights; gpt-oss-20b among them).
 """
 
 from __future__ import annotations
@@ -29,14 +28,14 @@ def _runtime_miniatures(root: Path) -> dict[str, Path]:
     return {name: P.build(f, root)[0] for name, f in P.FAMILIES.items()}
 
 
-def _wave2_miniatures(root: Path) -> dict[str, Path]:
+def _family_miniatures(root: Path) -> dict[str, Path]:
     from tests.runtime import parity_table as P
-    from tests.wave2 import latent_support as S
-    from tests.wave2 import qwen3_next_support as Q
-    from tests.wave2 import test_deepseek_v3 as DS
-    from tests.wave2 import test_hybrid as HY
-    from tests.wave2 import test_kimi_linear as KL
-    from tests.wave2 import test_qwen3_moe as QM
+    from tests.families import deepseek_v3_support as DS
+    from tests.families import kimi_linear_support as KL
+    from tests.families import latent_support as S
+    from tests.families import qwen3_moe_support as QM
+    from tests.families import qwen3_next_support as Q
+    from tests.families import test_hybrid as HY
 
     out = {
         "kimi_linear-dense": S.build(root / "kimi-dense", "kimi_linear", KL.DENSE, seed=11),
@@ -61,7 +60,7 @@ def _plan_of(path: Path):
 def plans(tmp_path_factory) -> dict[str, object]:
     root = tmp_path_factory.mktemp("lowering_registry")
     torch.manual_seed(0)
-    out = {name: _plan_of(p) for name, p in {**_runtime_miniatures(root), **_wave2_miniatures(root)}.items()}
+    out = {name: _plan_of(p) for name, p in {**_runtime_miniatures(root), **_family_miniatures(root)}.items()}
     for f in sorted(Path(GOLDEN).glob("*/*.vxir")):
         if "closure" not in f.name:  # the state dumps carry the regions the plan needs
             out[f"{f.parent.name}/{f.stem}"] = build_plan(parse(f.read_text()))

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests import builders as B
 from tests import references as R
+from tests.hf_random import random_hf_model
 
 # Miniature geometry: every width distinct, Hv ≠ Hk, both mixer kinds interleaved.
 #   hidden 44, ffn 58, vocab 103; softmax: 3 q heads × 24, 1 kv head, rotary 0.25 → 6 of 24 dims, theta 5000
@@ -50,26 +51,14 @@ MIN_DISTINCT = 8
 def build(out_dir: Path, overrides: dict, seed: int) -> Path:
     """A random Qwen3NextForCausalLM saved by transformers' save_pretrained, with the norms perturbed away
     from their initial values (zero-centred norms start at w = 0, the gated norm at w = 1, dt_bias at 1),
-    so a norm applied as ``w`` instead of ``1 + w`` (or the reverse) cannot pass."""
-    import transformers
-
+    so a norm applied as ``w`` instead of ``1 + w`` (or the reverse) cannot pass; decay rates exp(A_log)
+    log-uniform in [0.05, 2] (the reference's own init, up to 16, drives the chunk's cumulative log-decay to
+    thousands, where fp32 rounding of the cumsum alone puts the fp32-vs-fp64 floor near 1e-3 — true of both
+    sides, but a blunt test). The random init is tests/hf_random.py's (norm_std 0.15, dt_bias spread added)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg = B.hf_config("qwen3_next", {"initializer_range": B.HF_INITIALIZER_RANGE, **overrides})
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-                p.add_(0.15 * torch.randn(p.shape, generator=g))
-            elif name.endswith("dt_bias"):
-                p.add_(0.5 * torch.randn(p.shape, generator=g))
-            elif name.endswith("A_log"):
-                # decay rates A = exp(A_log) log-uniform in [0.05, 2]: the reference's own init (up to 16)
-                # drives the chunk's cumulative log-decay to thousands, where fp32 rounding of the cumsum
-                # alone puts the fp32-vs-fp64 floor near 1e-3 — true of both sides, but a blunt test
-                p.copy_(torch.empty(p.shape).uniform_(math.log(0.05), math.log(2.0), generator=g))
+    model = random_hf_model(cfg, seed, norm_std=0.15, dt_bias="add")
     model.save_pretrained(str(out_dir), safe_serialization=True)
     return out_dir
 
@@ -89,6 +78,26 @@ def to_hub_dialect(src: Path, dst: Path, interval: int) -> Path:
     cfg["partial_rotary_factor"] = rp["partial_rotary_factor"]
     (dst / "config.json").write_text(json.dumps(cfg, indent=2))
     return dst
+
+
+# ------------------------------------------------------------------ the miniatures both halves of the tests use
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("qwen3_next")
+
+
+@pytest.fixture(scope="module")
+def moe_dir(root) -> Path:
+    return build(root / "moe", MOE, seed=4)
+
+
+@pytest.fixture(scope="module")
+def dialects(root):
+    new = build(root / "hub4_new", HUB4, seed=9)
+    hub = to_hub_dialect(new, root / "hub4_hub", interval=2)
+    return new, hub
 
 
 def prompt(seed: int = 0, n: int = PROMPT_LEN) -> list[int]:

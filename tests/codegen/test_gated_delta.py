@@ -183,7 +183,7 @@ import json, math, sys
 import torch
 sys.path.insert(0, sys.argv[1])
 from vxc.codegen import kernels
-from tests.wave2.test_gated_delta import inputs, oracle
+from tests.codegen.test_gated_delta import inputs, oracle
 ops = torch.ops.vxc
 out = {}
 def run(x, S, chunk, backend):

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from tests import references as R
-from tests.wave2 import latent_support as S
+from tests.families import latent_support as S
 
 # Geometry, written out: hidden 40, vocab 97, SwiGLU ffn 56, rmsnorm eps 1e-5.
 #   layers 0, 3 KDA: 2 heads × 12 (C = 24), short conv 3        → matrix [2,12,12] f32, histories [24,3] ×3

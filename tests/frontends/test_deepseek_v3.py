@@ -1,7 +1,7 @@
-"""deepseek_v3: MLA with q-LoRA (or a direct q), YaRN with mscale, the interleaved rotary layout, dense
-and grouped-routing MoE FFNs, against transformers 5.24's DeepseekV3ForCausalLM at the numerical floor;
-both rotary spellings; the latent rows against the reference's cache; named refusals; the DeepSeek-V3
-witness at full geometry (header-only) with its golden IR and describe JSON.
+"""deepseek_v3 lowering: MLA with q-LoRA (or a direct q), YaRN with mscale, the interleaved rotary layout,
+dense and grouped-routing MoE FFNs as attributes; both rotary spellings; YaRN tables against the reference's;
+a named refusal at lowering; the DeepSeek-V3 witness at full geometry (header-only) with its golden IR and
+describe JSON. Parity against transformers 5.24 is in tests/families/test_deepseek_v3.py.
 
 Every expected number is written here from the published geometry, never read from vxc's declarations.
 """
@@ -15,26 +15,9 @@ import pytest
 import torch
 
 from tests import builders as B
-from tests.wave2 import latent_support as S
-
-# Miniature: hidden 44, dense ffn 60, vocab 89, 3 heads; q-LoRA rank 26; kv_lora 18, nope 10, rope 8, v 14
-#   (q_b rows 3·18 = 54, kv_a rows 26, kv_b rows 3·24 = 72, o in 42); latent row 18 + 8 = 26 per token.
-#   YaRN factor 4 over an original 32 positions (max 128), beta 32/1, mscale 0.8, mscale_all_dim 0.6, theta 1000.
-#   MoE variant: 8 experts of 20 in 4 groups, 2 groups kept, top-2, one shared expert; layer 0 dense.
-#   Direct variant: q_proj, rope_interleave false, default rope theta 500, 2 layers.
-VOCAB = 89
-YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 32.0, "beta_slow": 1.0,
-        "mscale": 0.8, "mscale_all_dim": 0.6, "rope_theta": 1000.0}
-BASE = dict(vocab_size=VOCAB, hidden_size=44, intermediate_size=60, moe_intermediate_size=20, num_hidden_layers=3,
-            num_attention_heads=3, num_key_value_heads=3, kv_lora_rank=18, q_lora_rank=26, qk_rope_head_dim=8, v_head_dim=14,
-            qk_nope_head_dim=10, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
-            routed_scaling_factor=2.5, rope_parameters=YARN, max_position_embeddings=128, rms_norm_eps=1e-6,
-            pad_token_id=0, bos_token_id=1, eos_token_id=2)
-DENSE = {**BASE, "first_k_dense_replace": 3}
-MOE = {**BASE, "first_k_dense_replace": 1}
-DIRECT = {**BASE, "num_hidden_layers": 2, "first_k_dense_replace": 2, "q_lora_rank": None, "rope_interleave": False,
-          "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}}
-PROMPT, SPLIT = 80, 47
+from tests.families import latent_support as S
+from tests.families.deepseek_v3_support import VOCAB
+from tests.families.deepseek_v3_support import mini  # noqa: F401  (fixture)
 
 
 def mscale(f, m):
@@ -43,13 +26,6 @@ def mscale(f, m):
 
 YARN_SCALE = 18 ** -0.5 * mscale(4.0, 0.6) ** 2
 YARN_ATTENTION_FACTOR = mscale(4.0, 0.8) / mscale(4.0, 0.6)
-
-
-@pytest.fixture(scope="module")
-def mini(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dsv3")
-    return {"dense": S.build(root / "dense", "deepseek_v3", DENSE, seed=21), "moe": S.build(root / "moe", "deepseek_v3", MOE, seed=22),
-            "direct": S.build(root / "direct", "deepseek_v3", DIRECT, seed=23)}
 
 
 def to_hub(src, dst):
@@ -125,7 +101,7 @@ def test_yarn_tables_match_reference(mini):
     assert torch.equal(inv, ref_inv.float()) and factor == pytest.approx(ref_factor, rel=1e-12)
 
 
-# ---------------------------------------------------------------- refusals and providers
+# ---------------------------------------------------------------- refusals
 
 
 def test_missing_q_a_layernorm_is_a_named_finding(mini, tmp_path):
@@ -145,70 +121,6 @@ def test_missing_q_a_layernorm_is_a_named_finding(mini, tmp_path):
         lower_to_file(d, out)
     assert [x.line() for x in e.value.findings] == ["layer 1 mla: required role MlaQANorm is not bound  [missing-operand]"]
     assert not out.exists()
-
-
-def test_provider_without_latent_rows_refuses_mla(mini):
-    from vxc.passes.findings import Refusal
-    from vxc.runtime.state import ROWS_ONLY, StateProvider
-
-    for provider in (StateProvider(kinds=("recurrent", "conv_history", "kv_rows"), name="no-latent"), ROWS_ONLY):
-        with pytest.raises(Refusal) as e:
-            S.engine(mini["dense"], provider=provider)
-        assert [(f.layer, f.operator, f.code) for f in e.value.findings] == [(i, "mla", "unsupported-region") for i in range(3)]
-        assert "latent (latent_rows)" in e.value.findings[0].message
-
-
-# ---------------------------------------------------------------- parity at the floor
-
-
-def _check(p: S.Parity, run, want):
-    print(p.row())
-    assert p.maxabs <= p.tol, p
-    assert p.argmax == 1.0 and p.excluded <= PROMPT // 10, p
-    assert p.steps_vs_prefill <= p.tol, p
-    assert run.greedy == want and len(set(want)) >= S.MIN_DISTINCT, (run.greedy, want)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("variant", ["moe", "direct"])
-@pytest.mark.native
-def test_decode_replays_natively_bit_identical_to_the_graph(mini, variant, dtype):
-    """MLA with q-LoRA + YaRN (interleaved, split) or a direct q (half rotary), the grouped sigmoid router with
-    its selection bias and the experts all run natively for one token: the decode step is replayed bit-identically."""
-    S.assert_replay_bit_identical(mini[variant], S.prompt(VOCAB, 20, seed=3), S.prompt(VOCAB, 12, seed=4), dtype)
-
-
-def test_parity_qlora_yarn_interleaved(mini):
-    _check(*S.parity("deepseek_v3 (q-LoRA, YaRN, interleaved, dense FFN)", mini["dense"], VOCAB, S.prompt(VOCAB, PROMPT, 1), SPLIT))
-
-
-def test_parity_direct_q_half_rotary(mini):
-    _check(*S.parity("deepseek_v3 (direct q, half rotary, dense FFN)", mini["direct"], VOCAB, S.prompt(VOCAB, PROMPT, 2), SPLIT))
-
-
-def test_parity_grouped_moe(mini):
-    p, run, want = S.parity("deepseek_v3 (grouped MoE)", mini["moe"], VOCAB, S.prompt(VOCAB, PROMPT, 3), SPLIT, moe=True)
-    _check(p, run, want)
-    assert p.experts_match, "the selected experts differ from the reference's at some token"
-
-
-def test_latent_rows_match_reference_cache(mini):
-    """The declared latent row is [normalised c | rotated k_pe] in the reference's order: the rows vxc
-    holds after a prefill equal the compressed cache transformers keeps (its k_pe in evens-then-odds order)."""
-    import transformers
-
-    from vxc.runtime.session import Session
-
-    ids = S.prompt(VOCAB, 29, seed=4)
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(mini["dense"]), dtype=torch.float32).eval()
-    with torch.no_grad():
-        cache = model(torch.tensor([ids]), use_cache=True).cache
-    eng = S.engine(mini["dense"])
-    Session(eng).prefill(ids)
-    for i in range(3):
-        rows = eng.state.buffers[f"L{i}.mla.state.latent"][: len(ids)]
-        ref = torch.cat([cache.layers[i].keys[0, 0], cache.layers[i].values[0, 0]], dim=-1)  # [c | k_pe]
-        torch.testing.assert_close(rows, ref, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- the DeepSeek-V3 witness (header-only, full geometry)

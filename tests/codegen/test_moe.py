@@ -26,6 +26,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from tests import references as R  # noqa: E402
+from tests.families.moe_support import quantise_mxfp4  # noqa: E402
 
 from vxc.codegen import kernels  # noqa: E402
 from vxc.codegen.kernels import moe  # noqa: E402
@@ -198,24 +199,6 @@ def test_refusals():
 
 
 # ------------------------------------------------------------------------------ (c) MXFP4
-
-
-def quantise_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A test quantiser: ``w [..., out, in]`` (in a multiple of 32) → (blocks u8 [..., out, in/32, 16], scales
-    u8 [..., out, in/32]); per block the scale is the power of two that puts the largest |value| at ≤ 6, each
-    value the nearest FP4 code."""
-    from vxc.runtime.views import FP4_VALUES
-
-    *lead, out, n = w.shape
-    blocks = w.double().reshape(*lead, out, n // 32, 32)
-    amax = blocks.abs().amax(-1).clamp(min=1e-30)
-    e = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
-    scaled = blocks / torch.pow(2.0, e)[..., None]
-    table = torch.tensor(FP4_VALUES[:8], dtype=torch.float64)
-    code = (scaled.abs()[..., None] - table).abs().argmin(-1)
-    code = code + 8 * ((scaled < 0) & (code > 0)).long()
-    packed = (code[..., 0::2] | (code[..., 1::2] << 4)).to(torch.uint8)
-    return packed, (e + 127).to(torch.uint8)
 
 
 def test_mxfp4_decode_equals_transformers_dequantisation():

@@ -211,6 +211,17 @@ def parity(family: str, model_dir: Path, vocab: int, ids: list[int], k: int, moe
     return p, run, want
 
 
+def check_parity(p: Parity, run: Run, want: list[int], prompt_len: int) -> None:
+    """The floor checks of a miniature's parity run over a prompt of ``prompt_len`` tokens: max-abs within
+    tolerance, argmax agreeing (at most a tenth of the positions excluded as near-ties), prefill-then-step equal
+    to one prefill, and the greedy tokens the reference's, with at least MIN_DISTINCT distinct ones."""
+    print(p.row())
+    assert p.maxabs <= p.tol, p
+    assert p.argmax == 1.0 and p.excluded <= prompt_len // 10, p
+    assert p.steps_vs_prefill <= p.tol, p
+    assert run.greedy == want and len(set(want)) >= MIN_DISTINCT, (run.greedy, want)
+
+
 def record(p: Parity) -> None:
     """Append the row to $VXC_PARITY_ROWS when set (the closing report collects them)."""
     path = os.environ.get("VXC_PARITY_ROWS")
