@@ -59,7 +59,7 @@ def test_lower_replaces_existing_output(good, tmp_path, cli):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.vxir"]
 
 
-def test_crash_while_writing_leaves_nothing(good, tmp_path, cli, monkeypatch):
+def test_crash_while_writing_leaves_the_old_output_and_no_temporary(good, tmp_path, cli, monkeypatch):
     import vxc.driver
 
     def boom(src, dst):
@@ -70,7 +70,7 @@ def test_crash_while_writing_leaves_nothing(good, tmp_path, cli, monkeypatch):
     out.write_text("stale\n")
     r = cli("lower", good, "-o", out)
     assert r.exit_code != 0 and "No space left on device" in r.stderr
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == [out] and out.read_text() == "stale\n"  # untouched, no temporary left
 
 
 # ---------------------------------------------------------------- bad input
@@ -234,7 +234,7 @@ def test_bad_input(case, tmp_path, good, good_sharded, cli):
     err = r.stderr.splitlines()
     assert len(err) == 1 and err[0].startswith("error: "), r.stderr
     assert message in err[0], err[0]
-    assert list(out.parent.iterdir()) == []  # neither the stale file nor a temporary
+    assert list(out.parent.iterdir()) == [out] and out.read_text() == "stale\n"  # untouched, no temporary
     j = cli("lower", src, "-o", out, "--json")
     assert j.exit_code != 0 and message in json.loads(j.stdout)["error"]
 

@@ -59,15 +59,9 @@ def lower(
 
     t0 = time.perf_counter()
 
-    def go():
-        try:
-            return lower_to_file(model_dir, output)
-        except BaseException:
-            if output.exists():  # never leave a stale IR behind a refusal
-                output.unlink()
-            raise
-
-    ctx = _guard(go, as_json)
+    # lower_to_file writes a temporary file and renames it over OUTPUT only once closure holds: a refusal or
+    # an error leaves whatever was at OUTPUT untouched (a user's earlier IR is never deleted)
+    ctx = _guard(lambda: lower_to_file(model_dir, output), as_json)
     m = ctx.module
     kinds: dict[str, int] = {}
     for layer in m.layers:

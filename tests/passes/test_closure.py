@@ -34,10 +34,12 @@ MINI = builders.MINI_NATIVE_MAMBA2  # 3 layers, 12 heads
 
 
 def _lower(cli, d, out, *extra):
+    before = out.read_bytes() if out.exists() else None
     r = cli("lower", d, "-o", out, *extra)
     assert r.exit_code != 0, r.output
-    assert not out.exists()
-    assert not list(out.parent.glob(f".{out.name}.*"))  # no temporary left behind
+    # a refusal writes nothing: an earlier file at OUT is left as it was, and no temporary is left behind
+    assert (out.read_bytes() if out.exists() else None) == before
+    assert not list(out.parent.glob(f".{out.name}.*"))
     return r
 
 
@@ -82,7 +84,7 @@ def test_780m_without_D_subprocess(stripped_780m, tmp_path, vxc_sub):
     assert "Traceback" not in r.stderr
     assert r.stdout.splitlines()[0] == "refused: 48 findings (closure)"
     assert len(r.stdout.splitlines()) == 49
-    assert not out.exists()
+    assert out.read_text() == "stale\n"  # a refusal leaves an existing output untouched
 
 
 def test_unclassified_tensor(tmp_path, cli):

@@ -306,9 +306,23 @@ def parse(text: str, filename: str = "<input>") -> Module:
         orig = e.orig_exc
         if isinstance(orig, _Semantic):
             raise _error(filename, text, orig.line, orig.col, orig.message) from None
+        if isinstance(orig, (ValueError, OverflowError)):  # e.g. an integer literal past int()'s digit limit
+            meta = getattr(e.obj, "meta", e.obj)
+            line, col = getattr(meta, "line", 1) or 1, getattr(meta, "column", 1) or 1
+            raise _error(filename, text, line, col, f"invalid literal: {str(orig)[:200]}") from None
         raise
 
 
 def parse_file(path: str | Path) -> Module:
+    """Parse an IR file; bytes that are not UTF-8 are a located syntax error, not a decode traceback."""
     p = Path(path)
-    return parse(p.read_text(), str(p))
+    data = p.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        before = data[: e.start].decode("utf-8")
+        line = before.count("\n") + 1
+        col = len(before) - (before.rfind("\n") + 1) + 1
+        shown = data.decode("utf-8", errors="replace")
+        raise _error(str(p), shown, line, col, f"the file is not UTF-8 text (byte 0x{data[e.start]:02x})") from None
+    return parse(text, str(p))

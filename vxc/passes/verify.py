@@ -71,8 +71,7 @@ def verify_structure(m: Module) -> list[Finding]:
         if t.is_bank:
             if "{e}" not in t.key:
                 out.append(Finding("bad-bank", f"bank ${t.sym} key has no {{e}} placeholder", tensor=t.key))
-            covered = sorted(e for p in t.parts for e in range(p.first, p.last + 1))
-            if covered != list(range(t.experts)):
+            if not _covers_once(t.parts, t.experts):  # interval arithmetic: nothing is expanded per expert
                 out.append(Finding("bad-bank", f"bank ${t.sym} parts do not cover experts 0..{t.experts - 1} exactly once", tensor=t.key))
     layer_ids = [layer.index for layer in m.layers]
     if layer_ids != list(range(len(m.layers))):
@@ -127,3 +126,19 @@ class Verify:
                 if not (ctx.model_dir / f.path).is_file():
                     out.append(Finding("missing-file", f"file @{f.sym} {f.path} does not exist in {ctx.model_dir} (if the checkpoint moved, point at it with --model-dir)", tensor=f.path))
         return out
+
+
+MAX_BANK_EXPERTS = 1 << 16  # a bank names one stored tensor per expert: beyond this it is not a checkpoint
+
+
+def _covers_once(parts, experts: int) -> bool:
+    """The parts' inclusive ranges ``first..last`` tile ``0..experts-1`` exactly once (checked on the ranges'
+    ends: an input naming 10**12 experts costs nothing to refuse)."""
+    if not 0 < experts <= MAX_BANK_EXPERTS:
+        return False
+    nxt = 0
+    for p in sorted(parts, key=lambda p: p.first):
+        if p.first != nxt or p.last < p.first:
+            return False
+        nxt = p.last + 1
+    return nxt == experts

@@ -1,0 +1,108 @@
+"""Bad input gets a named, located error and loses nothing (issue 11, first items): a failed ``vxc lower``
+leaves an existing output file untouched; IR that is not UTF-8 or holds an integer literal past Python's
+digit limit is a located syntax error; a bank naming 10**12 experts is refused without being expanded."""
+
+from __future__ import annotations
+
+import re
+import resource
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import GOLDEN
+
+PRECIOUS = "an earlier IR the user wants to keep\n"
+
+
+def _outputs_untouched(out: Path) -> None:
+    assert out.read_text() == PRECIOUS
+    assert sorted(p.name for p in out.parent.iterdir()) == [out.name]  # no temporary file left beside it
+
+
+@pytest.mark.parametrize("damage", ["no config", "truncated weights", "missing tensor"])
+def test_failed_lower_keeps_an_existing_output(minis, tmp_path, cli, damage):
+    src = minis["hf_llama"]
+    bad = tmp_path / "model"
+    shutil.copytree(src, bad)
+    if damage == "no config":
+        (bad / "config.json").unlink()
+    else:
+        (st,) = sorted(bad.glob("*.safetensors"))
+        if damage == "truncated weights":
+            st.write_bytes(st.read_bytes()[: st.stat().st_size // 3])
+        else:
+            from safetensors.torch import load_file, save_file
+
+            tensors = load_file(str(st))
+            del tensors[sorted(k for k in tensors if "layers.0" in k)[0]]
+            save_file(tensors, str(st))
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    out = outdir / "model.vxir"
+    out.write_text(PRECIOUS)
+    r = cli("lower", bad, "-o", out)
+    assert r.exit_code != 0 and "Traceback" not in r.stdout + r.stderr
+    _outputs_untouched(out)
+
+
+def _address_space() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmSize in /proc/self/status")
+
+
+def _golden_text() -> str:
+    return (GOLDEN / "test_witnesses" / "test_golden_ir[mamba2-780m-state].vxir").read_text()
+
+
+def test_non_utf8_ir_is_a_located_error(tmp_path, cli):
+    text = _golden_text()
+    lines = text.splitlines(keepends=True)
+    bad = "".join(lines[:6]).encode() + b'module "x\xff\xfe" {\n' + "".join(lines[7:]).encode()
+    f = tmp_path / "bad.vxir"
+    f.write_bytes(bad)
+    for cmd in (["passes", f], ["describe", f], ["exec", f, "--tokens", "1"]):
+        r = cli(*cmd)
+        out = r.stdout + r.stderr
+        assert r.exit_code != 0 and "Traceback" not in out, cmd
+        assert f"{f}:7:10: error: the file is not UTF-8 text (byte 0xff)" in out, out
+        assert "^" in out
+
+
+def test_huge_integer_literal_is_a_located_error(tmp_path, cli):
+    text = _golden_text()
+    assert "chunk_size=256" in text
+    f = tmp_path / "big.vxir"
+    f.write_text(text.replace("chunk_size=256", "chunk_size=" + "9" * 5000, 1))
+    r = cli("passes", f)
+    out = r.stdout + r.stderr
+    assert r.exit_code != 0 and "Traceback" not in out
+    assert "error: invalid literal" in out and f"{f}:" in out
+
+
+def test_a_bank_of_a_trillion_experts_is_refused_without_expanding_it(tmp_path, cli):
+    text = None
+    for p in sorted(GOLDEN.rglob("*.vxir")):
+        t = p.read_text()
+        if " bank " in t and " experts " in t:
+            text = t
+            break
+    assert text is not None, "no golden IR with an expert bank"
+    m = re.search(r" experts (\d+) (@\w+) 0\.\.(\d+)", text)
+    assert m, "bank syntax changed"
+    huge = text.replace(m.group(0), f" experts {m.group(1)} {m.group(2)} 0..1000000000000", 1)
+    f = tmp_path / "huge.vxir"
+    f.write_text(huge)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    # a regression fails here instead of taking the machine down: 4 GB more address space than now
+    resource.setrlimit(resource.RLIMIT_AS, (_address_space() + (4 << 30), hard))
+    try:
+        r = cli("passes", f, "--pipeline", "verify")
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    out = r.stdout + r.stderr
+    assert r.exit_code != 0 and "Traceback" not in out
+    assert "do not cover experts" in out
