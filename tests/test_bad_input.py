@@ -106,3 +106,59 @@ def test_a_bank_of_a_trillion_experts_is_refused_without_expanding_it(tmp_path, 
     out = r.stdout + r.stderr
     assert r.exit_code != 0 and "Traceback" not in out
     assert "do not cover experts" in out
+
+
+# ---------------------------------------------------------------- CLI arguments, checked before any work
+
+
+@pytest.fixture(scope="module")
+def lowered(minis, tmp_path_factory, cli) -> Path:
+    out = tmp_path_factory.mktemp("lowered") / "llama.vxir"
+    assert cli("lower", minis["hf_llama"], "-o", out).exit_code == 0
+    return out
+
+
+EXEC_BAD = {
+    "max-new-tokens -1": (["--max-new-tokens", "-1"], "--max-new-tokens"),
+    "max-context -5": (["--max-context", "-5"], "--max-context"),
+    "max-context 10**12": (["--max-context", str(10**12)], "--max-context"),
+    "temperature nan": (["--temperature", "nan"], "--temperature"),
+    "temperature -1": (["--temperature", "-1"], "--temperature"),
+    "top-k -5": (["--top-k", "-5"], "--top-k"),
+    "top-p 2": (["--top-p", "2"], "--top-p"),
+    "seed 2**70": (["--seed", str(2**70)], "--seed"),
+}
+
+
+@pytest.mark.parametrize("case", list(EXEC_BAD))
+def test_exec_refuses_out_of_range_options(lowered, cli, case):
+    args, names = EXEC_BAD[case]
+    r = cli("exec", lowered, "--tokens", "1,2", *args)
+    out = r.stdout + r.stderr
+    assert r.exit_code != 0 and "Traceback" not in out
+    assert names in out, out
+
+
+@pytest.mark.parametrize("context", ["-5", "0"])
+def test_describe_refuses_a_context_below_one(lowered, cli, context):
+    r = cli("describe", lowered, "--context", context)
+    assert r.exit_code != 0 and "--context" in r.stdout + r.stderr
+
+
+def test_output_paths_are_checked_before_the_work(lowered, tmp_path, cli):
+    a_file = tmp_path / "plain"
+    a_file.write_text(PRECIOUS)
+    cases = [
+        ("describe", lowered, "--dot", a_file / "g.dot"),
+        ("exec", lowered, "--tokens", "1,2", "--max-new-tokens", "2", "--logits-out", a_file / "l.safetensors"),
+        ("exec", lowered, "--tokens", "1,2", "--max-new-tokens", "2", "--save-state", tmp_path),
+        ("lower", lowered.parent, "-o", a_file / "x.vxir"),
+    ]
+    for args in cases:
+        r = cli(*args)
+        out = r.stdout + r.stderr
+        assert r.exit_code != 0 and "Traceback" not in out, args
+        assert "is not a directory" in out or "is a directory" in out, (args, out)
+        assert r.stdout.strip() == "" or "error" in r.stdout, args  # no generated text came before the refusal
+    assert a_file.read_text() == PRECIOUS
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]

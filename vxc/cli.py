@@ -6,6 +6,8 @@ headers, so they start fast."""
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +37,29 @@ def _refused(r: Refusal, as_json: bool) -> None:
     raise typer.Exit(2)
 
 
+MAX_CONTEXT = 1 << 24  # positions: far past any model's window, small enough to refuse before allocating
+
+
+def _finite(value: float) -> float:
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
+
+def _check_output_path(path: Path, what: str, as_json: bool) -> None:
+    """An output path must be writable as a file: not a directory, under directories (or a path that can become
+    them) that the user may write. Checked before the work that would produce it."""
+    if path.is_dir():
+        _fail(f"{what} {path}: is a directory", 1, as_json)
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        _fail(f"{what} {path}: {parent} is not a directory", 1, as_json)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        _fail(f"{what} {path}: {parent} is not writable", 1, as_json)
+
+
 def _guard(fn, as_json: bool = False):
     try:
         return fn()
@@ -61,6 +86,7 @@ def lower(
 
     # lower_to_file writes a temporary file and renames it over OUTPUT only once closure holds: a refusal or
     # an error leaves whatever was at OUTPUT untouched (a user's earlier IR is never deleted)
+    _check_output_path(output, "-o", as_json)
     ctx = _guard(lambda: lower_to_file(model_dir, output), as_json)
     m = ctx.module
     kinds: dict[str, int] = {}
@@ -130,7 +156,7 @@ def passes(
 def describe(
     input: Path = typer.Argument(..., help="a .vxir file or a model directory"),
     as_json: bool = typer.Option(False, "--json"),
-    context: Optional[int] = typer.Option(None, "--context", help="also report state bytes at this many tokens"),
+    context: Optional[int] = typer.Option(None, "--context", min=1, max=MAX_CONTEXT, help="also report state bytes at this many tokens"),
     dot: Optional[Path] = typer.Option(None, "--dot", help="write layers, operators and state regions as Graphviz"),
 ):
     """The surfaces of a model, read from its plan."""
@@ -138,12 +164,14 @@ def describe(
     from .passes.manager import DEFAULT_PIPELINE
     from .passes.surfaces import describe as surfaces, to_dot
 
+    if dot is not None:
+        _check_output_path(dot, "--dot", as_json)
     ctx = _guard(lambda: run(load(input), DEFAULT_PIPELINE, emit=lambda s: None), as_json)
     d = surfaces(ctx.plan, context)
     if dot is not None:
         from .driver import write_atomic
 
-        write_atomic(dot, to_dot(ctx.plan))
+        _guard(lambda: write_atomic(dot, to_dot(ctx.plan)), as_json)
     if as_json:
         print(json.dumps(d, indent=1))
         return
@@ -157,14 +185,14 @@ def exec_(
     model: Path = typer.Argument(..., help="a .vxir file (from `vxc lower`)"),
     prompt: Optional[str] = typer.Option(None, "--prompt", help="text, encoded with the model directory's tokenizer.json"),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="comma-separated token ids, e.g. 1,2,3"),
-    max_new_tokens: int = typer.Option(32, "--max-new-tokens"),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    top_k: int = typer.Option(0, "--top-k"),
-    seed: int = typer.Option(0, "--seed"),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", min=0, max=MAX_CONTEXT),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, callback=_finite, help="0 = greedy"),
+    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, callback=_finite),
+    top_k: int = typer.Option(0, "--top-k", min=0),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**63 - 1),
     dtype: str = typer.Option("fp32", "--dtype", help="fp32 | bf16"),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
-    max_context: int = typer.Option(2048, "--max-context", help="positions preallocated for growing state"),
+    max_context: int = typer.Option(2048, "--max-context", min=1, max=MAX_CONTEXT, help="positions preallocated for growing state"),
     model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="where the safetensors live (default: as recorded in the IR)"),
     logits_out: Optional[Path] = typer.Option(None, "--logits-out", help="write teacher-forced logits of the given tokens (fp32 [positions, vocab])"),
     save_state: Optional[Path] = typer.Option(None, "--save-state", help="save the continuation state after generating"),
@@ -175,6 +203,10 @@ def exec_(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
 ):
     """Execute a lowered model: teacher-forced prefill of the prompt, then generation."""
+    for path, what in ((logits_out, "--logits-out"), (save_state, "--save-state")):
+        if path is not None:  # checked before any work: a bad path must not cost a whole generation
+            _check_output_path(path, what, as_json)
+
     def go():
         from .exec_cmd import run_exec
 
