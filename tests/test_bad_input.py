@@ -162,3 +162,15 @@ def test_output_paths_are_checked_before_the_work(lowered, tmp_path, cli):
         assert r.stdout.strip() == "" or "error" in r.stdout, args  # no generated text came before the refusal
     assert a_file.read_text() == PRECIOUS
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]
+
+
+def test_a_lone_surrogate_escape_is_a_located_error(tmp_path, cli):
+    text = _golden_text()
+    lines = text.splitlines(keepends=True)
+    assert lines[1].startswith('module "')
+    f = tmp_path / "surrogate.vxir"
+    f.write_text(lines[0] + 'module "x\\ud800y" {\n' + "".join(lines[2:]))
+    r = cli("passes", f)
+    out = r.stdout + r.stderr
+    assert r.exit_code != 0 and "Traceback" not in out
+    assert f"{f}:2:8: error: invalid string literal: a \\u escape names a lone surrogate" in out, out

@@ -54,9 +54,14 @@ def _dtype(tok: Token) -> str:
 
 def _str(tok: Token) -> str:
     try:
-        return json.loads(str(tok))
+        value = json.loads(str(tok))
     except json.JSONDecodeError as e:  # a raw control character, a bad escape
         raise _Semantic(tok, f"invalid string literal: {e.msg}") from None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate escape (\ud800): no text can hold it, no printer could write it
+        raise _Semantic(tok, "invalid string literal: a \\u escape names a lone surrogate") from None
+    return value
 
 
 class _Build(Transformer):
