@@ -139,8 +139,8 @@ def test_exec_refuses_out_of_range_options(lowered, cli, case):
     assert names in out, out
 
 
-@pytest.mark.parametrize("context", ["-5", "0"])
-def test_describe_refuses_a_context_below_one(lowered, cli, context):
+@pytest.mark.parametrize("context", ["-5", str(10**12)])
+def test_describe_refuses_a_context_out_of_range(lowered, cli, context):
     r = cli("describe", lowered, "--context", context)
     assert r.exit_code != 0 and "--context" in r.stdout + r.stderr
 
@@ -174,3 +174,21 @@ def test_a_lone_surrogate_escape_is_a_located_error(tmp_path, cli):
     out = r.stdout + r.stderr
     assert r.exit_code != 0 and "Traceback" not in out
     assert f"{f}:2:8: error: invalid string literal: a \\u escape names a lone surrogate" in out, out
+
+
+@pytest.mark.parametrize("edit", [("groups=1 ", "groups=0 "), ("chunk_size=256", "chunk_size=0"),
+                                  ("heads=48 ", "heads=-3 "), ("norm_eps=1e-05", "norm_eps=nan")])
+def test_attributes_outside_their_declared_range_are_refused_by_verify(tmp_path, cli, edit):
+    """Declarations state each attribute's valid range (ints positive unless declared min=0, floats not NaN):
+    verify refuses, by name, what a kernel could not run (chunk_size=0 used to pass every pass and then fail at
+    run time with "range() arg 3 must not be zero")."""
+    old, new = edit
+    text = _golden_text()
+    assert old in text, old
+    f = tmp_path / "bad.vxir"
+    f.write_text(text.replace(old, new, 1))
+    r = cli("passes", f, "--pipeline", "verify")
+    out = r.stdout + r.stderr
+    assert r.exit_code != 0 and "Traceback" not in out
+    name = old.split("=")[0]
+    assert f"attribute {name}=" in out and "[bad-attribute]" in out, out

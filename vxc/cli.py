@@ -156,7 +156,7 @@ def passes(
 def describe(
     input: Path = typer.Argument(..., help="a .vxir file or a model directory"),
     as_json: bool = typer.Option(False, "--json"),
-    context: Optional[int] = typer.Option(None, "--context", min=1, max=MAX_CONTEXT, help="also report state bytes at this many tokens"),
+    context: Optional[int] = typer.Option(None, "--context", min=0, max=MAX_CONTEXT, help="also report state bytes at this many tokens"),
     dot: Optional[Path] = typer.Option(None, "--dot", help="write layers, operators and state regions as Graphviz"),
 ):
     """The surfaces of a model, read from its plan."""

@@ -31,7 +31,7 @@ def _check_op(op: Op, slot: str, layer: int | None, out: list[Finding]) -> None:
                 out.append(Finding("missing-attribute", f"attribute {a.name} ({a.type}) is not declared", layer, op.kind))
                 ok = False
         elif not a.accepts(op.attrs[a.name]):
-            want = f"one of {', '.join(a.choices)}" if a.choices else a.type
+            want = a.expects()
             out.append(Finding("bad-attribute", f"attribute {a.name}={op.attrs[a.name]!r} is not {want}", layer, op.kind,
                                expected=want, actual=op.attrs[a.name]))
             ok = False

@@ -10,8 +10,10 @@ these declarations.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 if TYPE_CHECKING:
     from ..roles import Role
@@ -27,12 +29,25 @@ class Attr:
     choices: tuple[str, ...] = ()
     optional: bool = False  # may be left undeclared (an absent feature)
     doc: str = ""
+    min: Optional[int] = None  # an int's least valid value; ints are positive unless the declaration says min=0
+
+    @property
+    def least(self) -> Optional[int]:
+        return (1 if self.min is None else self.min) if self.type == "int" else None
+
+    def expects(self) -> str:
+        """What a valid value is, in words (for a refusal)."""
+        if self.choices:
+            return f"one of {', '.join(self.choices)}"
+        if self.type == "int":
+            return f"an int >= {self.least}"
+        return "a float (not NaN)" if self.type == "float" else self.type
 
     def accepts(self, value: Any) -> bool:
         if self.type == "int":
-            return isinstance(value, int) and not isinstance(value, bool)
+            return isinstance(value, int) and not isinstance(value, bool) and value >= self.least
         if self.type == "float":
-            return isinstance(value, float)
+            return isinstance(value, float) and not math.isnan(value)  # (inf is a declared "no bound", e.g. dt_max)
         if self.type == "bool":
             return isinstance(value, bool)
         if self.type == "enum":
@@ -158,8 +173,8 @@ class OperatorDecl:
         return [s.name for s in self.roles if s.name is not None] + list(self.extra_roles)
 
 
-def attr(name: str, type_: str, *choices: str, optional: bool = False, doc: str = "") -> Attr:
-    return Attr(name, type_, tuple(choices), optional, doc)
+def attr(name: str, type_: str, *choices: str, optional: bool = False, doc: str = "", min: Optional[int] = None) -> Attr:
+    return Attr(name, type_, tuple(choices), optional, doc, min)
 
 
 OPERATORS: dict[str, OperatorDecl] = {}

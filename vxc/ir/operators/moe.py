@@ -51,7 +51,7 @@ MOE = OperatorDecl(
         attr("glu_alpha", "float", optional=True),
         attr("glu_limit", "float", optional=True),
         attr("shared_experts", "bool"),
-        attr("shared_intermediate", "int", doc="0 when shared_experts is false"),
+        attr("shared_intermediate", "int", min=0, doc="0 when shared_experts is false"),
         attr("shared_gate", "bool", doc="shared-expert branch scaled by σ(x·SharedExpertBranchGate)"),
     ),
     roles=(

@@ -33,7 +33,7 @@ SOFTMAX = OperatorDecl(
         attr("qk_norm_zero_centred", "bool", optional=True),
         attr("sinks", "bool"),
         attr("output_gate", "bool"),
-        attr("window", "int", doc="sliding window in positions (0 = full causal)"),
+        attr("window", "int", min=0, doc="sliding window in positions (0 = full causal)"),
         attr("scale", "float"),
         *ROTARY_ATTRS,
     ),
