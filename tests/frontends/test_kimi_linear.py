@@ -186,14 +186,9 @@ def test_witness_describe_human(witness, cli):
 
 
 def test_witness_golden_ir(witness, snapshot):
-    from vxc.frontends import lower
-    from vxc.ir import print_module
-    from vxc.passes import PassManager
-    from vxc.passes.context import Context
+    from tests.families.moe_support import lowered_text
 
-    m = lower(witness, relative_to=witness.parent)
-    ctx = PassManager(["verify", "bind", "closure", "state"], emit=lambda s: None).run(Context(m, model_dir=witness))
-    text = print_module(ctx.module)
+    text = lowered_text(witness)  # lowered, verify,bind,closure,state, model_dir relative to its parent
     assert f'model_dir "{W}"' in text and 'dialect "kimi_linear/hub"' in text
     assert len(text.splitlines()) < 3000
     assert text == snapshot
