@@ -24,6 +24,10 @@ def model_dir_of(m: Module, ir_path: Path | None, override: Path | None = None) 
 def load(input_path: str | Path, model_dir: Path | None = None) -> Context:
     """A .vxir file is parsed; a directory is lowered by its frontend."""
     p = Path(input_path)
+    if not p.exists() and p.suffix == ".vxir":
+        from .ir.diagnostics import VxcError
+
+        raise VxcError(f"{p}: no such IR file (lower a model directory first: vxc lower DIR -o {p})")
     if p.is_dir() or not p.exists():
         from .frontends import lower
 
@@ -37,17 +41,40 @@ def run(ctx: Context, pipeline: str, **kw) -> Context:
     return PassManager(parse_pipeline(pipeline), **kw).run(ctx)
 
 
-def write_atomic(path: Path, text: str) -> None:
+def replace_atomic(path: Path, write) -> None:
+    """``write(tmp)`` fills a temporary file beside ``path``, which is then renamed over ``path``; on any failure
+    (including an interrupt) the temporary file is removed and ``path`` is left as it was."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        write(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def save_safetensors_atomic(path: Path, tensors: dict, metadata: dict | None = None) -> None:
+    """``safetensors.torch.save_file`` through :func:`replace_atomic`; a failed write (disk full, file too large)
+    is an ``OSError`` naming ``path`` (the library raises its own error type for I/O failures)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    def write(tmp: Path) -> None:
+        try:
+            save_file(tensors, str(tmp), metadata=metadata)
+        except SafetensorError as e:
+            msg = str(e).split("I/O error: ")[-1]
+            raise OSError(0, f"cannot write: {msg}", str(path)) from None
+
+    replace_atomic(path, write)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    replace_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def lower_to_file(model_dir: Path, out: Path, pipeline: str = "verify,bind,closure,state") -> Context:

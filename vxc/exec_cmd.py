@@ -3,11 +3,31 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
 
 from .ir.diagnostics import VxcError
+
+MAX_TOKEN_ID = 2**31 - 1  # larger than any vocabulary; the exact bound is the model's vocab, checked by the session
+
+
+def _parse_tokens(text: str) -> list[int]:
+    parts = [t.strip() for t in text.split(",")]
+    if not any(parts):
+        raise VxcError(f"--tokens {text!r}: no token ids")
+    ids = []
+    for t in parts:
+        if not t:
+            continue
+        if not re.fullmatch(r"[+-]?\d{1,12}", t):
+            raise VxcError(f"--tokens: {t[:40]!r} is not a token id (comma-separated integers, e.g. 1,2,3)")
+        v = int(t)
+        if not 0 <= v <= MAX_TOKEN_ID:
+            raise VxcError(f"--tokens: {v} is not a token id (ids are 0..vocab-1)")
+        ids.append(v)
+    return ids
 
 
 def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p, top_k, seed, dtype, device, max_context,
@@ -23,38 +43,49 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
     from .runtime.session import Session
     from .runtime.tokenizer import Detokenizer, load_tokenizer
 
+    if Path(model).is_dir():
+        raise VxcError(f"{model} is a directory, not an IR file: lower it first (vxc lower {model} -o model.vxir)")
     if not Path(model).is_file():
         raise VxcError(f"{model}: no such IR file (lower a model directory first: vxc lower DIR -o {model})")
     if dtype not in ("fp32", "bf16", "fp16"):
-        raise VxcError(f"--dtype {dtype}: expected fp32 or bf16")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise VxcError("--device cuda: no CUDA device is available")
+        raise VxcError(f"--dtype {dtype}: expected fp32, bf16 or fp16")
+    if not re.fullmatch(r"cpu|cuda(:\d{1,3})?", device):
+        raise VxcError(f"--device {device}: expected cpu, cuda or cuda:N")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise VxcError(f"--device {device}: no CUDA device is available")
+        if ":" in device and int(device.split(":")[1]) >= torch.cuda.device_count():
+            raise VxcError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     if kernels not in K.BACKENDS:
         raise VxcError(f"--kernels {kernels}: expected one of {', '.join(K.BACKENDS)}")
     if kernels != "auto":
         K.set_backend(kernels)
     K.reset_fallbacks()  # the report covers this run
-    m = parse_file(model)
-    mdir = model_dir_of(m, Path(model), model_dir)
-    tok = load_tokenizer(mdir)
-    note = lambda s: print(s, file=sys.stderr)  # noqa: E731
     if prompt is not None and tokens is not None:
         raise VxcError("give either --prompt or --tokens, not both")
-    if prompt is not None:
+    if prompt is None and tokens is None:
+        raise VxcError("nothing to run: give --prompt TEXT or --tokens 1,2,3" +
+                       (" (after --resume-state: the next token(s), e.g. the last generated id)" if resume_state else ""))
+    ids = _parse_tokens(tokens) if tokens is not None else None
+    m = parse_file(model)
+    mdir = model_dir_of(m, Path(model), model_dir)
+    note = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    if prompt is not None:  # the text needs the tokenizer: a missing or broken one is an error
+        tok = load_tokenizer(mdir)
         if tok is None:
             raise VxcError(f"--prompt needs {mdir}/tokenizer.json, which does not exist; pass token ids with --tokens")
         ids = tok.encode(prompt).ids
-    elif tokens is not None:
+        if not ids:
+            raise VxcError(f"--prompt {prompt!r} encodes to no tokens; give some text or --tokens")
+    else:  # token ids in: the tokenizer only renders the output, so a broken one is named and ids are printed
         try:
-            ids = [int(t) for t in tokens.split(",") if t.strip()]
-        except ValueError:
-            raise VxcError(f"--tokens {tokens!r}: expected comma-separated integers") from None
-    elif resume_state is None:
-        raise VxcError("nothing to run: give --prompt TEXT or --tokens 1,2,3")
-    else:
-        ids = []
-    if tok is None and not as_json:
-        note(f"note: no tokenizer.json in {mdir}: input and output are token ids only")
+            tok = load_tokenizer(mdir)
+        except VxcError as e:
+            tok = None
+            note(f"warning: {e}; output is token ids")
+        else:
+            if tok is None and not as_json:
+                note(f"note: no tokenizer.json in {mdir}: input and output are token ids only")
     t0 = time.perf_counter()
     engine = Engine(m, mdir, dtype=DTYPES[dtype], device=device, max_context=max_context, compile_decode=compile_decode)
     load_s = time.perf_counter() - t0
@@ -62,18 +93,13 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
     sampler = Sampler(temperature, top_k, top_p, seed, vocab=engine.vocab)
     if resume_state is not None:
         session.load_state(resume_state, sampler)
-    if not ids:
-        raise VxcError("--resume-state continues from the saved position: pass the next token(s) with --tokens (e.g. the last generated id)")
     t1 = time.perf_counter()
     logits = session.prefill(ids, last_only=logits_out is None)  # the head on every position only when asked for
     prefill_s = time.perf_counter() - t1
     if logits_out is not None:
-        from safetensors.torch import save_file
+        from .driver import save_safetensors_atomic
 
-        from .driver import write_atomic  # noqa: F401  (same atomic discipline)
-        tmp = Path(str(logits_out) + ".tmp")
-        save_file({"logits": logits.float().contiguous().cpu()}, str(tmp))
-        tmp.replace(logits_out)
+        save_safetensors_atomic(Path(logits_out), {"logits": logits.float().contiguous().cpu()})
     detok = Detokenizer(tok) if tok is not None else None
 
     def stream(t: int) -> None:

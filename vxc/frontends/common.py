@@ -27,6 +27,13 @@ from ..ir.views import ViewError, view_shape
 
 INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER = 100 * 1024 * 1024
+MAX_CONFIG_INT = 2**31 - 1  # no dimension, count, id or position of a model is larger
+MAX_LAYERS = 1 << 14  # far past any model (the largest have ~128); a layer count is iterated, so it is bounded first
+
+
+def _short(v: int) -> str:
+    t = str(v)
+    return t if len(t) <= 24 else f"{t[:8]}...({len(t)} digits)"
 
 
 class FrontendError(VxcError):
@@ -96,21 +103,57 @@ def _read_header(path: Path, rel: str) -> tuple[dict[str, Any], int, str]:
     if not isinstance(header, dict):
         raise FrontendError(f"{rel}: safetensors header is not a JSON object")
     data_len = size - 8 - n
+    spans = []
     for key, entry in header.items():
         if key == "__metadata__":
+            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+                raise FrontendError(f"{rel}: safetensors header __metadata__ must map strings to strings")
             continue
-        try:
-            dtype, shape, (a, b) = entry["dtype"], entry["shape"], entry["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise FrontendError(f"{rel}: header entry {key!r} is malformed") from None
-        if dtype not in SAFETENSORS_DTYPES:
-            raise FrontendError(f"{rel}: tensor {key!r} has unsupported dtype {dtype}")
-        if not (0 <= a <= b <= data_len):
+        dtype, shape, offsets = _header_entry(rel, key, entry)
+        a, b = offsets
+        if not (a <= b <= data_len):
             raise FrontendError(f"{rel}: tensor {key!r} lies outside the file (offsets {a}..{b}, data region {data_len} bytes): truncated file")
         nbytes = math.prod(shape) * _ITEMSIZE[SAFETENSORS_DTYPES[dtype]]
         if b - a != nbytes:
             raise FrontendError(f"{rel}: tensor {key!r} {dtype}{list(shape)} needs {nbytes} bytes, header gives {b - a}")
+        spans.append((a, b, key))
+    # as the safetensors library does: the tensors tile the data region exactly, in offset order -- no two share
+    # a byte (an overlap would alias two weights) and no byte lies between or after them
+    end, prev = 0, None
+    for a, b, key in sorted(spans):
+        if a != end:
+            what = (f"overlaps {prev!r} (which ends at byte {end})" if a < end
+                    else f"leaves a gap of {a - end} bytes after {prev!r}" if prev else f"leaves {a} bytes unused before it")
+            raise FrontendError(f"{rel}: tensor {key!r} at data offsets {a}..{b} {what}: invalid offsets (the safetensors format requires the tensors to tile the data region)")
+        end, prev = b, key
+    if end != data_len:
+        raise FrontendError(f"{rel}: the tensors end at data byte {end} but the data region holds {data_len} bytes: invalid offsets (trailing bytes)")
     return header, size, hashlib.sha256(blob).hexdigest()
+
+
+def _header_entry(rel: str, key: str, entry: Any) -> tuple[str, list[int], tuple[int, int]]:
+    """One header entry's fields, type-checked: a safetensors header problem is named against its file."""
+    def bad(why: str):
+        return FrontendError(f"{rel}: safetensors header entry {key!r}: {why}")
+
+    if not isinstance(entry, dict):
+        raise bad("not a JSON object")
+    missing = [f for f in ("dtype", "shape", "data_offsets") if f not in entry]
+    if missing:
+        raise bad(f"no {', '.join(missing)} field")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str):
+        raise bad(f"dtype {dtype!r} is not a string")
+    if dtype not in SAFETENSORS_DTYPES:
+        raise FrontendError(f"{rel}: tensor {key!r} has unsupported dtype {dtype}")
+    _int = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0  # noqa: E731
+    if not isinstance(shape, list) or not all(_int(d) for d in shape):
+        raise bad(f"shape {shape!r} is not a list of non-negative integers")
+    if len(shape) > 16 or math.prod(shape) > 1 << 48:
+        raise bad(f"shape {shape} is too large to be stored")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_int(v) for v in offsets):
+        raise bad(f"data_offsets {offsets!r} is not a pair of non-negative integers")
+    return dtype, shape, (offsets[0], offsets[1])
 
 
 from ..ir.module import DTYPES as _ITEMSIZE  # noqa: E402
@@ -346,11 +389,13 @@ class Attrs:
         """The first of ``keys`` the config sets (not null)."""
         return next((k for k in keys if self._lookup(k)[1] is not None), None)
 
-    def check(self, key: str, value: Any, kind: Any = None, min: int | float | None = None) -> Any:
-        """``value`` (read from ``key``) checked against ``kind`` and ``min`` (``list[int]``: each item too)."""
+    def check(self, key: str, value: Any, kind: Any = None, min: int | float | None = None, max: int | None = None) -> Any:
+        """``value`` (read from ``key``) checked against ``kind``, ``min`` and ``max`` (``list[int]``: each item
+        too). Every integer is at most :data:`MAX_CONFIG_INT` in magnitude: no size, count or id of a model is
+        larger, and a bound read from input must be refused before anything is sized or iterated by it."""
         if getattr(kind, "__origin__", None) is list:
             (item,) = kind.__args__
-            return [self.check(f"{key}[{j}]", x, item, min) for j, x in enumerate(self.check(key, value, list))]
+            return [self.check(f"{key}[{j}]", x, item, min, max) for j, x in enumerate(self.check(key, value, list))]
         if kind is bool and type(value) is int and value in (0, 1):
             value = bool(value)  # a flag written 0 / 1
         if kind is not None:
@@ -361,19 +406,28 @@ class Attrs:
                 value = float(value)
         if min is not None and value < min:
             raise ConfigError(f"{self.where}: cannot read this config: {self.prefix}{key}={value!r} must be >= {min}")
+        if kind is int:
+            limit = MAX_CONFIG_INT if max is None else max
+            if abs(value) > limit:
+                raise ConfigError(f"{self.where}: cannot read this config: {self.prefix}{key}={_short(value)} is out of range "
+                                  f"(at most {limit})")
         return value
+
+    def layers(self, *keys: str) -> int:
+        """The layer count: a required integer in 0..MAX_LAYERS (checked before any layer is built)."""
+        return self.need(*keys, kind=int, min=0, max=MAX_LAYERS)
 
     def opt(self, *keys: str, kind: Any = None, min: int | float | None = None) -> Any:
         """The first of ``keys`` set, checked; None when none is set (and nothing is recorded)."""
         k = self.which(*keys)
         return None if k is None else self.check(k, self.raw(k), kind, min)
 
-    def need(self, *keys: str, kind: Any = None, min: int | float | None = None) -> Any:
+    def need(self, *keys: str, kind: Any = None, min: int | float | None = None, max: int | None = None) -> Any:
         """The first of ``keys`` set, checked; refuses when none is set."""
         k = self.which(*keys)
         if k is None:
             raise ConfigError(f"{self.where}: config.json lacks required key {' / '.join(repr(self.prefix + k) for k in keys)}")
-        return self.check(k, self.raw(k), kind, min)
+        return self.check(k, self.raw(k), kind, min, max)
 
     def get(self, *keys: str, default: Any, kind: Any = None, min: int | float | None = None) -> tuple[Any, bool]:
         """(value, filled_by_default) for the first of ``keys`` set; a fill is recorded under ``keys[0]``."""

@@ -18,7 +18,7 @@ EMBEDDING = "model.embed_tokens.weight"
 
 def sizes(A: Attrs) -> tuple[int, int, int, int]:
     """hidden_size (>= 1), num_hidden_layers, num_attention_heads (>= 1), vocab_size: required integers."""
-    return (A.need("hidden_size", kind=int, min=1), A.need("num_hidden_layers", kind=int),
+    return (A.need("hidden_size", kind=int, min=1), A.layers("num_hidden_layers"),
             A.need("num_attention_heads", kind=int, min=1), A.need("vocab_size", kind=int))
 
 

@@ -22,7 +22,8 @@ CONFIG_DEFAULTS = {
 @by_model_type("mamba2")
 def lower_mamba2(model_dir: Path, cfg: dict, sha: str, relative_to: Path | None) -> Module:
     A = Attrs(cfg, f"{model_dir}/config.json (mamba2)", CONFIG_DEFAULTS)
-    d_model, n_layer, vocab, heads = (A.need(k, kind=int) for k in ("hidden_size", "num_hidden_layers", "vocab_size", "num_heads"))
+    d_model, n_layer = A.need("hidden_size", kind=int), A.layers("num_hidden_layers")
+    vocab, heads = A.need("vocab_size", kind=int), A.need("num_heads", kind=int)
     b = Builder(model_dir, "transformers", "mamba2", sha, relative_to)
     spell = {"expand": "expand", "headdim": "head_dim", "d_state": "state_size", "ngroups": "n_groups", "d_conv": "conv_kernel",
              "conv_bias": "use_conv_bias", "bias": "use_bias", "chunk_size": "chunk_size", "dt_limit": "time_step_limit",

@@ -201,7 +201,7 @@ def _read_mha(M: Attrs, spell: dict[str, str], given: dict) -> tuple[dict, set[s
 def lower_native(model_dir: Path, cfg: dict, sha: str, relative_to: Path | None) -> Module:
     A = Attrs(cfg, f"{model_dir}/config.json ({NATIVE})")
     where = A.where
-    d_model, n_layer, vocab = (A.need(k, kind=int) for k in ("d_model", "n_layer", "vocab_size"))
+    d_model, n_layer, vocab = A.need("d_model", kind=int), A.layers("n_layer"), A.need("vocab_size", kind=int)
     if A.raw("d_intermediate"):
         raise FrontendError(f"{where}: d_intermediate={A.raw('d_intermediate')} (a gated MLP per block) is not supported yet")
     if (A.raw("rms_norm") if "rms_norm" in A else True) is not True:
@@ -248,7 +248,7 @@ def lower_native(model_dir: Path, cfg: dict, sha: str, relative_to: Path | None)
 def lower_oute(model_dir: Path, cfg: dict, sha: str, relative_to: Path | None) -> Module:
     A = Attrs(cfg, f"{model_dir}/config.json ({OUTE})")
     where = A.where
-    d_model, n_layer, vocab = (A.need(k, kind=int) for k in ("hidden_size", "num_hidden_layers", "vocab_size"))
+    d_model, n_layer, vocab = A.need("hidden_size", kind=int), A.layers("num_hidden_layers"), A.need("vocab_size", kind=int)
     A.need("state_size", kind=int)
     d_inner = A.need("mamba2_num_heads", kind=int) * A.need("mamba2_head_dim", kind=int, min=1)
     if A.raw("mlp_intermediate_size"):

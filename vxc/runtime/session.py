@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
 
 from ..ir.diagnostics import VxcError
 from .engine import Engine
@@ -18,6 +18,9 @@ from .sampling import Sampler
 
 class SessionError(VxcError):
     pass
+
+
+STATE_FORMAT = "vxc-state"
 
 
 class Session:
@@ -45,9 +48,9 @@ class Session:
         if ids.numel() == 0:
             raise SessionError("prefill needs at least one token")
         self._room(ids.numel())
-        bad = [int(t) for t in ids if not (0 <= int(t) < self.engine.padded_vocab)]
-        if bad:
-            raise SessionError(f"token ids outside the vocabulary 0..{self.engine.padded_vocab - 1}: {bad[:5]}")
+        bad = [int(t) for t in ids if not (0 <= int(t) < self.engine.vocab)]
+        if bad:  # the rows past the logical vocab are padding: no token has them
+            raise SessionError(f"token ids outside the vocabulary 0..{self.engine.vocab - 1}: {bad[:5]}")
         # one token runs the fixed-shape decode graph, so a resumed single-token
         # continuation is bit-identical to an uninterrupted step
         if ids.numel() == 1:
@@ -61,8 +64,8 @@ class Session:
     def step(self, token: int) -> torch.Tensor:
         """Logits [padded_vocab] (compute dtype) after one more token (the fixed-shape decode graph)."""
         self._room(1)
-        if not (0 <= token < self.engine.padded_vocab):
-            raise SessionError(f"token id {token} outside the vocabulary")
+        if not (0 <= token < self.engine.vocab):
+            raise SessionError(f"token id {token} outside the vocabulary 0..{self.engine.vocab - 1}")
         logits = self.engine.decode(token, self.pos)
         self.pos += 1
         return logits[0]
@@ -84,6 +87,9 @@ class Session:
     # ------------------------------------------------------------ continuation state
 
     def save_state(self, path: Path, sampler: Sampler | None = None) -> None:
+        """Written to a temporary file beside ``path`` and renamed over it: a failure leaves ``path`` as it was."""
+        from ..driver import save_safetensors_atomic
+
         st = self.engine.state
         tensors: dict[str, torch.Tensor] = {}
         for rid, buf in st.buffers.items():
@@ -94,29 +100,57 @@ class Session:
         if sampler is not None and not sampler.greedy:
             tensors["rng_state"] = sampler.get_state()
         shapes = {rid: list(b.shape) for rid, b in st.buffers.items()}
-        save_file(tensors, str(path), metadata={"format": "vxc-state", "regions": json.dumps(shapes, sort_keys=True)})
+        meta = {"format": STATE_FORMAT, "regions": json.dumps(shapes, sort_keys=True)}
+        save_safetensors_atomic(Path(path), tensors, meta)
 
     def load_state(self, path: Path, sampler: Sampler | None = None) -> None:
+        """Everything is checked before the engine's state is touched: the file's format, the position (one
+        int64 within --max-context), each region's shape and dtype (the declared precision is part of the
+        contract: a region saved at another precision is refused, not converted) and the RNG state."""
         st = self.engine.state
         try:
-            data = load_file(str(path))
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                data = {k: f.get_tensor(k) for k in f.keys()}
         except Exception as e:
             raise SessionError(f"{path}: not a readable state file ({e})") from None
+        if meta.get("format") != STATE_FORMAT:
+            raise SessionError(f"{path}: not a vxc state file (metadata format={meta.get('format')!r}, expected {STATE_FORMAT!r})")
         want = set(st.buffers) | {"position"}
         missing = sorted(want - set(data))
         extra = sorted(set(data) - want - {"rng_state"})
         if missing or extra:
             raise SessionError(f"{path}: state regions do not match this model (missing {missing[:4]}, unexpected {extra[:4]})")
-        pos = int(data["position"][0])
+        p = data["position"]
+        if p.dtype != torch.int64 or tuple(p.shape) != (1,):
+            raise SessionError(f"{path}: position must be one int64, found {str(p.dtype).replace('torch.', '')}{list(p.shape)}")
+        pos = int(p[0])
+        if pos < 0:
+            raise SessionError(f"{path}: position {pos} is negative")
         if pos > st.max_context:
             raise SessionError(f"{path}: position {pos} exceeds --max-context {st.max_context}")
-        st.zero_()
         for rid, buf in st.buffers.items():
             src = data[rid]
             dst = (buf[:, :pos] if st.layout[rid] == "kv_rows" else buf[:pos]) if st.growing[rid] else buf
             if tuple(src.shape) != tuple(dst.shape):
                 raise SessionError(f"{path}: region {rid} has shape {list(src.shape)}, this model needs {list(dst.shape)}")
-            dst.copy_(src.to(dst.dtype))
+            if src.dtype != dst.dtype:
+                raise SessionError(f"{path}: region {rid} is stored as {str(src.dtype).replace('torch.', '')}, this model "
+                                   f"holds it as {str(dst.dtype).replace('torch.', '')} (its declared precision at this --dtype); "
+                                   f"refusing to convert it")
+        rng = data.get("rng_state")
+        if rng is not None and sampler is not None and not sampler.greedy:
+            probe = torch.Generator()
+            try:
+                if rng.dtype != torch.uint8 or rng.dim() != 1:
+                    raise RuntimeError(f"{str(rng.dtype).replace('torch.', '')}{list(rng.shape)}, not a uint8 vector")
+                probe.set_state(rng)
+            except RuntimeError as e:
+                raise SessionError(f"{path}: rng_state is not a generator state ({e})") from None
+        st.zero_()
+        for rid, buf in st.buffers.items():
+            dst = (buf[:, :pos] if st.layout[rid] == "kv_rows" else buf[:pos]) if st.growing[rid] else buf
+            dst.copy_(data[rid])
         self.pos = pos
-        if sampler is not None and "rng_state" in data:
-            sampler.set_state(data["rng_state"])
+        if rng is not None and sampler is not None and not sampler.greedy:
+            sampler.set_state(rng)

@@ -25,4 +25,9 @@ def load_tokenizer(model_dir: Path):
         return None
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(path))
+    from ..ir.diagnostics import VxcError
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # the tokenizers library raises its own Exception subclass with the parse error
+        raise VxcError(f"{path}: not a readable tokenizer ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})") from None
