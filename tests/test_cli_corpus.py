@@ -225,6 +225,14 @@ def _exec(*args, ir_needed=True) -> Callable[[Env], list]:
     return lambda env: ["exec", env.ir(), *args]
 
 
+def _context_past_memory(env: Env) -> list:
+    d = env.copy("llama")
+    ir = env.root / "llama.vxir"
+    r = subprocess.run([PYTHON, "-m", "vxc.cli", "lower", str(d), "-o", str(ir)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return ["exec", ir, "--tokens", "1,2", "--max-context", str(2**24)]
+
+
 def _corrupt_tokenizer(*args) -> Callable[[Env], list]:
     def f(env: Env) -> list:
         ir = env.ir()
@@ -286,6 +294,7 @@ CASES: dict[str, Case] = {
     "device tpu": Case(_exec("--tokens", "1", "--device", "tpu"), "--device tpu: expected cpu, cuda or cuda:N"),
     "dtype fp8": Case(_exec("--tokens", "1", "--dtype", "fp8"), "--dtype fp8: expected fp32, bf16 or fp16"),
     "kernels bogus": Case(_exec("--tokens", "1", "--kernels", "fast"), "--kernels fast"),
+    "max-context past memory": Case(_context_past_memory, "--max-context 16777216: the state and rotary tables need 13."),
     "context full": Case(_exec("--tokens", "1,2,3", "--max-context", "2"), "context full"),
     # exec: tokenizer
     "corrupt tokenizer, --prompt": Case(_corrupt_tokenizer("--prompt", "hi"), "tokenizer.json: not a readable tokenizer"),
@@ -318,7 +327,9 @@ def corpus_sources(tmp_path_factory) -> dict[str, Path]:
     r = subprocess.run([PYTHON, "-m", "vxc.cli", "lower", str(run), "-o", str(ir)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     src = {"mamba": mamba, "run": run, "run.vxir": ir}
-    src["llama"] = builders.hf_header_only(root / "llama", {"model_type": "llama", **builders.MINI_HF["llama"]})
+    # 4 kv heads x 12 x (K, V) x 2 layers x 4 bytes + rotary tables: 848 bytes per position, 13 GiB at 2**24
+    src["llama"] = builders.hf_header_only(root / "llama", {"model_type": "llama", **builders.MINI_HF["llama"],
+                                                            "num_key_value_heads": 4}, dtype="F32")
     return src
 
 

@@ -10,6 +10,7 @@ import torch
 
 from ..codegen.fxgen import buffer_name, build_graph_module
 from ..codegen.lower import VARIANTS, Lowered, RopeRef, StateRef, Weight, lower_plan
+from ..ir.diagnostics import VxcError
 from ..ir.module import Module
 from ..passes.context import Context
 from ..passes.manager import DEFAULT_PIPELINE, PassManager, parse_pipeline
@@ -32,7 +33,9 @@ class Engine:
         self.weights = Weights(module, Path(model_dir))
         self.lowered = {v: lower_plan(self.plan, v) for v in VARIANTS}
         root = torch.nn.Module()
-        self.state: StateBuffers = (provider or StateProvider()).allocate(self.plan, dtype, max_context, self.device)
+        provider = provider or StateProvider()
+        _check_memory(provider, self.plan, self.lowered, dtype, max_context, self.device)
+        self.state: StateBuffers = provider.allocate(self.plan, dtype, max_context, self.device)
         operands = module.operand_table()
         for lw in self.lowered.values():
             for ref in _refs(lw):
@@ -83,6 +86,54 @@ class Engine:
                 seen.add(b.data_ptr())
                 n += b.numel() * b.element_size()
         return n
+
+
+class EngineError(VxcError):
+    pass
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory this process can still take on ``device``: CUDA's free memory; on CPU, the kernel's MemAvailable
+    (capped by an address-space limit, when one is set). None when unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    avail = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmSize:"):
+                    left = soft - int(line.split()[1]) * 1024
+                    avail = left if avail is None else min(avail, left)
+    except (OSError, ValueError, ImportError):
+        pass
+    return avail
+
+
+def _check_memory(provider: StateProvider, plan, lowered, dtype, max_context: int, device: torch.device) -> None:
+    """The buffers sized by --max-context (state regions, rotary tables) must fit before any is allocated."""
+    from .rope import inv_freq
+
+    fixed = provider.nbytes(plan, dtype, 0)
+    per_state = provider.nbytes(plan, dtype, 1) - fixed
+    freqs = {key: inv_freq(attrs)[0].numel() for lw in lowered.values() for key, attrs in lw.ropes.items()}
+    per_rope = sum(4 * 3 * n + 8 for n in freqs.values())  # cos + sin tables and the frequencies they are made from
+    need = fixed + (per_state + per_rope) * max_context
+    avail = available_bytes(device)
+    if avail is not None and need > avail:
+        fits = max((avail - fixed) // max(per_state + per_rope, 1), 0)
+        raise EngineError(f"--max-context {max_context}: the state and rotary tables need {_gib(need)} ({_gib(fixed)} fixed + "
+                          f"{per_state + per_rope:,} bytes per position), {_gib(avail)} is available on {device}; "
+                          f"at most --max-context {fits:,} fits")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
 
 
 def _refs(lw: Lowered):

@@ -9,6 +9,7 @@ other kind, rather than allocating part of it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -39,6 +40,23 @@ class StateProvider:
     kinds: tuple[str, ...] = REGION_KINDS
     name: str = "static"
 
+    def layout(self, g: nx.DiGraph, dtype: torch.dtype, max_context: int):
+        """(region id, region, shape, dtype) of every buffer :meth:`allocate` makes, without allocating."""
+        for p in plan_ops(g):
+            for r in p.regions:
+                dt = torch.float32 if r.precision == "f32" else dtype
+                if r.growth == "fixed":
+                    shape = tuple(r.shape)
+                else:
+                    # a window bounds the rows: held as a ring of `window` rows (see the attention op)
+                    n = min(r.window, max_context) if r.window else max_context
+                    shape = (r.shape[0], n, *r.shape[1:]) if r.kind == "kv_rows" else (n, *r.shape)  # kv: K rows, V rows
+                yield region_id(p.id, r.name), r, shape, dt
+
+    def nbytes(self, g: nx.DiGraph, dtype: torch.dtype, max_context: int) -> int:
+        """The bytes :meth:`allocate` would allocate."""
+        return sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for _, _, shape, dt in self.layout(g, dtype, max_context))
+
     def allocate(self, g: nx.DiGraph, dtype: torch.dtype, max_context: int, device: torch.device | str = "cpu") -> StateBuffers:
         findings = []
         for p in plan_ops(g):
@@ -52,19 +70,10 @@ class StateProvider:
         if findings:
             raise Refusal("state provider", findings)
         buffers, growing, layout = {}, {}, {}
-        for p in plan_ops(g):
-            for r in p.regions:
-                rid = region_id(p.id, r.name)
-                dt = torch.float32 if r.precision == "f32" else dtype
-                if r.growth == "fixed":
-                    shape = tuple(r.shape)
-                else:
-                    # a window bounds the rows: held as a ring of `window` rows (see the attention op)
-                    n = min(r.window, max_context) if r.window else max_context
-                    shape = (r.shape[0], n, *r.shape[1:]) if r.kind == "kv_rows" else (n, *r.shape)  # kv: K rows, V rows
-                buffers[rid] = torch.zeros(shape, dtype=dt, device=device)
-                growing[rid] = r.growth == "per_token"
-                layout[rid] = r.kind
+        for rid, r, shape, dt in self.layout(g, dtype, max_context):
+            buffers[rid] = torch.zeros(shape, dtype=dt, device=device)
+            growing[rid] = r.growth == "per_token"
+            layout[rid] = r.kind
         return StateBuffers(buffers, growing, max_context, layout)
 
 
