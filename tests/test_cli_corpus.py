@@ -264,6 +264,11 @@ CASES: dict[str, Case] = {
     "headdim 0": Case(_config_case(lambda c: c["ssm_cfg"].update(headdim=0)), "headdim"),
     "ngroups 0": Case(_config_case(lambda c: c["ssm_cfg"].update(ngroups=0)), "ngroups"),
     "kv heads 0": Case(_config_case(lambda c: c.update(num_key_value_heads=0), "llama"), "attribute kv_heads=0 is not an int >= 1"),
+    "negative qk_nope_head_dim": Case(_config_case(lambda c: c.update(qk_nope_head_dim=-4), "deepseek"),
+                                      "qk_nope_head_dim=-4 must be >= 0"),
+    "mla kv_lora_rank 0": Case(_config_case(lambda c: c.update(kv_lora_rank=0), "deepseek"), "attribute kv_lora_rank=0 is not an int >= 1"),
+    "moe top_k 0": Case(_config_case(lambda c: c.update(num_experts_per_tok=0), "deepseek"), "attribute top_k=0 is not an int >= 1"),
+    "negative rms eps": Case(_config_case(lambda c: c.update(rms_norm_eps=-1), "llama"), "attribute eps=-1.0 is not a float >= 0"),
     "unknown family": Case(_config_case(lambda c: c.update(model_type="rwkv7")), "unknown model_type 'rwkv7'"),
     "-o is a directory": Case(lambda env: ["lower", env.copy("mamba"), "-o", env.root], "is a directory"),
     # passes / describe
@@ -330,7 +335,15 @@ def corpus_sources(tmp_path_factory) -> dict[str, Path]:
     # 4 kv heads x 12 x (K, V) x 2 layers x 4 bytes + rotary tables: 848 bytes per position, 13 GiB at 2**24
     src["llama"] = builders.hf_header_only(root / "llama", {"model_type": "llama", **builders.MINI_HF["llama"],
                                                             "num_key_value_heads": 4}, dtype="F32")
+    src["deepseek"] = builders.hf_header_only(root / "deepseek", DEEPSEEK)
     return src
+
+
+DEEPSEEK = {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+            "moe_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+            "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
+            "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+            "n_group": 2, "topk_group": 1}
 
 
 def _write_tokenizer(d: Path) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..ir.module import Op
 from ..ir.roles import Role
-from .common import Attrs, Builder, FrontendError, op
+from .common import Attrs, Builder, ConfigError, FrontendError, op
 
 MLA_NORM_EPS = 1e-6  # the reference's RMSNorm default, used for q_a_layernorm / kv_a_layernorm
 NOPE_ROTARY = {"rotary_dim": 0, "rotary_base": 10000.0, "rotary_layout": "none", "rope_type": "default", "rotary_output": "in_place"}
@@ -74,7 +74,10 @@ def mla_rotary(A: Attrs, rope_dim: int) -> tuple[dict, set[str], str]:
         a["rope_low_freq_factor"] = R.need("low_freq_factor", kind=float)
         a["rope_high_freq_factor"] = R.need("high_freq_factor", kind=float)
         a["rope_original_max_position"] = R.need("original_max_position_embeddings", kind=int)
-    scale = (A.need("qk_nope_head_dim", kind=int) + rope_dim) ** -0.5
+    qk_head = A.need("qk_nope_head_dim", kind=int, min=0) + rope_dim
+    if qk_head < 1:
+        raise ConfigError(f"{A.where}: cannot read this config: qk_nope_head_dim + qk_rope_head_dim = {qk_head}, a query head needs >= 1")
+    scale = qk_head ** -0.5
     if rtype == "yarn":
         f = a["rope_factor"]
         if old is None:

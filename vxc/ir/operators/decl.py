@@ -29,7 +29,8 @@ class Attr:
     choices: tuple[str, ...] = ()
     optional: bool = False  # may be left undeclared (an absent feature)
     doc: str = ""
-    min: Optional[int] = None  # an int's least valid value; ints are positive unless the declaration says min=0
+    min: Optional[float] = None  # the least valid value: ints are positive unless the declaration says min=0;
+    # a float with a min is at least that (e.g. an eps >= 0), one without is any non-NaN value
 
     @property
     def least(self) -> Optional[int]:
@@ -41,13 +42,16 @@ class Attr:
             return f"one of {', '.join(self.choices)}"
         if self.type == "int":
             return f"an int >= {self.least}"
-        return "a float (not NaN)" if self.type == "float" else self.type
+        if self.type == "float":
+            return "a float (not NaN)" if self.min is None else f"a float >= {self.min:g}"
+        return self.type
 
     def accepts(self, value: Any) -> bool:
         if self.type == "int":
             return isinstance(value, int) and not isinstance(value, bool) and value >= self.least
         if self.type == "float":
-            return isinstance(value, float) and not math.isnan(value)  # (inf is a declared "no bound", e.g. dt_max)
+            ok = isinstance(value, float) and not math.isnan(value)  # (inf is a declared "no bound", e.g. dt_max)
+            return ok and (self.min is None or value >= self.min)
         if self.type == "bool":
             return isinstance(value, bool)
         if self.type == "enum":
@@ -173,7 +177,7 @@ class OperatorDecl:
         return [s.name for s in self.roles if s.name is not None] + list(self.extra_roles)
 
 
-def attr(name: str, type_: str, *choices: str, optional: bool = False, doc: str = "", min: Optional[int] = None) -> Attr:
+def attr(name: str, type_: str, *choices: str, optional: bool = False, doc: str = "", min: Optional[float] = None) -> Attr:
     return Attr(name, type_, tuple(choices), optional, doc, min)
 
 

@@ -60,7 +60,7 @@ GATED_DELTA = OperatorDecl(
         attr("chunk_size", "int", doc="prefill chunk (WY form)"),
         attr("scale", "float", doc="q ← q·scale after the l2 norm"),
         attr("l2_eps", "float", doc="q,k ← x·rsqrt(Σx²+l2_eps)"),
-        attr("norm_eps", "float"),
+        attr("norm_eps", "float", min=0.0),
         attr("norm_order", "enum", "norm_then_gate", "gate_then_norm"),
         attr("norm_act", "enum", "silu", "sigmoid", doc="activation of the output gate z"),
     ),

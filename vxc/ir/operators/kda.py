@@ -43,7 +43,7 @@ KDA = OperatorDecl(
         attr("head_dim", "int", doc="key and value head dim (one D for both)"),
         attr("conv_kernel", "int"),
         attr("conv_act", "enum", "silu", doc="activation after each short conv"),
-        attr("norm_eps", "float", doc="eps of the per-head output RMSNorm"),
+        attr("norm_eps", "float", min=0.0, doc="eps of the per-head output RMSNorm"),
         attr("l2_eps", "float", doc="q,k ← x / √(Σx² + l2_eps)"),
         attr("scale", "float", doc="query scale after the l2 norm"),
         attr("out_gate_act", "enum", "sigmoid", doc="activation of the output gate g_b(g_a x)"),

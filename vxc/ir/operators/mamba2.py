@@ -40,7 +40,7 @@ MAMBA2 = OperatorDecl(
         attr("chunk_size", "int"),
         attr("dt_min", "float"),
         attr("dt_max", "float"),
-        attr("norm_eps", "float"),
+        attr("norm_eps", "float", min=0.0),
         attr("norm_order", "enum", "gate_then_norm", "norm_then_gate"),
         attr("norm_act", "enum", "silu", "sigmoid"),
         attr("norm_group", "int", doc="channels per RMS group"),

@@ -71,7 +71,7 @@ MLA = OperatorDecl(
         attr("qk_nope_head_dim", "int", min=0),
         attr("qk_rope_head_dim", "int", min=0),
         attr("v_head_dim", "int"),
-        attr("norm_eps", "float", doc="eps of the q_a / kv_a RMSNorms"),
+        attr("norm_eps", "float", min=0.0, doc="eps of the q_a / kv_a RMSNorms"),
         attr("scale", "float", doc="softmax scale, in full (YaRN's mscale² included)"),
         *ROTARY_ATTRS,
         attr("rotary_output", "enum", "in_place", "split", doc="where each rotated pair is written (see module doc)"),

@@ -8,7 +8,7 @@ RMSNORM = OperatorDecl(
     kind="rmsnorm",
     slot="norm",
     doc="x·rsqrt(mean(x²)+eps)·w, or ·(1+w) when zero_centred; computed in fp32",
-    attrs=(attr("dim", "int"), attr("eps", "float"), attr("zero_centred", "bool")),
+    attrs=(attr("dim", "int"), attr("eps", "float", min=0.0), attr("zero_centred", "bool")),
     roles=(RoleSpec(None, lambda a: (a["dim"],)),),
     # the roles a norm instance declares as its own (placements name them: vxc.ir.roles.PLACEMENT_NORMS)
     extra_roles=("PreAttentionNorm", "PostAttentionNorm", "PreFfnNorm", "PostFfnNorm", "PreExpertsNorm",
