@@ -318,10 +318,8 @@ def parse(text: str, filename: str = "<input>") -> Module:
         raise
 
 
-def parse_file(path: str | Path) -> Module:
-    """Parse an IR file; bytes that are not UTF-8 are a located syntax error, not a decode traceback."""
-    p = Path(path)
-    data = p.read_bytes()
+def parse_bytes(data: bytes, filename: str = "<input>") -> Module:
+    """Parse the bytes of an IR file; bytes that are not UTF-8 are a located syntax error, not a decode traceback."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -329,5 +327,11 @@ def parse_file(path: str | Path) -> Module:
         line = before.count("\n") + 1
         col = len(before) - (before.rfind("\n") + 1) + 1
         shown = data.decode("utf-8", errors="replace")
-        raise _error(str(p), shown, line, col, f"the file is not UTF-8 text (byte 0x{data[e.start]:02x})") from None
-    return parse(text, str(p))
+        raise _error(filename, shown, line, col, f"the file is not UTF-8 text (byte 0x{data[e.start]:02x})") from None
+    return parse(text, filename)
+
+
+def parse_file(path: str | Path) -> Module:
+    """Parse an IR file (see :func:`parse_bytes`)."""
+    p = Path(path)
+    return parse_bytes(p.read_bytes(), str(p))
