@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import resource
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,31 @@ def test_attributes_outside_their_declared_range_are_refused_by_verify(tmp_path,
     assert r.exit_code != 0 and "Traceback" not in out
     name = old.split("=")[0]
     assert f"attribute {name}=" in out and "[bad-attribute]" in out, out
+
+
+# ---------------------------------------------------------------- found by the IR fuzzer (tests/fuzzing.py)
+
+
+def _touch_model_files(text: str, ir_dir: Path) -> None:
+    """Empty files where the IR's source model_dir and file lines put them (verify only checks they exist)."""
+    model_dir = ir_dir / re.search(r' model_dir "([^"]+)"', text).group(1)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for path in re.findall(r'^\s*file @\S+ "([^"]+)"', text, re.M):
+        (model_dir / path).touch()
+
+
+@pytest.mark.parametrize("name", ["x[/x]", "[bold]x", "x" * 100_000])
+def test_describe_prints_any_module_name(tmp_path, cli, name):
+    """The module name is shown as text: a name holding rich markup ("[/x]") raised MarkupError in the table
+    view, and a 100 kB name spent seconds in rich's highlighter."""
+    text = _golden_text()
+    lines = text.splitlines(keepends=True)
+    assert lines[1].startswith('module "')
+    f = tmp_path / "named.vxir"
+    f.write_text(lines[0] + f'module "{name}" {{\n' + "".join(lines[2:]))
+    _touch_model_files(text, tmp_path)
+    t0 = time.perf_counter()
+    r = cli("describe", f)
+    assert r.exit_code == 0, r.output
+    assert time.perf_counter() - t0 < 5
+    assert name[:50] in r.stdout.replace("\n", "")

@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def _ranges(layers: list[int]) -> str:
@@ -30,7 +31,9 @@ def _bytes(n: int) -> str:
 def render(d: dict[str, Any], console: Console | None = None) -> None:
     c = console or Console(width=120)
     s = d["state"]
-    c.print(f"[bold]{d['name']}[/bold]  schema {d['schema']}  ·  {d['layers']} layers  ·  vocab {d['vocab']['logical']} "
+    # the module name is the IR's text: a Text object, neither read as rich markup ("[/x]" would raise
+    # MarkupError) nor run through the highlighter (quadratic in its length: a 100 kB name took seconds)
+    c.print(Text(d["name"], style="bold"), f" schema {d['schema']}  ·  {d['layers']} layers  ·  vocab {d['vocab']['logical']} "
             f"(padded {d['vocab']['padded']})  ·  compute {d['compute']}")
     t = Table(title="operators", show_edge=False)
     t.add_column("operator")
