@@ -1,0 +1,360 @@
+"""ggml block formats (vxc.ir.ggml's table, vxc.runtime.ggml_blocks' codecs) against the ``gguf`` package's
+reference (``gguf.constants``, ``gguf.quants``): the table's sizes and ids, fp32 decodes equal bit for bit,
+encodes equal byte for byte, round trips within bounds derived from the formats, and the refusals."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+import vxc.ir.ggml as G
+from vxc.ir.ggml import ENCODINGS, GGMLError, logical_cols, row_bytes
+from vxc.runtime.ggml_blocks import DEQUANTIZE, QUANTIZE, dequantize, quantize
+
+ALL = sorted(ENCODINGS)
+ENCODES = sorted(QUANTIZE)
+
+
+def qtype(name: str) -> GGMLQuantizationType:
+    return GGMLQuantizationType(ENCODINGS[name].ggml_type)
+
+
+def ref_dequantize(name: str, b: np.ndarray) -> torch.Tensor:
+    with np.errstate(all="ignore"):
+        return torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(b, qtype(name))))
+
+
+def ref_quantize(name: str, x: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):  # an f16 scale overflowing to inf is part of what is compared
+        return gguf.quants.quantize(x, qtype(name))
+
+
+def same_floats(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Bit-for-bit on every non-NaN value (so -0.0 != +0.0), NaN exactly where the reference has NaN."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    nan = torch.isnan(want)
+    if not torch.equal(nan, torch.isnan(got)):
+        return False
+    g, w = got[~nan], want[~nan]
+    return torch.equal(g.view(torch.int32), w.view(torch.int32))
+
+
+# ---------------------------------------------------------------------------------------------- the table
+def test_table_matches_gguf_constants():
+    assert {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q2_k", "q3_k"} <= set(ENCODINGS)
+    for name, e in ENCODINGS.items():
+        t = GGMLQuantizationType(e.ggml_type)
+        assert t.name.lower() == name == e.name
+        assert GGML_QUANT_SIZES[t] == (e.block_size, e.type_size), name
+        assert sum(w for _, w in e.fields) == e.type_size
+    assert set(DEQUANTIZE) == set(ENCODINGS)
+
+
+def test_ir_table_imports_neither_torch_nor_numpy():
+    tree = ast.parse(Path(G.__file__).read_text())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    assert names <= {"__future__", "dataclasses"}, names
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_row_bytes_and_logical_cols(name):
+    e = ENCODINGS[name]
+    for k in (0, 1, 3, 11):
+        assert row_bytes(name, k * e.block_size) == k * e.type_size
+        assert logical_cols(name, k * e.type_size) == k * e.block_size
+    with pytest.raises(ValueError, match=name):
+        row_bytes(name, e.block_size + 16)
+    with pytest.raises(ValueError, match=name):
+        logical_cols(name, e.type_size + 1)
+    with pytest.raises(GGMLError, match=name):  # a VxcError too: a user-facing refusal
+        row_bytes(name, -e.block_size)
+    with pytest.raises(GGMLError, match=name):
+        logical_cols(name, 2.0 * e.type_size)
+
+
+def test_unknown_encodings_are_refused_by_name():
+    for bad in ("q8_1", "Q4_K", "mxfp4", ""):
+        for f in (lambda: row_bytes(bad, 256), lambda: logical_cols(bad, 144)):
+            with pytest.raises(ValueError, match="unknown ggml block encoding"):
+                f()
+    with pytest.raises(GGMLError, match="q8_1"):
+        dequantize("q8_1", torch.zeros(2, 36, dtype=torch.uint8))
+
+
+# ---------------------------------------------------------------------------------------------- decoding
+def f16_offsets(name: str) -> list[int]:
+    out, at = [], 0
+    for field, w in ENCODINGS[name].fields:
+        if field.endswith(":f16"):
+            out.append(at)
+        at += w
+    return out
+
+
+# f16 scale values that stress the arithmetic: subnormal halves, the largest half, signed zeros, negatives
+EXTREMES = np.array([2.0 ** -24, -(2.0 ** -24), 3 * 2.0 ** -20, 6.1e-5, 6.0e4, 65504.0, -65504.0, 0.0, -0.0,
+                     -1.0, -0.0123, 1e-3, 7.5, 300.0], dtype=np.float16)
+
+
+def random_blocks(name: str, shape: tuple[int, ...], scales: str, rng: np.random.Generator) -> np.ndarray:
+    """Random bytes of ``shape`` (``[..., rows, row_bytes]``) with the f16 scale fields set per ``scales``:
+    "normal" (random normal, finite), "extreme" (drawn from EXTREMES and random normals), or "raw" (left
+    random: some are inf / NaN)."""
+    e = ENCODINGS[name]
+    b = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    if scales == "raw":
+        return b
+    blocks = b.reshape(-1, e.type_size)
+    for off in f16_offsets(name):
+        n = blocks.shape[0]
+        v = (rng.standard_normal(n) * rng.choice([1e-3, 0.05, 1.0, 30.0], n)).astype(np.float16)
+        if scales == "extreme":
+            v = np.where(rng.random(n) < 0.7, rng.choice(EXTREMES, n), v).astype(np.float16)
+        blocks[:, off:off + 2] = v.reshape(n, 1).view(np.uint8)
+    return blocks.reshape(shape)
+
+
+def shapes(name: str) -> list[tuple[int, ...]]:
+    ts = ENCODINGS[name].type_size
+    return [(1, ts), (5, 3 * ts), (3, 4, 2 * ts), (2, 3, 2, ts), (ts,)]
+
+
+@pytest.mark.parametrize("scales", ["normal", "extreme", "raw"])
+@pytest.mark.parametrize("name", ALL)
+def test_dequantize_is_bit_exact_with_gguf(name, scales):
+    rng = np.random.default_rng([ALL.index(name), len(scales)])
+    for shape in shapes(name):
+        b = random_blocks(name, shape, scales, rng)
+        got = dequantize(name, torch.from_numpy(b))
+        want = ref_dequantize(name, b)
+        assert got.shape == (*shape[:-1], shape[-1] // ENCODINGS[name].type_size * ENCODINGS[name].block_size)
+        assert same_floats(got, want), (name, scales, shape)
+        if scales != "raw":
+            assert not torch.isnan(got).any()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_dequantize_a_bank_of_many_blocks_and_non_contiguous_views(name):
+    e = ENCODINGS[name]
+    rng = np.random.default_rng(100 + ALL.index(name))
+    bank = random_blocks(name, (4, 24, 6 * e.type_size), "extreme", rng)  # [E, rows, row_bytes]
+    t = torch.from_numpy(bank)
+    want = ref_dequantize(name, bank)
+    assert same_floats(dequantize(name, t), want)
+    # every other row of every other expert, and a row range cut at block boundaries: strided inputs
+    assert same_floats(dequantize(name, t[::2, 1::3]), want[::2, 1::3].contiguous())
+    cut = t[:, :, e.type_size:4 * e.type_size]
+    assert not cut.is_contiguous()
+    assert same_floats(dequantize(name, cut), want[:, :, e.block_size:4 * e.block_size].contiguous())
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_dequantize_dtype_empty_and_refusals(name):
+    e = ENCODINGS[name]
+    rng = np.random.default_rng(7)
+    b = torch.from_numpy(random_blocks(name, (3, 2 * e.type_size), "normal", rng))
+    f32 = dequantize(name, b)
+    assert f32.dtype == torch.float32
+    assert torch.equal(dequantize(name, b, torch.bfloat16), f32.to(torch.bfloat16))
+    assert dequantize(name, torch.zeros(0, e.type_size, dtype=torch.uint8)).shape == (0, e.block_size)
+    assert dequantize(name, torch.zeros(4, 0, dtype=torch.uint8)).shape == (4, 0)
+    with pytest.raises(ValueError, match=name):
+        dequantize(name, torch.zeros(3, e.type_size + 2, dtype=torch.uint8))
+    with pytest.raises(GGMLError, match="uint8"):
+        dequantize(name, torch.zeros(3, e.type_size, dtype=torch.int8))
+    with pytest.raises(GGMLError, match="0-d"):
+        dequantize(name, torch.tensor(3, dtype=torch.uint8))
+
+
+def test_dequantize_known_values():
+    """Hand-built blocks, decoded from the layouts as documented (not from the reference)."""
+    one, half = np.float16(1.0).tobytes(), np.float16(0.5).tobytes()
+    q8 = torch.tensor(list(one + bytes(range(0, 64, 2))), dtype=torch.uint8)
+    assert dequantize("q8_0", q8).tolist() == [float(v) for v in range(0, 64, 2)]
+    # q4_0: byte j holds element j (low nibble) and element j+16 (high nibble); value d * (nibble - 8)
+    q4 = torch.tensor(list(half + bytes([0x0F | 0x80] * 16)), dtype=torch.uint8)
+    assert dequantize("q4_0", q4).tolist() == [3.5] * 16 + [0.0] * 16
+    # q4_1: d * nibble + m
+    q41 = torch.tensor(list(half + np.float16(-2.0).tobytes() + bytes([0x3A] * 16)), dtype=torch.uint8)
+    assert dequantize("q4_1", q41).tolist() == [3.0] * 16 + [-0.5] * 16
+    # q5_0: bit i of the 32-bit qh is element i's fifth bit
+    qh = (1 << 0 | 1 << 17).to_bytes(4, "little")
+    q5 = torch.tensor(list(one + qh + bytes([0x00] * 16)), dtype=torch.uint8)
+    want = [-16.0] * 32
+    want[0], want[17] = 0.0, 0.0
+    assert dequantize("q5_0", q5).tolist() == want
+
+
+# ---------------------------------------------------------------------------------------------- encoding
+def inputs(rng: np.random.Generator, lead: tuple[int, ...], cols: int) -> dict[str, np.ndarray]:
+    shape = (*lead, cols)
+    normal = rng.standard_normal(shape).astype(np.float32)
+    outliers = normal.copy()
+    mask = rng.random(shape) < 0.03
+    outliers[mask] *= 100
+    zeros = normal.copy()
+    zeros[..., 0, :] = 0.0
+    zeros[..., 1, ::3] = -0.0  # signed zeros: the reference's d keeps the sign of the chosen maximum
+    zeros[..., 1, 1::3] = 0.0
+    zeros[..., 1, 2::3] = -0.0
+    const = normal.copy()
+    const[..., 0, :] = 0.75
+    const[..., 1, :] = -3.25
+    huge = normal.copy()
+    huge[..., 0, 5] = 1e4
+    huge[..., 1, 7] = -6.0e4
+    ties = normal.copy()  # +a and -a both the absolute maximum: the first one wins (argmax)
+    ties[..., 0, 3], ties[..., 0, 9] = 4.0, -4.0
+    ties[..., 1, 3], ties[..., 1, 9] = -4.0, 4.0
+    scaled = normal * np.float32(1e-3)
+    tiny = normal * np.float32(1e-20)  # the f16 scale underflows to zero
+    beyond = normal * np.float32(1e6)  # the f16 scale overflows to inf
+    zeros_pos = np.abs(normal)  # a zero minimum held by both +0.0 and -0.0, a positive maximum
+    zeros_pos[..., ::4] = 0.0
+    zeros_pos[..., 2::4] = -0.0
+    halves = (rng.integers(-16, 16, shape) * 0.5).astype(np.float32)  # exact ties under the rounding
+    return dict(normal=normal, outliers=outliers, zeros=zeros, const=const, huge=huge, ties=ties, scaled=scaled,
+                tiny=tiny, beyond=beyond, halves=halves, zeros_pos=zeros_pos, allzero=np.zeros(shape, np.float32),
+                negzero=np.full(shape, -0.0, np.float32))
+
+
+def with_ggml_zero_signs(name: str, x: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """gguf-py's q4_1 / q5_1 bytes with a zero ``d`` / ``m`` given the sign ggml's first-occurrence min / max
+    give it. numpy's ``min`` / ``max`` pick among +0.0 and -0.0 by SIMD lane order, so gguf-py's sign bit
+    there is an accident of the machine; every other bit must match as it is."""
+    if name not in ("q4_1", "q5_1"):
+        return want
+    levels = 15 if name == "q4_1" else 31
+    ts = ENCODINGS[name].type_size
+    w = want.reshape(-1, ts).copy()
+    b = x.reshape(-1, 32)
+    mn = np.take_along_axis(b, b.argmin(axis=1)[:, None], axis=1)
+    mx = np.take_along_axis(b, b.argmax(axis=1)[:, None], axis=1)
+    for at, value in ((0, (mx - mn) / np.float32(levels)), (2, mn)):
+        cur = np.ascontiguousarray(w[:, at:at + 2]).view(np.float16)
+        with np.errstate(over="ignore"):
+            new = value.astype(np.float16)
+        zero = cur == 0
+        assert np.array_equal(new == 0, zero), "only the sign of a zero field may differ"
+        w[:, at:at + 2] = np.where(zero, new, cur).view(np.uint8)
+    return w.reshape(want.shape)
+
+
+def test_signed_zero_rules():
+    """The corners where the references' zero signs are pinned down here (ggml-quants.c / gguf-py)."""
+    z = torch.zeros(1, 32)
+    neg_first = z.clone()
+    neg_first[0, 0] = -0.0
+    pos_first = -z.clone()
+    pos_first[0, 0] = 0.0
+    for name in ("q4_1", "q5_1"):  # first-occurrence min and max: both x[0] here, so d = +0.0, m = x[0]
+        assert quantize(name, neg_first)[0, :4].tolist() == [0, 0, 0, 0x80]
+        assert quantize(name, pos_first)[0, :4].tolist() == [0, 0, 0, 0]
+    for name in ("q4_0", "q5_0"):  # gguf-py: d = -(first element of largest magnitude) / 8
+        assert quantize(name, neg_first)[0, :2].tolist() == [0, 0]
+        assert quantize(name, pos_first)[0, :2].tolist() == [0, 0x80]
+        for x in (neg_first, pos_first):
+            assert np.array_equal(quantize(name, x).numpy(), ref_quantize(name, x.numpy()))
+
+
+@pytest.mark.parametrize("name", ENCODES)
+def test_quantize_is_byte_exact_with_gguf(name):
+    rng = np.random.default_rng(200 + ENCODES.index(name))
+    for lead in ((2,), (5, 3), (2, 3, 4)):
+        for kind, x in inputs(rng, (*lead[:-1], max(lead[-1], 2)), 4 * 32).items():
+            got = quantize(name, torch.from_numpy(x))
+            want = with_ggml_zero_signs(name, x, ref_quantize(name, x))
+            assert got.dtype == torch.uint8 and tuple(got.shape) == want.shape
+            assert np.array_equal(got.numpy(), want), (name, kind, lead)
+
+
+def _f16_err(v: np.ndarray) -> np.ndarray:
+    """Bound on |v - f16(v)| for |v| <= 65504: half an ulp (2^-11 relative, 2^-25 for subnormal halves)."""
+    return np.maximum(np.abs(v) * 2.0 ** -11, 2.0 ** -25)
+
+
+def roundtrip_bound(name: str, x: np.ndarray) -> np.ndarray:
+    """Per-element bound on |x - dequantize(quantize(x))|, from the format's definition (in float64): half a
+    step, plus the error of storing the scale (and min) as f16, plus what the symmetric formats' clip of the
+    top code costs the value opposite the maximum, plus a few fp32 ulps of the block's magnitude."""
+    b = x.astype(np.float64).reshape(-1, 32)
+    amax = np.abs(b).max(axis=1, keepdims=True)
+    slack = amax * 1e-6 + 1e-30
+    if name == "q8_0":
+        d = amax / 127
+        bound = d / 2 + 127 * _f16_err(d)
+    elif name in ("q4_0", "q5_0"):
+        half = 8 if name == "q4_0" else 16
+        mx = np.take_along_axis(b, np.abs(b).argmax(axis=1)[:, None], axis=1)
+        d = mx / -half
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = np.where(d == 0, 0.0, b / d)
+        bound = np.abs(d) / 2 + np.maximum(0.0, s - (half - 0.5)) * np.abs(d) + half * _f16_err(d)
+    else:
+        levels = 15 if name == "q4_1" else 31
+        mn = b.min(axis=1, keepdims=True)
+        d = (b.max(axis=1, keepdims=True) - mn) / levels
+        bound = d / 2 + levels * _f16_err(d) + _f16_err(mn)
+    return np.broadcast_to(bound + slack, b.shape).reshape(x.shape)
+
+
+@pytest.mark.parametrize("name", ENCODES)
+def test_round_trip_error_within_the_format_bound(name):
+    rng = np.random.default_rng(300 + ENCODES.index(name))
+    for kind, x in inputs(rng, (3, 4), 8 * 32).items():
+        if kind == "beyond":  # the scale is not representable in f16
+            continue
+        back = dequantize(name, quantize(name, torch.from_numpy(x))).double().numpy()
+        err = np.abs(back - x.astype(np.float64))
+        bound = roundtrip_bound(name, x)
+        assert (err <= bound).all(), (name, kind, float((err - bound).max()))
+        if kind == "normal":  # the bound is not vacuous: errors reach a fair part of it
+            assert err.max() > 0.25 * bound.max()
+    # all-zero blocks come back exactly zero
+    z = torch.zeros(2, 64)
+    assert torch.equal(dequantize(name, quantize(name, z)).abs(), z)
+
+
+@pytest.mark.parametrize("name", ENCODES)
+def test_quantize_refusals(name):
+    with pytest.raises(ValueError, match=name):
+        quantize(name, torch.zeros(2, 48))
+    with pytest.raises(GGMLError, match="finite"):
+        quantize(name, torch.tensor([[math.nan] + [0.0] * 31]))
+    with pytest.raises(GGMLError, match="finite"):
+        quantize(name, torch.tensor([[0.0] * 31 + [math.inf]]))
+    with pytest.raises(GGMLError, match="floating"):
+        quantize(name, torch.zeros(2, 32, dtype=torch.int32))
+    # other float dtypes are taken as fp32, as the reference takes them
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    assert torch.equal(quantize(name, x), quantize(name, x.float()))
+    assert quantize(name, torch.zeros(0, 64)).shape == (0, row_bytes(name, 64))
+
+
+def test_k_quants_are_not_encoded():
+    for name in ("q4_k", "q6_k", "q2_k"):
+        with pytest.raises(GGMLError, match=f"{name}: vxc does not encode"):
+            quantize(name, torch.zeros(1, 256))
+
+
+# ---------------------------------------------------------------------------------------------- devices
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_results_equal_cpu_results():
+    rng = np.random.default_rng(400)
+    for name in ALL:
+        e = ENCODINGS[name]
+        b = torch.from_numpy(random_blocks(name, (3, 17, 5 * e.type_size), "extreme", rng))
+        assert same_floats(dequantize(name, b.cuda()).cpu(), dequantize(name, b))
+    for name in ENCODES:
+        for kind, x in inputs(rng, (3, 4), 4 * 32).items():
+            t = torch.from_numpy(x)
+            assert torch.equal(quantize(name, t.cuda()).cpu(), quantize(name, t)), (name, kind)
