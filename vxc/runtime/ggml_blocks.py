@@ -16,9 +16,9 @@ block. The table of encodings (block and type sizes, ggml type ids, layouts) is
 :mod:`vxc.ir.ggml`.
 
 Every function works on whole tensors on any device, one op per step over all blocks at once. Divisions are
-tensor / tensor: torch turns a division by a Python scalar into a multiplication by its reciprocal on CUDA,
-which is not the reference's correctly rounded quotient. Multi-byte fields are read in the machine's byte
-order (little-endian, as ggml stores them, on every platform torch supports).
+tensor / tensor: on CUDA torch computes a division by a Python scalar as a multiplication by its
+reciprocal, which is not the reference's correctly rounded quotient (``x / 127`` would differ). Multi-byte
+fields are read in the machine's byte order, which must be little-endian, as ggml stores them.
 """
 
 from __future__ import annotations
