@@ -28,11 +28,13 @@ def load(input_path: str | Path, model_dir: Path | None = None) -> Context:
         from .ir.diagnostics import VxcError
 
         raise VxcError(f"{p}: no such IR file (lower a model directory first: vxc lower DIR -o {p})")
-    if p.is_dir() or not p.exists():
+    from .ir.gguf_container import is_gguf
+
+    if p.is_dir() or not p.exists() or is_gguf(p):  # a model directory or a GGUF file: lowered in memory
         from .frontends import lower
 
         m = lower(p)
-        return Context(m, model_dir=Path(model_dir) if model_dir else p)
+        return Context(m, model_dir=Path(model_dir) if model_dir else p.parent if p.is_file() else p)
     m = parse_file(p)
     return Context(m, model_dir=model_dir_of(m, p, model_dir))
 
@@ -81,6 +83,6 @@ def lower_to_file(model_dir: Path, out: Path, pipeline: str = "verify,bind,closu
     from .frontends import lower
 
     m = lower(model_dir, relative_to=out.resolve().parent)
-    ctx = run(Context(m, model_dir=Path(model_dir)), pipeline, emit=lambda s: None)
+    ctx = run(Context(m, model_dir=model_dir_of(m, out.resolve())), pipeline, emit=lambda s: None)
     write_atomic(out, print_module(ctx.module))
     return ctx

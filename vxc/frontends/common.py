@@ -214,9 +214,10 @@ def natural_key(s: str) -> list:
 class Builder:
     """Collects the tables of one module while a frontend classifies tensors."""
 
-    def __init__(self, model_dir: Path, frontend: str, dialect: str, config_sha: str, relative_to: Path | None):
+    def __init__(self, model_dir: Path, frontend: str, dialect: str, config_sha: str, relative_to: Path | None,
+                 ckpt: Checkpoint | None = None):
         self.model_dir = model_dir
-        self.ckpt = read_checkpoint(model_dir)
+        self.ckpt = ckpt if ckpt is not None else read_checkpoint(model_dir)  # given: a container read elsewhere (GGUF)
         rel = os.path.relpath(model_dir.resolve(), (relative_to or Path.cwd()).resolve())
         self.source = Source(frontend, dialect, rel, config_sha)
         self.facts: list[Fact] = []
@@ -309,7 +310,7 @@ class Builder:
         return True
 
     def bind_encoded(self, encoding: str, parts: dict[str, str], role: Role, layer: int | None,
-                     transforms: list[Transform] | None = None) -> bool:
+                     transforms: list[Transform] | None = None, dtype: str = "bf16") -> bool:
         """Bind a role to an encoded operand made of several stored tensors (e.g. mxfp4 blocks + scales)."""
         from ..ir.views import encoded_shape
 
@@ -324,7 +325,7 @@ class Builder:
             shape = view_shape(encoded_shape(encoding, shapes), xs)
         except (ViewError, TypeError, KeyError):
             shape, xs = self.ckpt.tensors[next(iter(parts.values()))].shape, []
-        dtype = "bf16"  # decoded precision of the encoded weights
+        # dtype: the precision the encoded weights decode to (mxfp4: bf16; ggml blocks: f32)
         self.operands.append(Operand(self._sym(layer, role), dtype, shape, syms, role, layer, encoding=encoding,
                                      part_names=list(parts), transforms=xs))
         return True

@@ -74,6 +74,12 @@ def resolve(cfg: dict) -> tuple[str, LowerFn]:
 def lower(model_dir: str | Path, relative_to: Path | None = None) -> Module:
     """Lower a model directory to an (unverified) Module."""
     model_dir = Path(model_dir)
+    from ..ir.gguf_container import is_gguf
+
+    if model_dir.is_file() and is_gguf(model_dir):  # a GGUF file is a whole model: metadata, tensors, tokenizer
+        from .gguf_model import lower_gguf
+
+        return lower_gguf(model_dir, relative_to)
     cfg, sha = read_config(model_dir)
     _, fn = resolve(cfg)
     # a missing or ill-typed config value is the frontend's own ConfigError (a named refusal); anything else

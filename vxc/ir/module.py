@@ -58,6 +58,7 @@ class FileEntry:
     path: str  # relative to the model directory
     size: int
     header_sha256: str
+    format: str = "safetensors"  # or "gguf" (vxc.ir.gguf_container)
 
 
 @dataclass
@@ -126,7 +127,7 @@ class Operand:
     sources: list[str]  # tensor syms; several when encoded
     role: Role
     layer: int | None = None
-    encoding: str | None = None  # e.g. "mxfp4"
+    encoding: str | None = None  # e.g. "mxfp4", "q4_1" (vxc.ir.ggml)
     part_names: list[str] = field(default_factory=list)  # names of the encoded parts
     transforms: list[Transform] = field(default_factory=list)
     loc: Loc | None = None

@@ -24,6 +24,8 @@ from .module import (
 from .operators import GROWTHS, PRECISIONS, REGION_KINDS
 from .roles import Placement, Role
 
+FILE_FORMATS = ("safetensors", "gguf")
+
 GRAMMAR = Path(__file__).resolve().parents[2] / "grammar" / "vxir.lark"
 
 
@@ -115,8 +117,14 @@ class _Build(Transformer):
     def index(self, c):
         return ("index", IndexEntry(_str(c[0]), int(c[1]), _str(c[2])))
 
+    def file_format(self, c):
+        if str(c[0]) not in FILE_FORMATS:
+            raise _Semantic(c[0], f"unknown file format {c[0]} (known: {', '.join(FILE_FORMATS)})")
+        return str(c[0])
+
     def file(self, c):
-        return ("file", FileEntry(str(c[0])[1:], _str(c[1]), int(c[2]), _str(c[3])))
+        sym, path, fmt, size, digest = c
+        return ("file", FileEntry(str(sym)[1:], _str(path), int(size), _str(digest), format=fmt or "safetensors"))
 
     def tensor_single(self, c):
         sym, (dtype, shape, _), fsym, key = c

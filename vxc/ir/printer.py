@@ -150,7 +150,8 @@ def print_module(m: Module) -> str:
     if m.index is not None:
         lines.append(f"{ind}index {fmt_str(m.index.path)} size {m.index.size} sha256 {fmt_str(m.index.sha256)}")
     for f in m.files:
-        lines.append(f"{ind}file {_sym('@', f.sym, 'file')} {fmt_str(f.path)} size {f.size} header_sha256 {fmt_str(f.header_sha256)}")
+        fmt = "" if f.format == "safetensors" else f" format {_ident(f.format, 'file format')}"
+        lines.append(f"{ind}file {_sym('@', f.sym, 'file')} {fmt_str(f.path)}{fmt} size {f.size} header_sha256 {fmt_str(f.header_sha256)}")
     lines.append("")
     for t in m.tensors:
         lines.append(ind + fmt_tensor(t))

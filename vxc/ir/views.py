@@ -47,6 +47,20 @@ TRANSFORM_KINDS = ("slice", "gather", "reshape", "transpose")
 
 # encoding -> its parts, in the order an unnamed sequence of part shapes gives them
 ENCODINGS: dict[str, tuple[str, ...]] = {"mxfp4": ("blocks", "scales")}
+
+
+def _ggml() -> dict:
+    """The ggml block formats (vxc.ir.ggml): each one part, the blocks."""
+    from .ggml import ENCODINGS as GGML
+
+    return GGML
+
+
+def encoding_parts(encoding: str) -> tuple[str, ...] | None:
+    """The part names of a known encoding, None for an unknown one."""
+    if encoding in ENCODINGS:
+        return ENCODINGS[encoding]
+    return ("blocks",) if encoding in _ggml() else None
 MXFP4_BLOCK = 32  # FP4 values per scale
 MXFP4_BLOCK_BYTES = 16  # two values per byte
 
@@ -171,9 +185,9 @@ def encoded_shape(encoding: str, part_shapes: Mapping[str, Sequence[int]] | Sequ
     ``part_shapes`` maps part name to stored shape, or lists the shapes in
     the encoding's part order (:data:`ENCODINGS`).
     """
-    if encoding not in ENCODINGS:
-        raise ViewError(f"unknown encoding {encoding!r} (known: {', '.join(ENCODINGS)})")
-    names = ENCODINGS[encoding]
+    names = encoding_parts(encoding)
+    if names is None:
+        raise ViewError(f"unknown encoding {encoding!r} (known: {', '.join(list(ENCODINGS) + list(_ggml()))})")
     if isinstance(part_shapes, Mapping):
         if set(part_shapes) != set(names):
             raise ViewError(f"{encoding} needs parts {', '.join(names)}, got {', '.join(part_shapes) or 'none'}")
@@ -182,7 +196,8 @@ def encoded_shape(encoding: str, part_shapes: Mapping[str, Sequence[int]] | Sequ
         if len(part_shapes) != len(names):
             raise ViewError(f"{encoding} needs {len(names)} parts ({', '.join(names)}), got {len(part_shapes)}")
         parts = {n: _check_shape(s, f"{encoding} {n}") for n, s in zip(names, part_shapes)}
-    # only mxfp4 so far
+    if encoding in _ggml():
+        return _ggml_shape(encoding, parts["blocks"])
     blocks, scales = parts["blocks"], parts["scales"]
     if len(blocks) < 3:
         raise ViewError(f"mxfp4 blocks {_fmt_shape(blocks)} must be [..., out, blocks, {MXFP4_BLOCK_BYTES}]")
@@ -191,6 +206,16 @@ def encoded_shape(encoding: str, part_shapes: Mapping[str, Sequence[int]] | Sequ
     if scales != blocks[:-1]:
         raise ViewError(f"mxfp4 scales {_fmt_shape(scales)} must be {_fmt_shape(blocks[:-1])} (one per block of blocks {_fmt_shape(blocks)})")
     return blocks[:-2] + (blocks[-2] * MXFP4_BLOCK,)
+
+
+def _ggml_shape(encoding: str, blocks: Shape) -> Shape:
+    """``u8 [..., rows, row_bytes]`` (each row whole blocks) decodes to ``[..., rows, row_bytes / type_size * block_size]``."""
+    spec = _ggml()[encoding]
+    if len(blocks) < 2:
+        raise ViewError(f"{encoding} blocks {_fmt_shape(blocks)} must be [..., rows, row_bytes]")
+    if blocks[-1] % spec.type_size:
+        raise ViewError(f"{encoding} blocks {_fmt_shape(blocks)}: a row of {blocks[-1]} bytes is not whole blocks of {spec.type_size} bytes")
+    return tuple(blocks[:-1]) + (blocks[-1] // spec.type_size * spec.block_size,)
 
 
 def operand_shape(operand: Operand, tensors: Mapping[str, Tensor]) -> Shape:

@@ -21,6 +21,9 @@ def source_shape(o: Operand, tensors) -> tuple[int, ...]:
     shapes = [tensors[s].stored_shape for s in o.sources]
     if o.encoding is None:
         return shapes[0]
+    for name, s in zip(o.part_names, o.sources):  # every encoding's parts are bytes
+        if tensors[s].dtype != "u8":
+            raise ViewError(f"{o.encoding} part {name} ${s} is {tensors[s].dtype}, an encoded part must be u8 bytes")
     return encoded_shape(o.encoding, dict(zip(o.part_names, shapes)))
 
 

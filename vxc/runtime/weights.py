@@ -31,29 +31,46 @@ class WeightError(VxcError):
 
 
 class MappedFile:
-    def __init__(self, path: Path, size: int, digest: str, sym: str):
+    """One weights file (safetensors, or GGUF: ``format`` as the IR records it), mapped privately; tensors are
+    looked up by key in its header."""
+
+    def __init__(self, path: Path, size: int, digest: str, sym: str, format: str = "safetensors"):
         if not path.is_file():
             raise WeightError(f"weights file @{sym} {path} does not exist (use --model-dir to point at the checkpoint)")
         actual = path.stat().st_size
         if actual != size:
             raise WeightError(f"weights file {path}: size {actual} bytes, the IR recorded {size}; refusing to run on a different checkpoint")
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            blob = f.read(n)
-        if hashlib.sha256(blob).hexdigest() != digest:
+        if format == "gguf":
+            from ..ir.gguf_container import GGUFError, read
+
+            try:
+                c = read(path, with_metadata=False)
+            except GGUFError as e:
+                raise WeightError(str(e)) from None
+            got, self.data_start = c.header_sha256, c.data_start
+            self.entries = {e.name: ((e.start, e.end), TORCH_DTYPES[e.dtype], list(e.shape)) for e in c.entries.values()}
+        elif format == "safetensors":
+            from ..ir.module import SAFETENSORS_DTYPES
+
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                blob = f.read(n)
+            got, self.data_start = hashlib.sha256(blob).hexdigest(), 8 + n
+            header = json.loads(blob) if got == digest else {}
+            self.entries = {k: (tuple(e["data_offsets"]), TORCH_DTYPES[SAFETENSORS_DTYPES[e["dtype"]]], e["shape"])
+                            for k, e in header.items() if k != "__metadata__"}
+        else:
+            raise WeightError(f"weights file @{sym} {path}: unknown file format {format!r}")
+        if got != digest:
             raise WeightError(f"weights file {path}: header sha256 differs from the IR's; refusing to run on a different checkpoint")
-        self.header = json.loads(blob)
-        self.data_start = 8 + n
         self.path = path
         self.bytes = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)  # private mmap, paged lazily
 
     def _entry(self, key: str):
-        e = self.header.get(key)
+        e = self.entries.get(key)
         if e is None:
             raise WeightError(f"tensor {key!r} is not in this file")
-        from ..ir.module import SAFETENSORS_DTYPES
-
-        return e["data_offsets"], TORCH_DTYPES[SAFETENSORS_DTYPES[e["dtype"]]], e["shape"]
+        return e
 
     def tensor(self, key: str) -> torch.Tensor:
         """A zero-copy view of the mapping."""
@@ -82,7 +99,7 @@ class MappedFile:
 class Weights:
     def __init__(self, m: Module, model_dir: Path):
         self.module = m
-        self.files = {f.sym: MappedFile(model_dir / f.path, f.size, f.header_sha256, f.sym) for f in m.files}
+        self.files = {f.sym: MappedFile(model_dir / f.path, f.size, f.header_sha256, f.sym, f.format) for f in m.files}
         self.tensors = m.tensor_table()
 
     def stored(self, sym: str, copy: bool = False) -> torch.Tensor:
@@ -111,6 +128,11 @@ class Weights:
         elif o.encoding == "mxfp4":
             parts = dict(zip(o.part_names, (self.stored(s) for s in o.sources)))
             x = decode_mxfp4(parts["blocks"], parts["scales"], dtype or torch.bfloat16)
+        elif _is_ggml(o.encoding):
+            from .ggml_blocks import dequantize
+
+            # decoded to fp32 (ggml's own precision), then to the compute dtype below
+            x = dequantize(o.encoding, self.stored(o.sources[0]), torch.float32)
         else:
             raise WeightError(f"operand %{o.sym}: encoding {o.encoding} has no decoder")
         x = apply_view(x, o.transforms)
@@ -123,6 +145,12 @@ class Weights:
 
     def nbytes(self) -> int:
         return sum(math.prod(t.stored_shape) for t in self.tensors.values())
+
+
+def _is_ggml(encoding: str) -> bool:
+    from ..ir.ggml import ENCODINGS
+
+    return encoding in ENCODINGS
 
 
 def _ir_dtype(dt: torch.dtype) -> str:

@@ -1,0 +1,167 @@
+"""GGUF files as input (issue 12): ``vxc lower model.gguf`` keeps every tensor at its stored ggml encoding
+(encoded operands ``q4_k(blocks $t)`` …), and the lowered model runs at the numerical floor of transformers 5.24
+loading the same file (``from_pretrained(dir, gguf_file=…)``, which dequantises with its own code), greedy
+continuations identical, decode == prefill. Miniatures are written with the ``gguf`` package's writer, mixing
+the encodings a Q4_K_M file mixes (q4_k, q6_k, q8_0) and the 32-value blocks (q4_0, q4_1)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.families.moe_support import _one_thread  # noqa: F401  (fixture)
+from tests.gguf_support import MINI_LLAMA, MIXED, write_llama_gguf
+from tests.runtime import parity_table as P
+
+ARCHS = {
+    "llama": dict(MINI_LLAMA),
+    "qwen2": dict(MINI_LLAMA),
+    # transformers' qwen3 GGUF loader ignores attention.key_length and keeps Qwen3Config's head_dim=128
+    "qwen3": dict(MINI_LLAMA, heads=2, kv_heads=1, head_dim=128),
+}
+
+
+@pytest.fixture(scope="module")
+def lowered(tmp_path_factory, vxc_sub):
+    out = {}
+    for i, (arch, cfg) in enumerate(ARCHS.items()):
+        d = tmp_path_factory.mktemp(f"gguf-{arch}")
+        write_llama_gguf(d / "m.gguf", cfg, arch=arch, seed=11 + i)
+        r = vxc_sub("lower", d / "m.gguf", "-o", d / "m.vxir")
+        assert r.exit_code == 0, r.stderr
+        out[arch] = d
+    return out
+
+
+def test_lowering_keeps_every_stored_encoding(lowered):
+    text = (lowered["llama"] / "m.vxir").read_text()
+    assert re.search(r'^  file @w0 "m\.gguf" format gguf size \d+ header_sha256 "[0-9a-f]{64}"$', text, re.M)
+    # every quantised tensor is u8 blocks, read by an operand declaring its ggml encoding
+    for name, ggml in MIXED.items():
+        key = f"{name}.weight" if name in ("token_embd", "output") else f"blk.0.{name}.weight"
+        m = re.search(rf'^  tensor (\$t\d+) u8\[(\d+),(\d+)\] @w0 "{re.escape(key)}"$', text, re.M)
+        assert m, key
+        sym = re.escape(m.group(1))
+        enc = ggml.lower()
+        assert re.search(rf"^  operand %\S+ f32\[\d+,\d+\] = {enc}\(blocks {sym}\)", text, re.M), (key, enc)
+    # 256 values in 144 bytes (q4_k), 34 bytes per 32 (q8_0): the stored byte shapes of a 256-wide row
+    assert re.search(r'tensor \$t\d+ u8\[256,144\] @w0 "blk\.0\.attn_q\.weight"', text)
+    assert re.search(r'tensor \$t\d+ u8\[300,272\] @w0 "token_embd\.weight"', text)
+    assert text.count("rotary_layout=interleaved") == MINI_LLAMA["layers"]  # llama.cpp's permuted Q/K rows
+    q2 = (lowered["qwen2"] / "m.vxir").read_text()
+    assert q2.count("rotary_layout=half") == MINI_LLAMA["layers"] and "q_bias=true" in q2
+
+
+def test_print_parse_round_trip(lowered):
+    from vxc.ir.parser import parse_file
+    from vxc.ir.printer import print_module
+
+    for d in lowered.values():
+        text = (d / "m.vxir").read_text()
+        assert print_module(parse_file(d / "m.vxir")) == text
+
+
+def _reference(d: Path, f: P.Family) -> P.Reference:
+    import transformers
+
+    ref = P.Reference.__new__(P.Reference)
+    ref.f = f
+    ref.m32 = transformers.AutoModelForCausalLM.from_pretrained(str(d), gguf_file="m.gguf", dtype=torch.float32).eval()
+    ref.m64 = transformers.AutoModelForCausalLM.from_pretrained(str(d), gguf_file="m.gguf", dtype=torch.float32).double().eval()
+    return ref
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_parity_with_transformers_on_the_same_file(lowered, arch, capsys):
+    V = MINI_LLAMA["vocab"]
+    f = P.Family(f"gguf-{arch}", build=None, reference="hf", vocab=V, padded_vocab=V)
+    p = P.measure(f, lowered[arch], lowered[arch] / "m.vxir", _reference(lowered[arch], f))
+    with capsys.disabled():
+        print(f"\n{arch}: {p.row()}")
+    assert p.err <= p.tol and p.err64 <= p.tol, p.row()
+    assert p.err_step <= p.tol, p.row()
+    assert p.argmax == 1.0 and p.excluded < p.positions // 4, p.row()
+    assert p.greedy_match and p.distinct >= P.MIN_DISTINCT, (p.greedy_vxc, p.greedy_ref)
+    assert p.deterministic
+
+
+def test_decoded_weights_equal_the_gguf_reference_dequantisation(lowered):
+    """Each encoded operand, as the runtime decodes it, equals gguf.quants.dequantize of the stored bytes."""
+    import gguf
+    import numpy as np
+
+    from vxc.driver import model_dir_of
+    from vxc.ir.parser import parse_file
+    from vxc.runtime.weights import Weights
+
+    d = lowered["llama"]
+    m = parse_file(d / "m.vxir")
+    w = Weights(m, model_dir_of(m, d / "m.vxir"))
+    reader = gguf.GGUFReader(str(d / "m.gguf"))
+    by_name = {t.name: t for t in reader.tensors}
+    tensors = m.tensor_table()
+    seen = set()
+    for o in m.operands:
+        if o.encoding is None:
+            continue
+        t = by_name[tensors[o.sources[0]].key]
+        want = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type))).float()
+        got = w.operand(o, torch.float32, "cpu")
+        assert torch.equal(got, want.reshape(got.shape)), t.name
+        seen.add(o.encoding)
+    assert seen == {e.lower() for e in MIXED.values()}
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def test_unknown_architecture_and_tensor_types_are_refused(tmp_path, vxc_sub):
+    import gguf
+    import numpy as np
+
+    p = tmp_path / "rwkv.gguf"
+    w = gguf.GGUFWriter(str(p), "rwkv7")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    r = vxc_sub("lower", p, "-o", tmp_path / "x.vxir")
+    assert r.exit_code != 0 and "Traceback" not in r.stderr
+    assert "GGUF architecture 'rwkv7' is not supported; supported: llama, qwen2, qwen3" in r.stderr
+
+    p = tmp_path / "iq.gguf"
+    w = gguf.GGUFWriter(str(p), "llama")
+    w.add_block_count(1)
+    for name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight"):
+        qt = gguf.GGMLQuantizationType.IQ4_NL
+        block, size = gguf.GGML_QUANT_SIZES[qt]
+        w.add_tensor(name, np.zeros((8, 256 // block * size), np.uint8), raw_shape=(8, 256 // block * size), raw_dtype=qt)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    r = vxc_sub("lower", p, "-o", tmp_path / "x.vxir")
+    assert r.exit_code != 0 and "Traceback" not in r.stderr
+    assert "2 tensor(s) of a type vxc does not decode" in r.stderr
+    assert "blk.0.attn_q.weight: ggml type IQ4_NL" in r.stderr and "blk.0.attn_k.weight: ggml type IQ4_NL" in r.stderr
+    assert not (tmp_path / "x.vxir").exists()
+
+
+def test_a_truncated_or_changed_gguf_is_refused(lowered, tmp_path, vxc_sub):
+    src = lowered["llama"] / "m.gguf"
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(src.read_bytes()[: src.stat().st_size - 1000])
+    r = vxc_sub("lower", cut, "-o", tmp_path / "x.vxir")
+    assert r.exit_code != 0 and "Traceback" not in r.stderr
+    assert "cut.gguf" in r.stderr and ("truncated" in r.stderr or "not a readable GGUF file" in r.stderr), r.stderr
+    # the IR refuses a file whose header changed after lowering (same size, one metadata byte flipped)
+    d = tmp_path / "changed"
+    d.mkdir()
+    raw = bytearray(src.read_bytes())
+    i = raw.index(b"general.name") + len("general.name") + 4 + 8  # past the value's type (u32) and length (u64)
+    raw[i] ^= 0x01
+    (d / "m.gguf").write_bytes(bytes(raw))
+    ir = (lowered["llama"] / "m.vxir").read_text()
+    (d / "m.vxir").write_text(ir)
+    r = vxc_sub("exec", d / "m.vxir", "--tokens", "1,2", "--max-new-tokens", "1")
+    assert r.exit_code != 0 and "Traceback" not in r.stderr
+    assert "header sha256 differs from the IR's" in r.stderr, r.stderr

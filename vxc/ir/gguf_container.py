@@ -1,0 +1,125 @@
+"""The GGUF container, as the IR's ``file @wN "x.gguf" format gguf`` means it: read with the ``gguf`` package
+(metadata, tensor infos, byte offsets; the file is memory-mapped, never read whole).
+
+A GGUF tensor is recorded in the IR the way a safetensors tensor is: a stored dtype and shape (in torch's
+order, outermost first) at byte offsets of the data region. Float and integer tensors keep their element
+type; a ggml block-quantised tensor is stored as ``u8 [..., rows, row_bytes]`` (its rows are whole blocks),
+and the operand that reads it declares the encoding (``q4_1(blocks $t)``), which decodes to
+``[..., rows, row_bytes / type_size * block_size]``.
+
+The header digest is the sha256 of every byte before the data region (magic, metadata, tensor infos,
+alignment padding): the runtime refuses a file whose digest differs from the one the IR recorded."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .diagnostics import VxcError
+
+# ggml element types that are plain arrays -> the IR's dtype names
+PLAIN = {"F32": "f32", "F16": "f16", "BF16": "bf16", "F64": "f64", "I8": "i8", "I16": "i16", "I32": "i32", "I64": "i64"}
+
+
+class GGUFError(VxcError):
+    pass
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    ggml_type: str  # e.g. "Q4_1", "F32"
+    dtype: str  # the IR's stored dtype: "u8" for block-quantised types
+    shape: tuple[int, ...]  # stored shape, torch order
+    encoding: str | None  # "q4_1" … for block-quantised types
+    start: int  # byte offsets in the data region
+    end: int
+
+
+@dataclass
+class Container:
+    path: Path
+    size: int
+    data_start: int
+    header_sha256: str
+    metadata: dict[str, Any]
+    entries: dict[str, Entry]
+
+
+def is_gguf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def _value(field) -> Any:
+    v = field.contents()
+    return v
+
+
+def read(path: Path, rel: str | None = None, with_metadata: bool = True) -> Container:
+    """Parse a GGUF file's header and check its tensor table against the file: every tensor inside the data
+    region, no two sharing a byte, every type one vxc decodes (the rest refused together, by name)."""
+    from gguf import GGML_QUANT_SIZES, GGUFReader
+
+    from .ggml import ENCODINGS
+
+    rel = rel or str(path)
+    try:
+        size = path.stat().st_size
+        reader = GGUFReader(str(path), "r")
+    except OSError as e:
+        raise GGUFError(f"{rel}: cannot read: {e.strerror}") from None
+    except Exception as e:  # the gguf package raises ValueError / struct.error / numpy errors on a corrupt file
+        raise GGUFError(f"{rel}: not a readable GGUF file ({type(e).__name__}: {str(e)[:200]})") from None
+    data_start = int(reader.data_offset)
+    if not 0 < data_start <= size:
+        raise GGUFError(f"{rel}: data region starts at byte {data_start}, past the end of the file ({size} bytes)")
+    entries: dict[str, Entry] = {}
+    unknown: list[str] = []
+    for t in reader.tensors:
+        tname = t.tensor_type.name
+        ne = [int(x) for x in t.shape]  # ggml order: ne[0] is the contiguous (innermost) dimension
+        start = int(t.data_offset) - data_start
+        end = start + int(t.n_bytes)
+        if t.name in entries:
+            raise GGUFError(f"{rel}: tensor {t.name!r} is listed twice")
+        if tname in PLAIN:
+            dtype, enc, shape = PLAIN[tname], None, tuple(reversed(ne))
+        elif tname.lower() in ENCODINGS:
+            enc = tname.lower()
+            block, type_size = GGML_QUANT_SIZES[t.tensor_type]
+            if ne[0] % block:
+                raise GGUFError(f"{rel}: tensor {t.name!r} {tname}: row length {ne[0]} is not a multiple of the block size {block}")
+            dtype, shape = "u8", tuple(reversed(ne[1:])) + (ne[0] // block * type_size,)
+        else:
+            unknown.append(f"  {t.name}: ggml type {tname}")
+            continue
+        entries[t.name] = Entry(t.name, tname, dtype, shape, enc, start, end)
+    if unknown:
+        known = ", ".join(sorted(PLAIN) + sorted(e.upper() for e in ENCODINGS))
+        raise GGUFError(f"{rel}: {len(unknown)} tensor(s) of a type vxc does not decode (it decodes {known}):\n" + "\n".join(unknown))
+    end, prev = 0, None
+    for e in sorted(entries.values(), key=lambda e: (e.start, e.end)):
+        if e.start < end:
+            raise GGUFError(f"{rel}: tensor {e.name!r} at data bytes {e.start}..{e.end} overlaps {prev!r} (which ends at {end})")
+        if data_start + e.end > size:
+            raise GGUFError(f"{rel}: tensor {e.name!r} lies outside the file (data bytes {e.start}..{e.end}, "
+                            f"file {size} bytes): truncated file")
+        end, prev = e.end, e.name
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read(data_start)).hexdigest()
+    metadata = {}
+    if with_metadata:
+        for k, field in reader.fields.items():
+            if k.startswith("GGUF."):
+                continue
+            try:
+                metadata[k] = _value(field)
+            except Exception as e:
+                raise GGUFError(f"{rel}: metadata {k!r} is unreadable ({e})") from None
+    return Container(path, size, data_start, digest, metadata, entries)
