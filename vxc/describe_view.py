@@ -44,6 +44,10 @@ def render(d: dict[str, Any], console: Console | None = None) -> None:
     c.print(t)
     su = d["surfaces"]
     c.print(f"surfaces: attention {su['attention']} · ffn {su['ffn']} · moe {su['moe']}")
+    w = d["weights"]
+    parts = " · ".join(f"{enc} {e['bytes']:,} B in {e['operands']}" for enc, e in w["by_encoding"].items())
+    c.print(f"weights: {w['total_bytes']:,} bytes ({_bytes(w['total_bytes'])}) as stored: {parts}")
+    c.print(f"  a decode step streams {w['decode_step_bytes']:,} bytes ({_bytes(w['decode_step_bytes'])}) of weights as stored")
     c.print(f"state: {s['recurrent_layers']} recurrent layers (all regions fixed) · {s['growing_layers']} growing layers "
             f"(a per-token region)")
     c.print(f"  fixed: {s['fixed_elements']:,} elements = {s['fixed_bytes']:,} bytes ({_bytes(s['fixed_bytes'])})")

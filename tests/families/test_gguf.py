@@ -165,3 +165,22 @@ def test_a_truncated_or_changed_gguf_is_refused(lowered, tmp_path, vxc_sub):
     r = vxc_sub("exec", d / "m.vxir", "--tokens", "1,2", "--max-new-tokens", "1")
     assert r.exit_code != 0 and "Traceback" not in r.stderr
     assert "header sha256 differs from the IR's" in r.stderr, r.stderr
+
+
+def test_describe_reports_weight_bytes_per_encoding(lowered, describe_json):
+    """Bytes per encoding equal the GGUF tensor sizes (the gguf package's n_bytes, summed independently); a
+    decode step streams every weight whole except the embedding, of which one row (untied head here)."""
+    import gguf
+
+    d = lowered["llama"]
+    w = describe_json(d / "m.vxir")["weights"]
+    reader = gguf.GGUFReader(str(d / "m.gguf"))
+    want: dict[str, int] = {}
+    for t in reader.tensors:
+        name = t.tensor_type.name.lower()
+        want[name] = want.get(name, 0) + int(t.n_bytes)
+    assert {k: v["bytes"] for k, v in w["by_encoding"].items()} == want
+    assert w["total_bytes"] == sum(int(t.n_bytes) for t in reader.tensors)
+    emb = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    row = int(emb.n_bytes) // MINI_LLAMA["vocab"]
+    assert w["decode_step_bytes"] == w["total_bytes"] - int(emb.n_bytes) + row

@@ -73,7 +73,59 @@ def describe(g: nx.DiGraph, context: int | None = None, compute: str | None = No
         "operators": operators,
         "surfaces": {k: len(v) for k, v in surf.items()},
         "state": state,
+        "weights": weight_bytes(g),
     }
+
+
+def _operand_bytes(o) -> tuple[str, int, int]:
+    """(encoding or stored dtype, bytes as stored, bytes of one row of its last two dims)."""
+    import math
+
+    from ..ir.views import _ggml
+
+    if o.encoding in _ggml():
+        from ..ir.ggml import row_bytes
+
+        rb = row_bytes(o.encoding, o.shape[-1])
+        return o.encoding, math.prod(o.shape[:-1]) * rb, rb
+    if o.encoding == "mxfp4":  # 32 FP4 values in 16 bytes + one E8M0 scale
+        rb = o.shape[-1] // 32 * 17
+        return o.encoding, math.prod(o.shape[:-1]) * rb, rb
+    item = DTYPES[o.dtype]
+    return o.dtype, math.prod(o.shape) * item, o.shape[-1] * item
+
+
+def _streamed(p, o, nbytes: int) -> int:
+    """Bytes of ``o`` one token reads: an expert bank (leading dim = the op's declared ``experts``) is read for
+    its ``top_k`` selected experts only."""
+    experts, k = p.attrs.get("experts"), p.attrs.get("top_k")
+    if isinstance(experts, int) and isinstance(k, int) and len(o.shape) >= 3 and o.shape[0] == experts:
+        return nbytes // experts * min(k, experts)
+    return nbytes
+
+
+def weight_bytes(g: nx.DiGraph) -> dict[str, Any]:
+    """Weight bytes by encoding (a plain operand by its stored dtype), read from the plan's operands, and the
+    bytes one decode step reads when weights are streamed as stored: every operand whole, except the embedding,
+    of which one row is read (a tied head reads the table again, whole), and expert banks, of which the
+    ``top_k`` selected experts are read."""
+    by: dict[str, dict[str, int]] = {}
+    total = step = 0
+    seen: set[tuple[str, bool]] = set()
+    for p in plan_ops(g):
+        for role, o in p.operands.items():
+            enc, nbytes, row = _operand_bytes(o)
+            lookup = p.kind == "embedding"
+            if (o.sym, lookup) not in seen:  # a weight read by several ops is streamed once per step
+                seen.add((o.sym, lookup))
+                step += row if lookup else _streamed(p, o, nbytes)
+            if any(sym == o.sym for sym, _ in seen - {(o.sym, lookup)}):
+                continue  # bytes already counted (a tied head reads the embedding's table)
+            e = by.setdefault(enc, {"operands": 0, "bytes": 0})
+            e["operands"] += 1
+            e["bytes"] += nbytes
+            total += nbytes
+    return {"by_encoding": dict(sorted(by.items())), "total_bytes": total, "decode_step_bytes": step}
 
 
 def to_dot(g: nx.DiGraph) -> str:
