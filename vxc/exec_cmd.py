@@ -71,15 +71,15 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
     mdir = model_dir_of(m, Path(model), model_dir)
     note = lambda s: print(s, file=sys.stderr)  # noqa: E731
     if prompt is not None:  # the text needs the tokenizer: a missing or broken one is an error
-        tok = load_tokenizer(mdir)
+        tok = load_tokenizer(mdir, m)
         if tok is None:
-            raise VxcError(f"--prompt needs {mdir}/tokenizer.json, which does not exist; pass token ids with --tokens")
+            raise VxcError(f"--prompt needs {mdir}/tokenizer.json (or a GGUF file's tokenizer), which does not exist; pass token ids with --tokens")
         ids = tok.encode(prompt).ids
         if not ids:
             raise VxcError(f"--prompt {prompt!r} encodes to no tokens; give some text or --tokens")
     else:  # token ids in: the tokenizer only renders the output, so a broken one is named and ids are printed
         try:
-            tok = load_tokenizer(mdir)
+            tok = load_tokenizer(mdir, m)
         except VxcError as e:
             tok = None
             note(f"warning: {e}; output is token ids")

@@ -19,9 +19,16 @@ class Detokenizer:
         return new
 
 
-def load_tokenizer(model_dir: Path):
+def load_tokenizer(model_dir: Path, module=None):
+    """The model directory's tokenizer.json; else, for a model read from a GGUF file, the tokenizer its metadata
+    describes (vxc.runtime.gguf_tokenizer); else None."""
     path = Path(model_dir) / "tokenizer.json"
     if not path.is_file():
+        gguf_files = [f for f in (module.files if module is not None else []) if f.format == "gguf"]
+        if gguf_files:
+            from .gguf_tokenizer import tokenizer_from_gguf
+
+            return tokenizer_from_gguf(Path(model_dir) / gguf_files[0].path)
         return None
     from tokenizers import Tokenizer
 
