@@ -221,3 +221,35 @@ def test_describe_prints_any_module_name(tmp_path, cli, name):
     assert r.exit_code == 0, r.output
     assert time.perf_counter() - t0 < 5
     assert name[:50] in r.stdout.replace("\n", "")
+
+
+
+@pytest.mark.parametrize("value", [str(2**31), "9" * 400])
+def test_int_attributes_past_2_31_are_refused_by_verify(tmp_path, cli, value):
+    """An int attribute is at most 2**31-1 (as the frontends bound config ints): an mla qk_nope_head_dim of 10**12
+    passed verify and then overflowed float arithmetic in the softmax-scale rule (OverflowError)."""
+    text = (GOLDEN / "test_deepseek_v3" / "test_witness_golden_ir.vxir").read_text()
+    assert " qk_nope_head_dim=128 " in text
+    f = tmp_path / "big.vxir"
+    f.write_text(text.replace(" qk_nope_head_dim=128 ", f" qk_nope_head_dim={value} ", 1))
+    _touch_model_files(text, tmp_path)
+    r = cli("passes", f, "--pipeline", "verify")
+    out = r.stdout + r.stderr
+    assert r.exit_code != 0 and "Traceback" not in out
+    assert "refused: 1 finding" in out and "is not an int in 0..2147483647  [bad-attribute]" in out, out
+    assert len(out) < 4000  # a 400-digit value is shown shortened
+
+
+def test_mla_query_head_of_no_dims_is_refused(tmp_path, cli):
+    """qk_nope_head_dim and qk_rope_head_dim may each be 0, not both: the scale rule raised ZeroDivisionError
+    (0.0 cannot be raised to a negative power)."""
+    text = (GOLDEN / "test_deepseek_v3" / "test_witness_golden_ir.vxir").read_text()
+    old = " qk_nope_head_dim=128 qk_rope_head_dim=64 "
+    assert old in text
+    f = tmp_path / "zero.vxir"
+    f.write_text(text.replace(old, " qk_nope_head_dim=0 qk_rope_head_dim=0 ", 1))
+    _touch_model_files(text, tmp_path)
+    r = cli("passes", f, "--pipeline", "verify")
+    out = r.stdout + r.stderr
+    assert r.exit_code != 0 and "Traceback" not in out
+    assert "a query head must have a dim" in out and "[inconsistent-attributes]" in out, out

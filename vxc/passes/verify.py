@@ -15,6 +15,12 @@ from .findings import Finding
 SLOT_OF = {"embedding": "embedding", "final_norm": "norm", "head": "head"}
 
 
+def _short(v) -> str:
+    """``repr(v)``, an int of thousands of digits (the IR may spell one) cut to its first digits and its length."""
+    t = repr(v)
+    return t if len(t) <= 40 or not isinstance(v, int) else f"{t[:12]}...({len(t)} digits)"
+
+
 def _check_op(op: Op, slot: str, layer: int | None, out: list[Finding]) -> None:
     decl = OPERATORS.get(op.kind)
     if decl is None:
@@ -31,8 +37,8 @@ def _check_op(op: Op, slot: str, layer: int | None, out: list[Finding]) -> None:
                 out.append(Finding("missing-attribute", f"attribute {a.name} ({a.type}) is not declared", layer, op.kind))
                 ok = False
         elif not a.accepts(op.attrs[a.name]):
-            want = a.expects()
-            out.append(Finding("bad-attribute", f"attribute {a.name}={op.attrs[a.name]!r} is not {want}", layer, op.kind,
+            want = a.expects(op.attrs[a.name])
+            out.append(Finding("bad-attribute", f"attribute {a.name}={_short(op.attrs[a.name])} is not {want}", layer, op.kind,
                                expected=want, actual=op.attrs[a.name]))
             ok = False
     for name in op.attrs:

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 Attrs = Mapping[str, Any]
 Shape = tuple[int, ...]
 
+# The largest int attribute: no dimension, count or position of a model is larger (the frontends bound config
+# ints the same way). An IR can spell any int; past this, derived sizes meet float arithmetic (a softmax scale,
+# a YaRN factor) that overflows, and nothing could be allocated anyway.
+MAX_INT = 2**31 - 1
+
 
 @dataclass(frozen=True)
 class Attr:
@@ -36,19 +41,20 @@ class Attr:
     def least(self) -> Optional[int]:
         return (1 if self.min is None else self.min) if self.type == "int" else None
 
-    def expects(self) -> str:
-        """What a valid value is, in words (for a refusal)."""
+    def expects(self, value: Any = None) -> str:
+        """What a valid value is, in words (for a refusal of ``value``)."""
         if self.choices:
             return f"one of {', '.join(self.choices)}"
         if self.type == "int":
-            return f"an int >= {self.least}"
+            too_big = isinstance(value, int) and not isinstance(value, bool) and value > MAX_INT
+            return f"an int in {self.least}..{MAX_INT}" if too_big else f"an int >= {self.least}"
         if self.type == "float":
             return "a float (not NaN)" if self.min is None else f"a float >= {self.min:g}"
         return self.type
 
     def accepts(self, value: Any) -> bool:
         if self.type == "int":
-            return isinstance(value, int) and not isinstance(value, bool) and value >= self.least
+            return isinstance(value, int) and not isinstance(value, bool) and self.least <= value <= MAX_INT
         if self.type == "float":
             ok = isinstance(value, float) and not math.isnan(value)  # (inf is a declared "no bound", e.g. dt_max)
             return ok and (self.min is None or value >= self.min)

@@ -49,8 +49,8 @@ def yarn_softmax_mscale(factor: float, mscale_all_dim: float) -> float:
 
 
 def _scale_consistent(a: Attrs) -> bool:
-    if "rope_mscale_all_dim" not in a:
-        return True  # nothing declared to check the scale against
+    if "rope_mscale_all_dim" not in a or _qk(a) < 1:
+        return True  # nothing declared to check the scale against (an empty query head is its own rule)
     m = yarn_softmax_mscale(a.get("rope_factor", 1.0), a["rope_mscale_all_dim"]) if a["rope_mscale_all_dim"] else 1.0
     return math.isclose(a["scale"], _qk(a) ** -0.5 * m * m, rel_tol=1e-9)
 
@@ -97,6 +97,7 @@ MLA = OperatorDecl(
         ("rotary_layout must be none exactly when rotary_dim is 0",
          lambda a: (a["rotary_layout"] == "none") == (a["rotary_dim"] == 0)),
         ("qk_rope_head_dim must be even", lambda a: a["qk_rope_head_dim"] % 2 == 0),
+        ("a query head must have a dim: qk_nope_head_dim + qk_rope_head_dim >= 1", lambda a: _qk(a) >= 1),
         ("with rope_mscale_all_dim declared, scale must be (qk_nope_head_dim+qk_rope_head_dim)^-0.5 times the YaRN mscale²",
          _scale_consistent),
     ),
