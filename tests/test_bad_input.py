@@ -253,3 +253,12 @@ def test_mla_query_head_of_no_dims_is_refused(tmp_path, cli):
     out = r.stdout + r.stderr
     assert r.exit_code != 0 and "Traceback" not in out
     assert "a query head must have a dim" in out and "[inconsistent-attributes]" in out, out
+
+def test_human_byte_sizes():
+    """Exact decimal arithmetic: the table view divided with floats, and a byte count past 1.8e308 (reached with
+    10**400-sized attributes, before verify bounded them) raised OverflowError in `vxc describe`."""
+    from vxc.describe_view import _bytes
+
+    assert [_bytes(n) for n in (0, 1023, 1024, 1536, 3 << 30, 5000 << 40)] == [
+        "0 B", "1023 B", "1.0 KiB", "1.5 KiB", "3.0 GiB", "5000.0 TiB"]
+    assert _bytes(10**400).endswith(" TiB") and len(_bytes(10**400)) > 380

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import ROUND_HALF_EVEN, Decimal, localcontext
 from typing import Any
 
 from rich.console import Console
@@ -21,11 +22,17 @@ def _ranges(layers: list[int]) -> str:
 
 
 def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+    """``n`` bytes in B..TiB with one decimal, in exact decimal arithmetic: a byte count the IR's shapes make
+    larger than a float can hold (past 1.8e308) is still written, not an OverflowError."""
+    for i, unit in enumerate(("B", "KiB", "MiB", "GiB", "TiB")):
+        if n < 1024 ** (i + 1) or unit == "TiB":
+            if unit == "B":
+                return f"{n} B"
+            with localcontext() as ctx:  # exact: n / 2**(10 i) has at most 10 i decimals
+                ctx.prec = len(str(abs(n))) + 10 * i + 2
+                v = (Decimal(n) / Decimal(1024**i)).quantize(Decimal("0.1"), rounding=ROUND_HALF_EVEN)
+            return f"{v} {unit}"
+    raise AssertionError("unreachable")
 
 
 def render(d: dict[str, Any], console: Console | None = None) -> None:
