@@ -262,3 +262,20 @@ def test_human_byte_sizes():
     assert [_bytes(n) for n in (0, 1023, 1024, 1536, 3 << 30, 5000 << 40)] == [
         "0 B", "1023 B", "1.0 KiB", "1.5 KiB", "3.0 GiB", "5000.0 TiB"]
     assert _bytes(10**400).endswith(" TiB") and len(_bytes(10**400)) > 380
+
+
+def test_refusal_json_is_strict_json(tmp_path, cli):
+    """A NaN attribute's finding carries the value: `vxc passes --json` wrote it as NaN, which is not JSON."""
+    import json
+
+    text = _golden_text()
+    f = tmp_path / "nan.vxir"
+    f.write_text(text.replace("norm_eps=1e-05", "norm_eps=nan", 1))
+    r = cli("passes", f, "--pipeline", "verify", "--json")
+    assert r.exit_code != 0
+
+    def strict(x):
+        raise ValueError(f"not JSON: {x}")
+
+    d = json.loads(r.stdout, parse_constant=strict)
+    assert any(x.get("actual") == "nan" for x in d["findings"]), d

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,9 +31,18 @@ class Finding:
         d = asdict(self)
         d["pass"] = d.pop("pass_name")
         for k in ("expected", "actual"):
-            if isinstance(d[k], tuple):
-                d[k] = list(d[k])
+            d[k] = _json_value(d[k])
         return d
+
+
+def _json_value(v: Any) -> Any:
+    """A value strict JSON can hold: tuples as lists; a NaN or infinite float (an attribute may be one) as the
+    IR spells it ("nan", "inf", "-inf") — json.dumps would write NaN / Infinity, which JSON parsers reject."""
+    if isinstance(v, (tuple, list)):
+        return [_json_value(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v
 
 
 class Refusal(Exception):
