@@ -279,3 +279,20 @@ def test_refusal_json_is_strict_json(tmp_path, cli):
 
     d = json.loads(r.stdout, parse_constant=strict)
     assert any(x.get("actual") == "nan" for x in d["findings"]), d
+
+
+def test_describe_dot_quotes_the_module_name(tmp_path, cli):
+    """The Graphviz file named the graph with the module name written bare inside quotes: a name holding a quote,
+    a backslash or a line break ended the string early and broke the file."""
+    import json
+
+    text = _golden_text()
+    lines = text.splitlines(keepends=True)
+    name = 'a"b\\c\nd'
+    f = tmp_path / "named.vxir"
+    f.write_text(lines[0] + f"module {json.dumps(name)} {{\n" + "".join(lines[2:]))
+    _touch_model_files(text, tmp_path)
+    dot = tmp_path / "g.dot"
+    r = cli("describe", f, "--dot", dot, "--json")
+    assert r.exit_code == 0, r.output
+    assert dot.read_text().split("\n")[0] == 'digraph "a\\"b\\\\c\\nd" {'

@@ -128,9 +128,15 @@ def weight_bytes(g: nx.DiGraph) -> dict[str, Any]:
     return {"by_encoding": dict(sorted(by.items())), "total_bytes": total, "decode_step_bytes": step}
 
 
+def _dot_str(s: str) -> str:
+    """``s`` as a Graphviz quoted string: the module name is the IR's text and may hold quotes, backslashes or
+    line breaks, which written bare end the string early or break the file."""
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\r", "\\r").replace("\n", "\\n") + '"'
+
+
 def to_dot(g: nx.DiGraph) -> str:
     """Layers, operators and state regions as a Graphviz picture."""
-    lines = [f'digraph "{g.graph["name"]}" {{', "  rankdir=TB; node [fontname=Helvetica];"]
+    lines = [f'digraph {_dot_str(g.graph["name"])} {{', "  rankdir=TB; node [fontname=Helvetica];"]
     ops = plan_ops(g)
     layers: dict[Any, list] = {}
     for p in ops:
