@@ -21,7 +21,9 @@ outcome is one of
 The corpus is every golden IR under ``golden/`` cut down to a few layers
 (:func:`shrink`: the first layer of each mixer/FFN combination, then layers with
 other attributes, renumbered; unclaimed tensors and files dropped), which
-keeps every operator kind and costs milliseconds to parse.
+keeps every operator kind and costs milliseconds to parse; the gpt-oss one again
+with its experts stored as MXFP4 (:func:`mxfp4_experts`); and three GGUF
+miniatures lowered in memory (``file … format gguf``, every ggml block encoding).
 """
 
 from __future__ import annotations
@@ -96,18 +98,64 @@ def shrink(m, limit: int = 4):
     return out
 
 
+# GGUF miniatures lowered in memory (tests/gguf_support.py): the file format and the ggml block encodings
+GGUF_MINIS = {
+    "gguf/llama-mixed": dict(arch="llama"),
+    "gguf/qwen3-other-blocks": dict(arch="qwen3", tied=True, encodings={
+        "token_embd": "Q5_0", "attn_q": "Q5_1", "attn_k": "Q2_K", "attn_v": "Q3_K", "attn_output": "Q5_K",
+        "ffn_gate": "F16", "ffn_up": "Q8_0", "ffn_down": "Q4_0"}),
+    "gguf/qwen2-f32": dict(arch="qwen2", encodings={}),
+}
+
+
+def mxfp4_experts(m):
+    """A copy of module ``m`` whose expert matrices (stored [E, in, out], read through ``| transpose 1 2``) are
+    stored as gpt-oss's MXFP4 pairs instead: u8 blocks [E, out, in/32, 16] and scales [E, out, in/32]."""
+    out = copy.deepcopy(m)
+    tensors = out.tensor_table()
+    for o in out.operands:
+        if str(o.role) not in ("ExpertGateUp", "ExpertDown") or o.encoding is not None:
+            continue
+        t = tensors[o.sources[0]]
+        e, n_out, n_in = o.shape
+        blocks = type(t)(t.sym + "b", "u8", (e, n_out, n_in // 32, 16), t.key + "_blocks", file=t.file)
+        scales = type(t)(t.sym + "s", "u8", (e, n_out, n_in // 32), t.key + "_scales", file=t.file)
+        out.tensors[out.tensors.index(t)] = blocks
+        out.tensors.append(scales)
+        o.encoding, o.part_names, o.sources, o.transforms = "mxfp4", ["blocks", "scales"], [blocks.sym, scales.sym], []
+    return out
+
+
+def _gguf_texts() -> list[tuple[str, str]]:
+    import tempfile
+
+    from tests.gguf_support import write_llama_gguf
+    from vxc.frontends import lower
+    from vxc.ir.printer import print_module
+
+    out = []
+    with tempfile.TemporaryDirectory() as d:
+        for name, kw in GGUF_MINIS.items():
+            path = write_llama_gguf(Path(d) / "model.gguf", seed=0, **kw)
+            out.append((name, print_module(lower(path, relative_to=Path(d)))))
+    return out
+
+
 @lru_cache(maxsize=1)
 def corpus() -> tuple[tuple[str, str], ...]:
-    """(name, text) of every golden IR, shrunk (see :func:`shrink`)."""
+    """(name, text) of every golden IR, shrunk (see :func:`shrink`), and of the GGUF miniatures."""
     from vxc.ir.parser import parse
     from vxc.ir.printer import print_module
 
     out = []
     for p in sorted(GOLDEN.rglob("*.vxir")):
-        out.append((f"{p.parent.name}/{p.name}", print_module(shrink(parse(p.read_text(), str(p))))))
+        m = shrink(parse(p.read_text(), str(p)))
+        out.append((f"{p.parent.name}/{p.name}", print_module(m)))
+        if p.parent.name == "test_gpt_oss":
+            out.append((f"{p.parent.name}/{p.name} (experts as mxfp4)", print_module(mxfp4_experts(m))))
     if not out:
         raise AssertionError(f"no golden IR under {GOLDEN}")
-    return tuple(out)
+    return tuple(out + _gguf_texts())
 
 
 # ---------------------------------------------------------------- mutations
@@ -134,7 +182,8 @@ ATTR_NAMES = ("state", "layer", "role", "mixer", "true", "nan", "inf", "x", "_",
               "default", "window", "compute", "A" * 300)
 WORDS = ("true", "false", "nan", "inf", "fp32", "compute", "bf16", "f32", "f16", "i64", "bool", "u8", "PreOnly",
          "PrePost", "PreMixer", "fixed", "per_token", "recurrent", "kv_rows", "latent_rows", "conv_history",
-         "silu", "gelu", "mxfp4", "layer", "state", "role", "bank", "experts", "slice", "gather", "none", "x")
+         "silu", "gelu", "mxfp4", "layer", "state", "role", "bank", "experts", "slice", "gather", "none", "x",
+         "q4_0", "q4_1", "q5_0", "q8_0", "q2_k", "q4_k", "q6_k", "blocks", "scales", "format", "gguf", "safetensors")
 
 
 def _short(s, n: int = 40) -> str:
@@ -224,6 +273,21 @@ def m_number(rng, text):
     return _replace(rng, text, _NUMBER, "number", make)
 
 
+def m_number_everywhere(rng, text):
+    """Every occurrence of one number changed alike: the geometry stays consistent (attributes, tensor shapes,
+    contracts and regions agree), so the changed value reaches the later passes and describe."""
+    nums = sorted(set(m.group(0) for m in _NUMBER.finditer(text)))
+    if not nums:
+        return text, "number everywhere: none"
+    n = rng.choice(nums)
+    new = rng.choice(("0", "-1", "1", "2", "3", "neg", str(10**6), str(2**31 - 1), str(2**31), str(10**12), str(10**30),
+                      "9" * 400, "1.5", "nan"))
+    if new == "neg":
+        new = n[1:] if n.startswith("-") else "-" + n
+    pat = re.compile(r"(?<![\w$@%.])" + re.escape(n) + r"(?![\w.])")
+    return pat.sub(lambda m: new, text), f"number {_short(n)} -> {_short(new)} everywhere"
+
+
 def m_unicode(rng, text):
     ch = rng.choice(UNICODE)
     strings = list(_STRING.finditer(text))
@@ -297,6 +361,63 @@ def m_attr_name(rng, text):
         return rng.choice(names + list(ATTR_NAMES)) + "="
 
     return _replace(rng, text, _ATTR, "attribute name", make)
+
+
+_ATTR_VALUE = re.compile(r'\b([A-Za-z_]\w*)=("(?:\\.|[^"\\\n])*"|\[[^\]\n]*\]|[^\s\[]+)( \(default\))?')
+INT_EDGES = ("0", "1", "2", "3", "-1", str(2**31 - 1), str(2**31), str(10**12), "9" * 400)
+FLOAT_EDGES = ("0.0", "-0.0", "nan", "inf", "-inf", "1e-300", "1e300", "-1.0", "1.0", "0.5")
+OTHER_VALUES = ("1", "1.0", "true", "false", "x", '"s"', "[1, 2]", "[]", "none")
+
+
+def _edge(rng, value: str) -> str:
+    if rng.random() < 0.15:
+        return rng.choice(OTHER_VALUES)
+    if re.fullmatch(r"-?\d+", value):
+        return rng.choice(INT_EDGES)
+    if re.fullmatch(r"-?(\d+\.\d+([eE][-+]?\d+)?|\d+[eE][-+]?\d+|inf|nan)", value):
+        return rng.choice(FLOAT_EDGES)
+    if value in ("true", "false"):
+        return {"true": "false", "false": "true"}[value]
+    return rng.choice(OTHER_VALUES + ("silu", "gelu", "interleaved", "half", "yarn", "default", "sigmoid", "softmax",
+                                      "topk_softmax", "gate_then_norm", "norm_then_gate", "split", "fused"))
+
+
+def _op_line_attrs(rng, text):
+    ls = _lines(text)
+    ops = [i for i, line in enumerate(ls) if _OPLINE.match(line) and _ATTR_VALUE.search(line)]
+    if not ops:
+        return ls, None, []
+    i = rng.choice(ops)
+    return ls, i, list(_ATTR_VALUE.finditer(ls[i]))
+
+
+def m_attr_values(rng, text):
+    """Attributes of one operator set to edge values (0, 1, -1, 2**31, NaN, inf, another type): one, a few, or
+    all of them at once, so the consistency rules and derived geometry meet values verify lets through."""
+    ls, i, attrs = _op_line_attrs(rng, text)
+    if i is None:
+        return text, "attribute values: none"
+    k = rng.choice((1, 1, 2, 3, len(attrs)))
+    chosen = sorted(rng.sample(attrs, min(k, len(attrs))), key=lambda m: m.start(), reverse=True)
+    line, done = ls[i], []
+    for m in chosen:
+        new = _edge(rng, m.group(2))
+        line = line[: m.start(2)] + new + line[m.end(2):]
+        done.append(f"{m.group(1)}={_short(new, 16)}")
+    ls[i] = line
+    return "\n".join(ls), f"attributes L{i + 1} {' '.join(reversed(done))}"
+
+
+def m_attr_delete(rng, text):
+    ls, i, attrs = _op_line_attrs(rng, text)
+    if i is None:
+        return text, "delete attributes: none"
+    chosen = sorted(rng.sample(attrs, min(rng.choice((1, 1, 2, 3)), len(attrs))), key=lambda m: m.start(), reverse=True)
+    line = ls[i]
+    for m in chosen:
+        line = line[: m.start()] + line[m.end():]
+    ls[i] = line
+    return "\n".join(ls), f"delete attributes L{i + 1} {' '.join(m.group(1) for m in chosen)}"
 
 
 def m_operator_kind(rng, text):
@@ -376,8 +497,8 @@ def m_layer_block(rng, text):
 
 
 TEXT_MUTATORS = (
-    (m_delete_lines, 3), (m_duplicate_line, 2), (m_swap_lines, 2), (m_token, 4), (m_number, 6), (m_unicode, 2),
-    (m_escape, 2), (m_string, 2), (m_symbol_ref, 4), (m_duplicate_definition, 2), (m_attr_name, 3),
+    (m_delete_lines, 3), (m_duplicate_line, 2), (m_swap_lines, 2), (m_token, 4), (m_number, 6), (m_number_everywhere, 5), (m_unicode, 2),
+    (m_escape, 2), (m_string, 2), (m_symbol_ref, 4), (m_duplicate_definition, 2), (m_attr_name, 3), (m_attr_values, 8), (m_attr_delete, 3),
     (m_operator_kind, 3), (m_word, 4), (m_range, 2), (m_span, 2), (m_shape, 4), (m_layer_block, 2),
 )
 
@@ -519,7 +640,7 @@ def _refusal_problem(r) -> str | None:
         if not isinstance(f, Finding) or not f.code or not f.message:
             return f"a finding without code or message: {f!r}"[:300]
     r.text()
-    json.dumps(r.to_json())
+    json.dumps(r.to_json(), allow_nan=False)  # what `vxc passes --json` prints: strict JSON
     return None
 
 
@@ -588,12 +709,15 @@ def _run(data: bytes, filename: str) -> Outcome:
 
         for context in (None, 0, 4096):
             d = surfaces.describe(ctx.plan, context)
-            json.dumps(d, indent=1)
+            json.dumps(d, indent=1, allow_nan=False)
         render(d, Console(file=io.StringIO(), width=120))
-        surfaces.to_dot(ctx.plan)
+        dot = surfaces.to_dot(ctx.plan)
         print_plan(ctx.plan)
     except Exception as e:
         return _crash(e, "describe")
+    for i, line in enumerate(dot.split("\n")):  # Graphviz: every quoted string closed on its line
+        if re.sub(r'\\.', "", line).count('"') % 2:
+            return Outcome(CRASH, f"describe: to_dot wrote an unbalanced quoted string on line {i + 1}: {_short(line, 120)}", where="surfaces.to_dot")
     return Outcome(ACCEPTED)
 
 

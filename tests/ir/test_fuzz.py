@@ -36,16 +36,22 @@ def test_cases_are_reproducible():
     assert fuzzing.make_case(1235).data != a.data
 
 
-def test_the_corpus_covers_every_operator_kind_and_is_accepted():
+def test_the_corpus_covers_every_operator_kind_and_encoding_and_is_accepted():
+    from vxc.ir.ggml import ENCODINGS as GGML
     from vxc.ir.operators import OPERATORS
     from vxc.ir.parser import parse
+    from vxc.ir.views import ENCODINGS
 
-    kinds = set()
+    kinds, encodings, formats = set(), set(), set()
     for name, text in fuzzing.corpus():
         assert fuzzing.classify(text.encode()).kind == fuzzing.ACCEPTED, name
         m = parse(text)
         kinds |= {op.kind for layer in m.layers for op in layer.ops()} | {op.kind for op in m.model_ops()}
+        encodings |= {o.encoding for o in m.operands}
+        formats |= {f.format for f in m.files}
     assert kinds == set(OPERATORS)
+    assert encodings == {None} | set(ENCODINGS) | set(GGML)
+    assert formats == {"safetensors", "gguf"}
 
 
 # ---------------------------------------------------------------- the classifier itself
