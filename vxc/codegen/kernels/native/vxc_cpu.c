@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 11
+#define VXC_ABI_VERSION 12
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -835,4 +835,438 @@ void vxc_moe_ffn_step(const void *x, const int64_t *experts, const float *weight
     for (long i = 0; i < d; i++) st(out, i, acc[i], bf);
     free(acc);
     free(h);
+}
+
+/* ----------------------------------------------------------------------------------------- quant (quant.py) */
+
+/* GEMV on ggml block-quantised weights, decoded in registers (no dequantised copy of W):
+ *   y[b, r] = sum_c W[r, c] x[b, c]     W: rows x cols as stored in GGUF (row r = row_bytes bytes of blocks),
+ *                                       x: [B, cols] fp32 (bf = 0) or bf16 (bf = 1), y: [B, rows] fp32.
+ * Encodings (the codes quant.py passes; layouts as vxc/ir/ggml.py's table and ggml-common.h):
+ *   0 q8_0  32 values, 34 bytes: f16 d, int8 qs[32]                               w = d q
+ *   1 q4_0  32 values, 18 bytes: f16 d, qs[16] (low nibbles 0..15, high 16..31)   w = d (q - 8)
+ *   2 q4_1  32 values, 20 bytes: f16 d, f16 m, qs[16]                             w = d q + m
+ *   3 q4_k 256 values, 144 bytes: f16 d, f16 dmin, scales[12] (eight 6-bit scales and mins), qs[128]:
+ *          sub-block j (32 values) = nibble j & 1 of qs[32 (j >> 1) ..]           w = (d sc_j) q - (dmin m_j)
+ *   4 q6_k 256 values, 210 bytes: ql[128], qh[64], int8 scales[16], f16 d; per 128-value half h, group k of
+ *          32: low (k < 2) / high nibble of ql[64h + 32 (k & 1) ..], bits 2k..2k+1 of qh[32h ..];
+ *          scale s_j per 16 values                                               w = (d s_j) (q - 32)
+ * fp32 arithmetic, as ggml's reference dot products: the integer values times x are summed within a group
+ * (32 values; 16 for q6_k), the sum multiplied by the group's scale (d, or d sc_j for the k-quants) and
+ * accumulated; the mins (q4_1's m, q4_k's dmin m_j) multiply the group sums of x, computed once per call.
+ * Rows run in tiles of four over OpenMP threads (as vxc_gemv); each tile's scales are decoded once and its
+ * bytes read from memory once for all B rows of x (in groups of QG: the accumulators stay in registers). */
+
+enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q_COUNT = 5 };
+static const long Q_BLOCK[Q_COUNT] = {32, 32, 32, 256, 256};  /* values per block */
+static const long Q_TSIZE[Q_COUNT] = {34, 18, 20, 144, 210};  /* bytes per block */
+
+static inline float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+    if (e == 0x1f) u = s | 0x7f800000u | (m << 13);
+    else if (e) u = s | ((e + 112u) << 23) | (m << 13);
+    else {
+        float f = (float)m * 5.9604644775390625e-8f; /* a subnormal half: m 2^-24, exact */
+        return s ? -f : f;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+/* q4_k's eight 6-bit scales (sc) and mins (m) from the 12 scale bytes, as the bytes of two 64-bit words (scale /
+ * min j in byte j): bytes 0-3 hold scales 0-3 in their low 6 bits and the top 2 bits of scales 4-7, bytes 4-7 the
+ * same for the mins, bytes 8-11 the low 4 bits of scales 4-7 (low nibbles) and of mins 4-7 (high nibbles). */
+static inline void q4k_scale_min_words(const uint8_t *q, uint64_t *sc, uint64_t *m) {
+    uint32_t w0, w1, w2;
+    memcpy(&w0, q, 4);
+    memcpy(&w1, q + 4, 4);
+    memcpy(&w2, q + 8, 4);
+    uint32_t s_lo = w0 & 0x3f3f3f3fu, s_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u);
+    uint32_t m_lo = w1 & 0x3f3f3f3fu, m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
+    *sc = (uint64_t)s_lo | (uint64_t)s_hi << 32;
+    *m = (uint64_t)m_lo | (uint64_t)m_hi << 32;
+}
+
+/* One row's group scales s (per 32 values; per 16 for q6_k) and mins mn (per 32 values; q4_1, q4_k: the
+ * value is s q + mn) as fp32, the products as the reference forms them (d sc_j, dmin m_j: exact). Vectorised
+ * with F16C / AVX2: the 32-value formats' f16 fields packed eight at a time through integer registers and
+ * widened by one vcvtph2ps (a gather of the fields, or one conversion per block, cost more than the GEMV's
+ * own work on this row: ~25% of a q4_0 call each); the k-quants' 6-/8-bit scales widened eight at a time. */
+static inline __attribute__((always_inline)) void q_row_scales(int enc, const uint8_t *row, long nblk, float *s, float *mn) {
+    long i = 0;
+#if defined(__F16C__) && defined(__AVX2__)
+    if (enc == Q8_0 || enc == Q4_0 || enc == Q4_1) {
+        const long T = Q_TSIZE[enc];
+        for (; i + 8 <= nblk; i += 8) {
+            uint64_t d0 = 0, d1 = 0, m0 = 0, m1 = 0; /* blocks i..i+3, i+4..i+7: their d (and q4_1's m) */
+            for (int k = 0; k < 4; k++) {
+                uint32_t h0, h1; /* a block's first 4 bytes: f16 d, then m (q4_1) or data */
+                memcpy(&h0, row + (i + k) * T, 4);
+                memcpy(&h1, row + (i + 4 + k) * T, 4);
+                d0 |= (uint64_t)(h0 & 0xffffu) << (16 * k);
+                d1 |= (uint64_t)(h1 & 0xffffu) << (16 * k);
+                m0 |= (uint64_t)(h0 >> 16) << (16 * k);
+                m1 |= (uint64_t)(h1 >> 16) << (16 * k);
+            }
+            _mm256_storeu_ps(s + i, _mm256_cvtph_ps(_mm_set_epi64x((long long)d1, (long long)d0)));
+            if (enc == Q4_1) _mm256_storeu_ps(mn + i, _mm256_cvtph_ps(_mm_set_epi64x((long long)m1, (long long)m0)));
+        }
+    } else if (enc == Q4_K) {
+        for (; i < nblk; i++) {
+            const uint8_t *b = row + i * 144;
+            uint64_t sc, m;
+            q4k_scale_min_words(b + 4, &sc, &m);
+            __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
+            __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m)));
+            _mm256_storeu_ps(s + 8 * i, _mm256_mul_ps(_mm256_set1_ps(h2f(b)), scf));
+            _mm256_storeu_ps(mn + 8 * i, _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(_mm256_set1_ps(h2f(b + 2)), mf)));
+        }
+    } else {
+        for (; i < nblk; i++) {
+            const uint8_t *b = row + i * 210;
+            __m256 d = _mm256_set1_ps(h2f(b + 208));
+            __m128i sc = _mm_loadu_si128((const __m128i *)(b + 192));
+            _mm256_storeu_ps(s + 16 * i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+            _mm256_storeu_ps(s + 16 * i + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(sc, sc)))));
+        }
+    }
+#endif
+    for (; i < nblk; i++) {
+        const uint8_t *b = row + i * Q_TSIZE[enc];
+        if (enc == Q8_0 || enc == Q4_0) {
+            s[i] = h2f(b);
+        } else if (enc == Q4_1) {
+            s[i] = h2f(b);
+            mn[i] = h2f(b + 2);
+        } else if (enc == Q4_K) {
+            float d = h2f(b), dmin = h2f(b + 2);
+            uint64_t sc, m;
+            q4k_scale_min_words(b + 4, &sc, &m);
+            for (int j = 0; j < 8; j++) {
+                s[8 * i + j] = d * (float)((sc >> (8 * j)) & 0xff);
+                mn[8 * i + j] = -(dmin * (float)((m >> (8 * j)) & 0xff));
+            }
+        } else {
+            float d = h2f(b + 208);
+            for (int j = 0; j < 16; j++) s[16 * i + j] = d * (float)(int8_t)b[192 + j];
+        }
+    }
+}
+
+/* The 32 integer values of group g (of 32 values) of a row, in order (q4_0 and q6_k with their offsets taken
+ * off: q - 8, q - 32). The scalar form of the decoders below, and the scalar path's. */
+static inline void q_group_ints(int enc, const uint8_t *row, long g, int8_t q[32]) {
+    if (enc == Q8_0) {
+        memcpy(q, row + 34 * g + 2, 32);
+    } else if (enc == Q4_0 || enc == Q4_1) {
+        const uint8_t *p = enc == Q4_0 ? row + 18 * g + 2 : row + 20 * g + 4;
+        int off = enc == Q4_0 ? 8 : 0;
+        for (int i = 0; i < 16; i++) {
+            q[i] = (int8_t)((p[i] & 15) - off);
+            q[i + 16] = (int8_t)((p[i] >> 4) - off);
+        }
+    } else if (enc == Q4_K) {
+        long j = g & 7;
+        const uint8_t *p = row + 144 * (g >> 3) + 16 + 32 * (j >> 1);
+        int sh = 4 * (int)(j & 1);
+        for (int i = 0; i < 32; i++) q[i] = (int8_t)((p[i] >> sh) & 15);
+    } else {
+        long j = g & 7, h = j >> 2, k = j & 3;
+        const uint8_t *b = row + 210 * (g >> 3), *ql = b + 64 * h + 32 * (k & 1), *qh = b + 128 + 32 * h;
+        int ns = 4 * (int)(k >> 1), hs = 2 * (int)k;
+        for (int i = 0; i < 32; i++) q[i] = (int8_t)((((ql[i] >> ns) & 15) | (((qh[i] >> hs) & 3) << 4)) - 32);
+    }
+}
+
+#if defined(__AVX512F__)
+#define QG 4 /* rows of x per pass over a tile */
+#define QU(enc) ((enc) == Q4_K ? 2 : 1) /* groups of 32 per decode unit */
+/* Unit u (QU groups of 32 values) of a row as floats, 16 per vector in element order. The 4-bit formats
+ * widen 16 bytes to 16 dwords once and look both nibbles up in a 16-entry table (vpermps reads an index's
+ * low 4 bits: the low nibble as it stands, the high one after a shift): on Zen 4 this beats masking and
+ * widening each nibble half separately (1.5 vs 1.9 ns per 32 values and row, one core). */
+static inline __attribute__((always_inline)) void q_dec512(int enc, const uint8_t *row, long u, __m512 *w) {
+    if (enc == Q8_0) {
+        const uint8_t *p = row + 34 * u + 2;
+        w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+        w[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16))));
+    } else if (enc == Q4_0 || enc == Q4_1) {
+        const __m512 lut = enc == Q4_0 ? _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
+                                       : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(enc == Q4_0 ? row + 18 * u + 2 : row + 20 * u + 4)));
+        w[0] = _mm512_permutexvar_ps(v, lut);
+        w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
+    } else if (enc == Q4_K) { /* sub-blocks 2p (low nibbles) and 2p + 1 (high) of super-block u / 4 */
+        const __m512 lut = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const uint8_t *p = row + 144 * (u >> 2) + 16 + 32 * (u & 3);
+        __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+        __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)));
+        w[0] = _mm512_permutexvar_ps(v0, lut);
+        w[1] = _mm512_permutexvar_ps(v1, lut);
+        w[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), lut);
+        w[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), lut);
+    } else { /* q6_k: the 6-bit values assembled 32 bytes at a time (256-bit byte ops), then widened */
+        long j = u & 7, h = j >> 2, k = j & 3;
+        const uint8_t *bl = row + 210 * (u >> 3), *ql = bl + 64 * h + 32 * (k & 1), *qh = bl + 128 + 32 * h;
+        __m128i ns = _mm_cvtsi32_si128(4 * (int)(k >> 1)), hs = _mm_cvtsi32_si128(2 * (int)k);
+        __m256i l = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)ql), ns), _mm256_set1_epi8(15));
+        __m256i hh = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh), hs), _mm256_set1_epi8(3));
+        __m256i q = _mm256_sub_epi8(_mm256_or_si256(l, _mm256_slli_epi16(hh, 4)), _mm256_set1_epi8(32));
+        w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+        w[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+    }
+}
+
+/* R (1 or 4) rows from W (stride rb bytes) against NB (1..QG) rows of x (stride cols): out[r][b] = the scaled
+ * group sums (mins excluded). s: the rows' group scales (stride ns). */
+static inline __attribute__((always_inline)) void q_tile(int enc, const uint8_t *W, long rb, int R, const float *x,
+                                                          long cols, int NB, const float *s, long ns, float out[4][QG]) {
+    __m512 acc[4][QG];
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < NB; b++) acc[r][b] = _mm512_setzero_ps();
+    const int U = QU(enc), NV = 2 * U; /* groups and vectors per unit */
+    long nu = cols / (32 * U);
+    for (long u = 0; u < nu; u++) {
+        const float *xu = x + 32 * U * u;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512 w[4];
+            const uint8_t *row = W + r * rb;
+            if (R == 4) _mm_prefetch((const char *)(row + 4 * rb + u * U * Q_TSIZE[enc] * 32 / Q_BLOCK[enc]), _MM_HINT_T0);
+            q_dec512(enc, row, u, w);
+            const float *sr = s + r * ns;
+            if (enc == Q6_K) { /* a scale per 16 values: per vector */
+                __m512 s0 = _mm512_set1_ps(sr[2 * u]), s1 = _mm512_set1_ps(sr[2 * u + 1]);
+#pragma GCC unroll 4
+                for (int b = 0; b < NB; b++) {
+                    acc[r][b] = _mm512_fmadd_ps(s0, _mm512_mul_ps(w[0], _mm512_loadu_ps(xu + b * cols)), acc[r][b]);
+                    acc[r][b] = _mm512_fmadd_ps(s1, _mm512_mul_ps(w[1], _mm512_loadu_ps(xu + b * cols + 16)), acc[r][b]);
+                }
+            } else { /* a scale per 32 values: per pair of vectors */
+#pragma GCC unroll 2
+                for (int i = 0; i < NV / 2; i++) {
+                    __m512 sv = _mm512_set1_ps(sr[U * u + i]);
+#pragma GCC unroll 4
+                    for (int b = 0; b < NB; b++) {
+                        const float *xb = xu + b * cols + 32 * i;
+                        __m512 t = _mm512_mul_ps(w[2 * i], _mm512_loadu_ps(xb));
+                        t = _mm512_fmadd_ps(w[2 * i + 1], _mm512_loadu_ps(xb + 16), t);
+                        acc[r][b] = _mm512_fmadd_ps(sv, t, acc[r][b]);
+                    }
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < NB; b++) out[r][b] = _mm512_reduce_add_ps(acc[r][b]);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#define QG 2
+static inline __m256 q_cvt8(__m128i v, int sign) { /* the low 8 bytes of v as 8 floats */
+    return _mm256_cvtepi32_ps(sign ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
+}
+
+/* group g's 32 values as four vectors of 8 floats */
+static inline __attribute__((always_inline)) void q_dec256(int enc, const uint8_t *row, long g, __m256 w[4]) {
+    __m128i a, b, m4 = _mm_set1_epi8(15);
+    if (enc == Q8_0) {
+        const uint8_t *p = row + 34 * g + 2;
+        a = _mm_loadu_si128((const __m128i *)p);
+        b = _mm_loadu_si128((const __m128i *)(p + 16));
+    } else if (enc == Q4_0 || enc == Q4_1) {
+        const uint8_t *p = enc == Q4_0 ? row + 18 * g + 2 : row + 20 * g + 4;
+        __m128i v = _mm_loadu_si128((const __m128i *)p);
+        a = _mm_and_si128(v, m4);
+        b = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+        if (enc == Q4_0) {
+            a = _mm_sub_epi8(a, _mm_set1_epi8(8));
+            b = _mm_sub_epi8(b, _mm_set1_epi8(8));
+        }
+    } else if (enc == Q4_K) {
+        long j = g & 7;
+        const uint8_t *p = row + 144 * (g >> 3) + 16 + 32 * (j >> 1);
+        __m128i sh = _mm_cvtsi32_si128(4 * (int)(j & 1));
+        a = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)p), sh), m4);
+        b = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(p + 16)), sh), m4);
+    } else {
+        long j = g & 7, h = j >> 2, k = j & 3;
+        const uint8_t *bl = row + 210 * (g >> 3), *ql = bl + 64 * h + 32 * (k & 1), *qh = bl + 128 + 32 * h;
+        __m128i ns = _mm_cvtsi32_si128(4 * (int)(k >> 1)), hs = _mm_cvtsi32_si128(2 * (int)k);
+        __m128i m2 = _mm_set1_epi8(3), o = _mm_set1_epi8(32);
+        __m128i l0 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)ql), ns), m4);
+        __m128i l1 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(ql + 16)), ns), m4);
+        __m128i h0 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)qh), hs), m2);
+        __m128i h1 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(qh + 16)), hs), m2);
+        a = _mm_sub_epi8(_mm_or_si128(l0, _mm_slli_epi16(h0, 4)), o);
+        b = _mm_sub_epi8(_mm_or_si128(l1, _mm_slli_epi16(h1, 4)), o);
+    }
+    int sign = !(enc == Q4_1 || enc == Q4_K);
+    w[0] = q_cvt8(a, sign);
+    w[1] = q_cvt8(_mm_unpackhi_epi64(a, a), sign);
+    w[2] = q_cvt8(b, sign);
+    w[3] = q_cvt8(_mm_unpackhi_epi64(b, b), sign);
+}
+
+static inline __attribute__((always_inline)) void q_tile(int enc, const uint8_t *W, long rb, int R, const float *x,
+                                                          long cols, int NB, const float *s, long ns, float out[4][QG]) {
+    __m256 acc[4][QG];
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < NB; b++) acc[r][b] = _mm256_setzero_ps();
+    long ng = cols / 32;
+    for (long g = 0; g < ng; g++) {
+        const float *xg = x + 32 * g;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m256 w[4];
+            const uint8_t *row = W + r * rb;
+            if (R == 4) _mm_prefetch((const char *)(row + 4 * rb + g * Q_TSIZE[enc] * 32 / Q_BLOCK[enc]), _MM_HINT_T0);
+            q_dec256(enc, row, g, w);
+            if (enc == Q6_K) {
+                __m256 s0 = _mm256_set1_ps(s[r * ns + 2 * g]), s1 = _mm256_set1_ps(s[r * ns + 2 * g + 1]);
+#pragma GCC unroll 4
+                for (int b = 0; b < NB; b++) {
+                    const float *xb = xg + b * cols;
+                    __m256 t0 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), _mm256_mul_ps(w[0], _mm256_loadu_ps(xb)));
+                    __m256 t1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), _mm256_mul_ps(w[2], _mm256_loadu_ps(xb + 16)));
+                    acc[r][b] = _mm256_fmadd_ps(s1, t1, _mm256_fmadd_ps(s0, t0, acc[r][b]));
+                }
+            } else {
+                __m256 sv = _mm256_set1_ps(s[r * ns + g]);
+#pragma GCC unroll 4
+                for (int b = 0; b < NB; b++) {
+                    const float *xb = xg + b * cols;
+                    __m256 t = _mm256_mul_ps(w[0], _mm256_loadu_ps(xb));
+                    t = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), t);
+                    t = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), t);
+                    t = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), t);
+                    acc[r][b] = _mm256_fmadd_ps(sv, t, acc[r][b]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < NB; b++) {
+            __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[r][b]), _mm256_extractf128_ps(acc[r][b], 1));
+            v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+            v = _mm_add_ss(v, _mm_movehdup_ps(v));
+            out[r][b] = _mm_cvtss_f32(v);
+        }
+}
+#else
+#define QG 4
+static inline void q_tile(int enc, const uint8_t *W, long rb, int R, const float *x, long cols, int NB,
+                          const float *s, long ns, float out[4][QG]) {
+    long ng = cols / 32;
+    for (int r = 0; r < R; r++) {
+        float acc[QG] = {0};
+        for (long g = 0; g < ng; g++) {
+            int8_t q[32];
+            q_group_ints(enc, W + r * rb, g, q);
+            for (int b = 0; b < NB; b++) {
+                const float *xb = x + b * cols + 32 * g;
+                if (enc == Q6_K) {
+                    float t0 = 0.0f, t1 = 0.0f;
+                    for (int i = 0; i < 16; i++) { t0 += (float)q[i] * xb[i]; t1 += (float)q[i + 16] * xb[i + 16]; }
+                    acc[b] += s[r * ns + 2 * g] * t0 + s[r * ns + 2 * g + 1] * t1;
+                } else {
+                    float t = 0.0f;
+                    for (int i = 0; i < 32; i++) t += (float)q[i] * xb[i];
+                    acc[b] += s[r * ns + g] * t;
+                }
+            }
+        }
+        for (int b = 0; b < NB; b++) out[r][b] = acc[b];
+    }
+}
+#endif
+
+/* q_tile with NB as a constant (each value its own unrolled loop nest), R = 4 */
+static inline __attribute__((always_inline)) void q_tile4(int enc, const uint8_t *W, long rb, const float *xb, long cols,
+                                                           int nb, const float *s, long ns, float out[4][QG]) {
+    if (nb == 1) q_tile(enc, W, rb, 4, xb, cols, 1, s, ns, out);
+    else if (nb == 2) q_tile(enc, W, rb, 4, xb, cols, 2, s, ns, out);
+#if QG == 4
+    else if (nb == 3) q_tile(enc, W, rb, 4, xb, cols, 3, s, ns, out);
+#endif
+    else q_tile(enc, W, rb, 4, xb, cols, QG, s, ns, out);
+}
+
+/* one tile of R <= 4 rows from r0 against all B rows of x; s, mn: scratch for the tile's scales */
+static inline __attribute__((always_inline)) void q_rows_tile(int enc, const uint8_t *W, const float *x, const float *xsum,
+                                                               float *y, long rows, long cols, long B, long r0,
+                                                               float *s, float *mn) {
+    long rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], ng = cols / 32, ns = enc == Q6_K ? cols / 16 : ng;
+    long R = rows - r0 < 4 ? rows - r0 : 4;
+    const uint8_t *Wt = W + r0 * rb;
+    for (long r = 0; r < R; r++) q_row_scales(enc, Wt + r * rb, cols / Q_BLOCK[enc], s + r * ns, mn + r * ng);
+    for (long b0 = 0; b0 < B; b0 += QG) {
+        int nb = (int)(B - b0 < QG ? B - b0 : QG);
+        const float *xb = x + b0 * cols;
+        float out[4][QG];
+        if (R == 4) {
+            q_tile4(enc, Wt, rb, xb, cols, nb, s, ns, out);
+        } else { /* the last rows of a matrix: one row and one row of x at a time */
+            for (long r = 0; r < R; r++)
+                for (int b = 0; b < nb; b++) {
+                    float o1[4][QG];
+                    q_tile(enc, Wt + r * rb, rb, 1, xb + b * cols, cols, 1, s + r * ns, ns, o1);
+                    out[r][b] = o1[0][0];
+                }
+        }
+        for (long r = 0; r < R; r++)
+            for (int b = 0; b < nb; b++) {
+                float v = out[r][b];
+                if (enc == Q4_1 || enc == Q4_K) { /* + sum_g mn_g xsum_g */
+                    const float *m = mn + r * ng, *xs = xsum + (b0 + b) * ng;
+                    float t = 0.0f;
+#pragma omp simd reduction(+ : t)
+                    for (long g = 0; g < ng; g++) t += m[g] * xs[g];
+                    v += t;
+                }
+                y[(b0 + b) * rows + r0 + r] = v;
+            }
+    }
+}
+
+/* y [B, rows] fp32 = x [B, cols] (bf16 when bf, else fp32) times W [rows, cols] of encoding enc (codes above),
+ * W's rows of cols / block values stored end to end (row_bytes = cols / block * type_size). cols a multiple of
+ * the block (checked by the caller, as enc < Q_COUNT). */
+void vxc_qgemv(int enc, const void *W, const void *x, float *y, long rows, long cols, long B, int bf) {
+    if (enc < 0 || enc >= Q_COUNT || rows <= 0 || B <= 0) return;
+    long ng = cols / 32;
+    float *xf = bf ? (float *)malloc((size_t)(B * cols) * sizeof(float)) : NULL;
+    float *xsum = (float *)malloc((size_t)(B * ng + 1) * sizeof(float));
+    if (bf) load_row(x, 0, B * cols, 1, xf);
+    const float *xx = bf ? xf : (const float *)x;
+    for (long i = 0; i < (enc == Q4_1 || enc == Q4_K ? B * ng : 0); i++) { /* the mins' sums of x */
+        float t = 0.0f;
+        for (int k = 0; k < 32; k++) t += xx[32 * i + k];
+        xsum[i] = t;
+    }
+    long ns = enc == Q6_K ? cols / 16 : ng;
+#pragma omp parallel
+    {
+        float *s = (float *)malloc((size_t)(4 * (ns + ng) + 1) * sizeof(float)), *mn = s + 4 * ns;
+        const uint8_t *Wb = (const uint8_t *)W;
+#pragma omp for schedule(static)
+        for (long r0 = 0; r0 < rows; r0 += 4) {
+            switch (enc) { /* a tile specialised per encoding (inside the parallel region: constants there) */
+            case Q8_0: q_rows_tile(Q8_0, Wb, xx, xsum, y, rows, cols, B, r0, s, mn); break;
+            case Q4_0: q_rows_tile(Q4_0, Wb, xx, xsum, y, rows, cols, B, r0, s, mn); break;
+            case Q4_1: q_rows_tile(Q4_1, Wb, xx, xsum, y, rows, cols, B, r0, s, mn); break;
+            case Q4_K: q_rows_tile(Q4_K, Wb, xx, xsum, y, rows, cols, B, r0, s, mn); break;
+            default: q_rows_tile(Q6_K, Wb, xx, xsum, y, rows, cols, B, r0, s, mn); break;
+            }
+        }
+        free(s);
+    }
+    free(xsum);
+    free(xf);
 }

@@ -1,0 +1,264 @@
+"""``vxc::qgemv``: the GEMV read straight from ggml block-quantised weights (``kernels/quant.py``).
+
+The native kernel (q8_0, q4_0, q4_1, q4_k, q6_k decoded in registers) and the torch twin (decode with
+``vxc.runtime.ggml_blocks``, then an fp32 matmul) against an fp64 oracle: the weights decoded by gguf-py's own
+``gguf.quants.dequantize`` (fp32 values, exact), widened to fp64, times x in fp64. Native is held within the
+kernel's floor tolerance of both the twin and the oracle (``references.assert_kernel_at_floor``).
+
+Blocks: the 32-value formats encoded by ``gguf.quants.quantize`` from random normal weights; the k-quants, which
+gguf-py cannot encode, random bytes with their f16 scales set to realistic small values (both signs). Sizes are
+awkward on purpose: rows not a multiple of the 4-row tile (37, 131, 3), 1-3 and 5 blocks per row, B = 1, 3 and
+more rows of x than one register pass holds (5, 9).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf import quants as gq
+
+from tests import references as R
+from vxc.codegen import kernels
+from vxc.codegen.kernels import native as N
+from vxc.codegen.kernels import quant
+from vxc.ir.ggml import ENCODINGS, GGMLError
+
+NATIVE = list(quant.NATIVE_ENCODINGS)
+ENCODERS = {"q8_0", "q4_0", "q4_1"}  # what gguf-py quantises (and the table covers)
+
+
+def qtype(name: str) -> GGMLQuantizationType:
+    return GGMLQuantizationType[name.upper()]
+
+
+def make_blocks(name: str, rows: int, nblk: int, rng: np.random.Generator) -> np.ndarray:
+    """u8 [rows, nblk * type_size]: a realistic ``rows x nblk * block_size`` weight in ``name``."""
+    e = ENCODINGS[name]
+    cols = nblk * e.block_size
+    if name in ENCODERS:
+        w = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+        return np.ascontiguousarray(gq.quantize(w, qtype(name)))
+    b = rng.integers(0, 256, size=(rows * nblk, e.type_size), dtype=np.uint8)
+    at = 0
+    for field, width in e.fields:
+        if field.endswith(":f16"):
+            d = (rng.standard_normal(rows * nblk) * 2e-3).astype(np.float16)
+            b[:, at:at + 2] = d.reshape(-1, 1).view(np.uint8)
+        at += width
+    return b.reshape(rows, nblk * e.type_size)
+
+
+def oracle(name: str, blocks: np.ndarray, x: torch.Tensor) -> torch.Tensor:
+    """fp64 ``x Wᵀ`` with W decoded by gguf-py."""
+    w = torch.from_numpy(np.ascontiguousarray(gq.dequantize(blocks, qtype(name)))).double()
+    return x.double() @ w.T
+
+
+def run_native(name: str, blocks: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The native implementation, asserting that it made the native call."""
+    assert N.available(), N.status()
+    rec = N.Recorder()
+    with N.recording(rec):
+        y = quant.qgemv_native(name, blocks, x)
+    assert rec.failed is None, rec.failed
+    assert [c for c, _ in rec.calls] == ["vxc_qgemv"], rec.calls
+    return y
+
+
+SHAPES = [(37, 1), (131, 3), (37, 2), (3, 5), (131, 5), (8, 1)]  # (rows, blocks per row)
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("B", [1, 3])
+@pytest.mark.parametrize("rows, nblk", SHAPES)
+@pytest.mark.parametrize("name", NATIVE)
+def test_native_at_the_floor(name, rows, nblk, B):
+    rng = np.random.default_rng(zlib.crc32(f"{name} {rows} {nblk} {B}".encode()))
+    b = make_blocks(name, rows, nblk, rng)
+    blocks = torch.from_numpy(b)
+    x = torch.from_numpy(rng.standard_normal((B, nblk * ENCODINGS[name].block_size)).astype(np.float32))
+    got = run_native(name, blocks, x)
+    twin = quant.qgemv_twin(name, blocks, x)
+    assert got.dtype == twin.dtype == torch.float32 and got.shape == twin.shape == (B, rows)
+    R.assert_kernel_at_floor(got, twin, oracle(name, b, x), f"{name} {rows}x{nblk} blocks B={B}")
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("B", [2, 4, 5, 9])
+@pytest.mark.parametrize("name", NATIVE)
+def test_more_rows_of_x_than_one_pass(name, B):
+    """B past the register tile (4 rows of x per pass with AVX-512, 2 with AVX2): passes over the same tile."""
+    rng = np.random.default_rng(B)
+    b = make_blocks(name, 37, 2, rng)
+    blocks = torch.from_numpy(b)
+    x = torch.from_numpy(rng.standard_normal((B, 2 * ENCODINGS[name].block_size)).astype(np.float32))
+    got = run_native(name, blocks, x)
+    R.assert_kernel_at_floor(got, quant.qgemv_twin(name, blocks, x), oracle(name, b, x), f"{name} B={B}")
+    # each row of x alone gives the same bits: rows of x never interact
+    for i in range(B):
+        assert torch.equal(run_native(name, blocks, x[i:i + 1].contiguous())[0], got[i])
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("name", NATIVE)
+def test_bf16_activations(name):
+    """bf16 x is widened exactly: the result is the fp32 call's, bit for bit."""
+    rng = np.random.default_rng(7)
+    blocks = torch.from_numpy(make_blocks(name, 37, 3, rng))
+    x = torch.randn(3, 3 * ENCODINGS[name].block_size).to(torch.bfloat16)
+    assert torch.equal(run_native(name, blocks, x), run_native(name, blocks, x.float()))
+
+
+@pytest.mark.native
+def test_extreme_scales():
+    """f16 scales at the ends of the range (subnormal halves, ±65504, signed zeros) decode as gguf-py decodes
+    them: native at the floor of the oracle."""
+    rng = np.random.default_rng(3)
+    extremes = np.array([2.0 ** -24, -(2.0 ** -24), 6.1e-5, 65504.0, -65504.0, 0.0, -0.0, 1e-3, -7.5], dtype=np.float16)
+    for name in NATIVE:
+        e = ENCODINGS[name]
+        b = make_blocks(name, 37, 3, rng).reshape(-1, e.type_size).copy()
+        at = 0
+        for field, width in e.fields:
+            if field.endswith(":f16"):
+                b[:, at:at + 2] = rng.choice(extremes, b.shape[0]).astype(np.float16).reshape(-1, 1).view(np.uint8)
+            at += width
+        b = b.reshape(37, 3 * e.type_size)
+        blocks = torch.from_numpy(b)
+        x = torch.randn(2, 3 * e.block_size)
+        R.assert_kernel_at_floor(run_native(name, blocks, x), quant.qgemv_twin(name, blocks, x),
+                                 oracle(name, b, x), name)
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("name", NATIVE)
+def test_the_op_dispatches_to_native(name):
+    rng = np.random.default_rng(11)
+    blocks = torch.from_numpy(make_blocks(name, 131, 2, rng))
+    x = torch.randn(1, 2 * ENCODINGS[name].block_size)
+    kernels.reset_fallbacks()
+    rec = N.Recorder()
+    with N.recording(rec):
+        y = torch.ops.vxc.qgemv(name, blocks, x)
+    assert rec.failed is None and [c for c, _ in rec.calls] == ["vxc_qgemv"]
+    assert kernels.fallbacks() == {}
+    assert torch.equal(y, quant.qgemv_native(name, blocks, x))
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("name", sorted(set(ENCODINGS) - set(NATIVE)))
+def test_other_encodings_run_the_twin_visibly(name):
+    """The table's other encodings have no native decoder: NotCovered, the twin runs, the fallback is counted."""
+    rng = np.random.default_rng(5)
+    e = ENCODINGS[name]
+    b = rng.integers(0, 256, size=(6, 2 * e.type_size), dtype=np.uint8)
+    for row in b.reshape(-1, e.type_size):  # finite f16 fields
+        at = 0
+        for field, width in e.fields:
+            if field.endswith(":f16"):
+                row[at:at + 2] = np.array([1e-3], dtype=np.float16).view(np.uint8)
+            at += width
+    blocks, x = torch.from_numpy(b), torch.randn(2, 2 * e.block_size)
+    with pytest.raises(kernels.NotCovered, match="native decoder"):
+        quant.qgemv_native(name, blocks, x)
+    kernels.reset_fallbacks()
+    y = torch.ops.vxc.qgemv(name, blocks, x)
+    assert kernels.fallbacks() == {"qgemv": {"native": {quant.ENCODING: 1}}}
+    R.assert_kernel_at_floor(y, quant.qgemv_twin(name, blocks, x), oracle(name, b, x), name)
+    kernels.reset_fallbacks()
+
+
+@pytest.mark.native
+def test_non_contiguous_blocks_are_not_covered():
+    rng = np.random.default_rng(1)
+    full = torch.from_numpy(make_blocks("q8_0", 8, 4, rng))
+    blocks = full[:, :2 * 34]  # a column slice: rows not dense
+    x = torch.randn(1, 64)
+    with pytest.raises(kernels.NotCovered):
+        quant.qgemv_native("q8_0", blocks, x)
+    kernels.reset_fallbacks()
+    torch.testing.assert_close(torch.ops.vxc.qgemv("q8_0", blocks, x), quant.qgemv_twin("q8_0", blocks.contiguous(), x))
+    assert kernels.fallbacks() == {"qgemv": {"native": {N.OPERANDS: 1}}}
+    kernels.reset_fallbacks()
+
+
+@pytest.mark.parametrize("name", NATIVE)
+def test_refusals_name_the_encoding(name):
+    e = ENCODINGS[name]
+    blocks = torch.zeros(4, 2 * e.type_size, dtype=torch.uint8)
+    x = torch.randn(1, 2 * e.block_size)
+    # a row of partial blocks
+    with pytest.raises(GGMLError, match=f"{name}: a row of {2 * e.type_size + 1} bytes is not a whole number"):
+        torch.ops.vxc.qgemv(name, torch.zeros(4, 2 * e.type_size + 1, dtype=torch.uint8), x)
+    # whole blocks, but not x's columns
+    with pytest.raises(GGMLError, match=f"{name}: blocks \\[4, {3 * e.type_size}\\] hold rows of {3 * e.block_size} values"):
+        torch.ops.vxc.qgemv(name, torch.zeros(4, 3 * e.type_size, dtype=torch.uint8), x)
+    with pytest.raises(GGMLError, match=f"{name}: qgemv's blocks must be uint8"):
+        torch.ops.vxc.qgemv(name, blocks.to(torch.int8), x)
+    with pytest.raises(GGMLError, match=f"{name}: qgemv's x must be a floating"):
+        torch.ops.vxc.qgemv(name, blocks, x[0])
+    assert isinstance(GGMLError(""), ValueError)
+
+
+def test_unknown_encoding_is_refused():
+    with pytest.raises(GGMLError, match="unknown ggml block encoding 'q9_0'"):
+        torch.ops.vxc.qgemv("q9_0", torch.zeros(2, 34, dtype=torch.uint8), torch.randn(1, 32))
+
+
+def test_twin_is_the_decoded_matmul():
+    """The twin's weights are gguf-py's decoded values exactly (fp32), so the twin is one fp32 matmul of them."""
+    rng = np.random.default_rng(2)
+    for name in NATIVE:
+        b = make_blocks(name, 5, 2, rng)
+        x = torch.randn(3, 2 * ENCODINGS[name].block_size)
+        w = torch.from_numpy(np.ascontiguousarray(gq.dequantize(b, qtype(name))))
+        torch.testing.assert_close(quant.qgemv_twin(name, torch.from_numpy(b), x), x @ w.T, rtol=0, atol=0)
+
+
+def test_empty_and_opcheck():
+    from torch.library import opcheck
+
+    blocks = torch.from_numpy(make_blocks("q4_0", 6, 2, np.random.default_rng(0)))
+    x = torch.randn(2, 64)
+    opcheck(torch.ops.vxc.qgemv.default, ("q4_0", blocks, x), test_utils=("test_schema", "test_faketensor"))
+    assert torch.ops.vxc.qgemv("q4_0", blocks[:0], x).shape == (2, 0)
+    assert torch.ops.vxc.qgemv("q4_0", blocks, x[:0]).shape == (0, 6)
+
+
+FALLBACK_CHECK = r"""
+import numpy as np, torch
+from tests.codegen import test_qgemv as T
+from vxc.codegen.kernels import native as N
+assert N.available(), N.status()
+for name in T.NATIVE:
+    for rows, nblk, B in ((37, 3, 1), (131, 1, 3), (3, 5, 5)):
+        rng = np.random.default_rng(rows * nblk * B)
+        b = T.make_blocks(name, rows, nblk, rng)
+        x = torch.from_numpy(rng.standard_normal((B, nblk * T.ENCODINGS[name].block_size)).astype(np.float32))
+        blocks = torch.from_numpy(b)
+        T.R.assert_kernel_at_floor(T.run_native(name, blocks, x), T.quant.qgemv_twin(name, blocks, x),
+                                   T.oracle(name, b, x), name)
+print("ok")
+"""
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("flags", ["-mno-avx512f", "-mno-avx512f -mno-avx2 -mno-f16c"])
+def test_fallback_builds(flags):
+    """The AVX2 + FMA build and the scalar one (no F16C either: the portable half conversion) give the same
+    results at the floor. Each builds the library once into the cache (a few seconds)."""
+    if "avx512f" not in Path("/proc/cpuinfo").read_text() and flags == "-mno-avx512f":
+        pytest.skip("this build is the default one here")
+    env = dict(os.environ, VXC_NATIVE_CFLAGS=flags)
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", FALLBACK_CHECK], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-4000:]
