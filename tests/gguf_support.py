@@ -32,13 +32,14 @@ def _quantized(w: np.ndarray, qtype, rng: np.random.Generator) -> np.ndarray:
         block, type_size = gguf.GGML_QUANT_SIZES[qtype]
         rows, cols = w.shape
         raw = rng.integers(0, 256, size=(rows, cols // block, type_size), dtype=np.uint8)
-        scales = (rng.standard_normal((rows, cols // block, 1)) * 0.002).astype(np.float16).view(np.uint8)
+        # scales giving weights of trained magnitude (|w| up to ~0.1: sub-scales x codes reach ~1000 x d)
+        scales = (rng.standard_normal((rows, cols // block, 1)) * 4e-4).astype(np.float16).view(np.uint8)
         if qtype.name == "Q6_K":  # d is the last 2 bytes; 16 int8 scales before it
             raw[..., -2:] = scales
             raw[..., -18:-2] = rng.integers(-20, 20, size=(rows, cols // block, 16)).astype(np.int8).view(np.uint8)
         else:  # Q4_K / Q5_K / Q2_K-style: d, dmin first
             raw[..., 0:2] = scales
-            raw[..., 2:4] = (rng.standard_normal((rows, cols // block, 1)) * 0.001).astype(np.float16).view(np.uint8)
+            raw[..., 2:4] = (rng.standard_normal((rows, cols // block, 1)) * 2e-4).astype(np.float16).view(np.uint8)
         return raw.reshape(rows, cols // block * type_size)
 
 

@@ -74,15 +74,22 @@ def _reference(d: Path, f: P.Family) -> P.Reference:
     return ref
 
 
+@pytest.mark.parametrize("resident", ["encoded", "decoded"])
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_parity_with_transformers_on_the_same_file(lowered, arch, capsys):
+def test_parity_with_transformers_on_the_same_file(lowered, arch, resident, capsys, monkeypatch):
+    """``encoded``: the weights stay as stored blocks, read by qgemv (native on CPU) in every projection, the
+    FFN and the head, and the embedding decodes the rows it gathers; ``decoded``: decoded to fp32 at load."""
+    monkeypatch.setenv("VXC_ENCODED", "1" if resident == "encoded" else "0")
     V = MINI_LLAMA["vocab"]
     f = P.Family(f"gguf-{arch}", build=None, reference="hf", vocab=V, padded_vocab=V)
     p = P.measure(f, lowered[arch], lowered[arch] / "m.vxir", _reference(lowered[arch], f))
     with capsys.disabled():
-        print(f"\n{arch}: {p.row()}")
-    assert p.err <= p.tol and p.err64 <= p.tol, p.row()
-    assert p.err_step <= p.tol, p.row()
+        print(f"\n{arch} ({resident}): {p.row()}")
+    if resident == "decoded":  # the default: at the floor
+        assert p.err <= p.tol and p.err64 <= p.tol, p.row()
+        assert p.err_step <= p.tol, p.row()
+    else:  # opt-in (VXC_ENCODED=1): ggml's accumulation over unrounded weights, measured within 2 tol (1.34 seen)
+        assert p.err64 <= 2 * p.tol and p.err_step <= 2 * p.tol, p.row()
     assert p.argmax == 1.0 and p.excluded < p.positions // 4, p.row()
     assert p.greedy_match and p.distinct >= P.MIN_DISTINCT, (p.greedy_vxc, p.greedy_ref)
     assert p.deterministic
@@ -184,3 +191,18 @@ def test_describe_reports_weight_bytes_per_encoding(lowered, describe_json):
     emb = next(t for t in reader.tensors if t.name == "token_embd.weight")
     row = int(emb.n_bytes) // MINI_LLAMA["vocab"]
     assert w["decode_step_bytes"] == w["total_bytes"] - int(emb.n_bytes) + row
+
+
+def test_encoded_weights_stay_resident_as_stored(lowered, monkeypatch):
+    """With fp32 compute the engine registers each encoded operand's stored blocks — a view of the file's
+    mapping, not a decoded copy — and the lowering reads them with the encoded kernel forms."""
+    monkeypatch.setenv("VXC_ENCODED", "1")
+    eng = P.engine_for(lowered["llama"] / "m.vxir", max_context=64)
+    kernels = {c.kernel for c in eng.lowered["decode"].groups()}
+    assert {"qlinear", "qswiglu", "qembedding"} <= kernels and not {"linear", "swiglu", "embedding"} & kernels
+    blocks = {n: b for n, b in eng.root.named_buffers() if n.startswith("wq_")}
+    assert blocks and all(b.dtype == torch.uint8 for b in blocks.values())
+    mapped = eng.weights.files["w0"].bytes
+    lo, hi = mapped.data_ptr(), mapped.data_ptr() + mapped.numel()
+    assert all(lo <= b.data_ptr() < hi for b in blocks.values())  # zero-copy views of the mapping
+    assert not any(n.startswith("w_") and b.dim() == 2 for n, b in eng.root.named_buffers())  # no decoded matrix

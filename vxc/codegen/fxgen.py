@@ -25,7 +25,7 @@ def _safe(name: str) -> str:
 
 def buffer_name(ref: Any) -> str:
     if isinstance(ref, Weight):
-        return "w_" + _safe(ref.sym)
+        return ("wq_" if ref.encoded else "w_") + _safe(ref.sym)
     if isinstance(ref, StateRef):
         return "s_" + _safe(ref.id)
     if isinstance(ref, RopeRef):

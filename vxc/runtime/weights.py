@@ -143,6 +143,14 @@ class Weights:
         x = x.to(device)
         return x if x.is_contiguous() else x.contiguous()
 
+    def encoded(self, o: Operand, device: torch.device | str) -> torch.Tensor:
+        """The stored blocks of a ggml-encoded operand, as stored (u8 [..., rows, row_bytes]; a zero-copy view of
+        the mapping on CPU), for the kernels that read the encoding."""
+        if not _is_ggml(o.encoding or "") or o.transforms:
+            raise WeightError(f"operand %{o.sym}: not a ggml-encoded operand without views")
+        x = self.stored(o.sources[0], copy=str(device) != "cpu")
+        return x.to(device) if str(device) != "cpu" else x
+
     def nbytes(self) -> int:
         return sum(math.prod(t.stored_shape) for t in self.tensors.values())
 

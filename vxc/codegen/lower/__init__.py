@@ -32,9 +32,11 @@ class Unsupported(Exception):
     pass
 
 
-def lower_plan(g: nx.DiGraph, variant: str) -> Lowered:
+def lower_plan(g: nx.DiGraph, variant: str, encoded_weights: bool = False) -> Lowered:
+    """``encoded_weights``: operands declaring a ggml encoding stay as stored blocks, read by the encoded
+    kernel forms (qlinear, qswiglu, qembedding; fp32 compute); otherwise they are decoded at load."""
     assert variant in VARIANTS
-    e = Emitter(variant)
+    e = Emitter(variant, encoded_weights)
     hidden: Val | None = None  # output of the last op; the norms carry the residual stream (e.residual)
     for p in plan_ops(g):
         fn = LOWERINGS.get(p.kind)

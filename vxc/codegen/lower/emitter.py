@@ -23,9 +23,10 @@ from ...passes.plan import PlanOp, region_id
 @dataclass
 class Weight:
     sym: str  # operand symbol
+    encoded: bool = False  # the operand's stored blocks, as stored (a kernel reading its declared encoding)
 
     def __str__(self) -> str:
-        return f"%{self.sym}"
+        return f"%{self.sym}" + (" (encoded)" if self.encoded else "")
 
 
 @dataclass
@@ -90,8 +91,13 @@ ROPE_KEYS = ("rotary_dim", "rotary_base", "rope_type", "rope_factor", "rope_low_
              "rope_truncate")
 
 
+# plain kernel -> its form over ggml block-encoded weights, and which arguments are weights
+ENCODED_FORMS = {"linear": ("qlinear", (1,)), "swiglu": ("qswiglu", (1, 2, 3)), "embedding": ("qembedding", (1,))}
+
+
 class Emitter:
-    def __init__(self, variant: str):
+    def __init__(self, variant: str, encoded_weights: bool = False):
+        self.encoded_weights = encoded_weights  # keep ggml-encoded operands as stored blocks (fp32 compute)
         self.out = Lowered(variant)
         self.n = 0
         self.decode = variant == "decode"
@@ -102,9 +108,33 @@ class Emitter:
         return f"{hint}{self.n}"
 
     def kernel(self, p: PlanOp, kernel: str, args: list, note: str, nouts: int = 1, hint: str = "v") -> list[Val]:
+        if self.encoded_weights and kernel in ENCODED_FORMS:
+            kernel, args, note = self._encoded(p, kernel, args, note)
         outs = [self.fresh(hint) for _ in range(nouts)]
         self.out.calls.append(Call(outs, kernel, args, p.id, note))
         return [Val(o) for o in outs]
+
+    def _encoded(self, p: PlanOp, kernel: str, args: list, note: str) -> tuple[str, list, str]:
+        """The encoded form of a projection / FFN / gather whose weights all declare a ggml encoding: each weight
+        argument becomes (its encoding, its stored blocks). Anything else is emitted as written."""
+        from ...ir.views import _ggml
+
+        form, positions = ENCODED_FORMS[kernel]
+        by_sym = {o.sym: o for o in p.operands.values()}
+        encs = []
+        for i in positions:
+            w = args[i]
+            o = by_sym.get(w.sym) if isinstance(w, Weight) else None
+            if o is None or o.encoding not in _ggml() or o.transforms:
+                return kernel, args, note
+            encs.append(o.encoding)
+        out: list = []
+        for i, a in enumerate(args):
+            if i in positions:
+                out += [encs[positions.index(i)], Weight(a.sym, encoded=True)]
+            else:
+                out.append(a)
+        return form, out, f"{note} ({', '.join(encs)} blocks)"
 
     def glue(self, p: PlanOp, method: str, args: list, nouts: int = 1, hint: str = "g") -> list[Val]:
         outs = [self.fresh(hint) for _ in range(nouts)]
