@@ -164,10 +164,7 @@ def _state_case(edit, message_dtype: str | None = None) -> Callable[[Env], list]
     """Save a real state from the miniature (sampling, so it carries an RNG state), break it, resume from it."""
     def args(env: Env) -> list:
         ir = env.ir()
-        good = env.root / "good.state"
-        r = subprocess.run([PYTHON, "-m", "vxc.cli", "exec", str(ir), "--tokens", "1,2,3", "--max-new-tokens", "2",
-                            "--temperature", "0.8", "--save-state", str(good), "--json"], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
+        good = env.sources["good.state"]  # saved once per module from the same miniature
         from safetensors import safe_open
         from safetensors.torch import save_file
 
@@ -332,6 +329,11 @@ def corpus_sources(tmp_path_factory) -> dict[str, Path]:
     r = subprocess.run([PYTHON, "-m", "vxc.cli", "lower", str(run), "-o", str(ir)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     src = {"mamba": mamba, "run": run, "run.vxir": ir}
+    good = root / "good.state"  # a real state (sampling: it carries an RNG state), broken by the state cases
+    r = subprocess.run([PYTHON, "-m", "vxc.cli", "exec", str(ir), "--tokens", "1,2,3", "--max-new-tokens", "2",
+                        "--temperature", "0.8", "--save-state", str(good), "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    src["good.state"] = good
     # 4 kv heads x 12 x (K, V) x 2 layers x 4 bytes + rotary tables: 848 bytes per position, 13 GiB at 2**24
     src["llama"] = builders.hf_header_only(root / "llama", {"model_type": "llama", **builders.MINI_HF["llama"],
                                                             "num_key_value_heads": 4}, dtype="F32")
