@@ -262,3 +262,74 @@ def test_fallback_builds(flags):
     r = subprocess.run([sys.executable, "-c", FALLBACK_CHECK], cwd=root, env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-4000:]
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("rows, nblk", [(37, 1), (131, 3), (3, 5)])
+@pytest.mark.parametrize("name", NATIVE)
+def test_native_decode_bit_exact(name, rows, nblk):
+    """``vxc_qdequant`` (the prefill tiles' decoder, and the weights the GEMV forms in registers) gives every
+    weight exactly as gguf-py's ``dequantize``, extreme f16 scales included."""
+    rng = np.random.default_rng(zlib.crc32(f"decode {name} {rows} {nblk}".encode()))
+    e = ENCODINGS[name]
+    b = make_blocks(name, rows, nblk, rng).reshape(-1, e.type_size).copy()
+    extremes = np.array([2.0 ** -24, -(2.0 ** -24), 6.1e-5, 65504.0, -65504.0, -0.0, 1e-3, -7.5], dtype=np.float16)
+    at = 0
+    for field, width in e.fields:
+        if field.endswith(":f16"):
+            pick = rng.random(b.shape[0]) < 0.3
+            b[pick, at:at + 2] = rng.choice(extremes, int(pick.sum())).astype(np.float16).reshape(-1, 1).view(np.uint8)
+        at += width
+    b = b.reshape(rows, nblk * e.type_size)
+    want = np.ascontiguousarray(gq.dequantize(b, qtype(name))).astype(np.float32)
+    got = quant.dequantize_native(name, torch.from_numpy(b)).numpy()
+    assert got.shape == want.shape
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    assert same.all(), f"{name}: {int((~same).sum())} weights differ from gguf-py's decode"
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("name", ["q4_0", "q4_k", "q6_k"])
+def test_fp32_rows_at_the_floor_past_one_register_pass(name):
+    """A prefill's many fp32 rows of x run in registers (never the tiled GEMM) and stay at the fp32 floor."""
+    rng = np.random.default_rng(11)
+    b = make_blocks(name, 21, 2, rng)
+    blocks = torch.from_numpy(b)
+    x = torch.from_numpy(rng.standard_normal((quant.TILED_FROM + 7, 2 * ENCODINGS[name].block_size)).astype(np.float32))
+    got = run_native(name, blocks, x)
+    R.assert_kernel_at_floor(got, quant.qgemv_twin(name, blocks, x), oracle(name, b, x), f"{name} fp32 prefill")
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("name", ["q8_0", "q4_1", "q4_k"])
+def test_bf16_prefill_tiles(name):
+    """From TILED_FROM bf16 rows of x, tiles of rows are decoded (vxc_qdequant) and multiplied by torch's bf16
+    GEMM. Against the fp64 product of the same x with the weights rounded to bf16 (what decoding at load
+    gives): within one rounding of the result to bf16 (2^-8 relative, fp32 accumulation) plus an
+    fp32-accumulation term."""
+    assert N.available(), N.status()
+    dtype = torch.bfloat16
+    rng = np.random.default_rng(5)
+    rows = 300  # five tiles of 64 rows (TILE_BYTES forced small below), the last partial
+    b = make_blocks(name, rows, 3, rng)
+    blocks = torch.from_numpy(b)
+    cols = 3 * ENCODINGS[name].block_size
+    x = torch.from_numpy(rng.standard_normal((quant.TILED_FROM + 3, cols)).astype(np.float32)).to(dtype)
+    old = quant.TILE_BYTES
+    quant.TILE_BYTES = 64 * cols * 4  # 64 rows a tile: five tiles, the last partial
+    try:
+        rec = N.Recorder()
+        with N.recording(rec):
+            got = quant.qgemv_native(name, blocks, x)
+    finally:
+        quant.TILE_BYTES = old
+    assert [c for c, _ in rec.calls] == ["vxc_qdequant"] * 5, rec.calls
+    assert rec.failed is not None  # a step with torch's GEMM in it is never replayed
+    assert got.dtype == torch.float32 and got.shape == (x.shape[0], rows)
+    wh = torch.from_numpy(np.ascontiguousarray(gq.dequantize(b, qtype(name)))).to(dtype).double()
+    exact = x.double() @ wh.T
+    scale = x.double().abs() @ wh.abs().T
+    rel = 2.0 ** -8
+    err = (got.double() - exact).abs()
+    bound = rel * exact.abs() + 1e-6 * scale + 1e-30
+    assert bool((err <= bound).all()), f"{name} {dtype}: worst excess {float((err - bound).max()):.3e}"

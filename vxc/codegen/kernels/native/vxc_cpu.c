@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 12
+#define VXC_ABI_VERSION 13
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -851,11 +851,15 @@ void vxc_moe_ffn_step(const void *x, const int64_t *experts, const float *weight
  *   4 q6_k 256 values, 210 bytes: ql[128], qh[64], int8 scales[16], f16 d; per 128-value half h, group k of
  *          32: low (k < 2) / high nibble of ql[64h + 32 (k & 1) ..], bits 2k..2k+1 of qh[32h ..];
  *          scale s_j per 16 values                                               w = (d s_j) (q - 32)
- * fp32 arithmetic, as ggml's reference dot products: the integer values times x are summed within a group
- * (32 values; 16 for q6_k), the sum multiplied by the group's scale (d, or d sc_j for the k-quants) and
- * accumulated; the mins (q4_1's m, q4_k's dmin m_j) multiply the group sums of x, computed once per call.
- * Rows run in tiles of four over OpenMP threads (as vxc_gemv); each tile's scales are decoded once and its
- * bytes read from memory once for all B rows of x (in groups of QG: the accumulators stay in registers). */
+ * Each weight is decoded in registers to the fp32 value gguf.quants.dequantize gives it (w = s q + mn: the
+ * group's scale s — d, or d sc_j for the k-quants — times the integer is exact, then one rounding adding the
+ * min mn — q4_1's m, q4_k's -dmin m_j), and y accumulates w x in fp32 like any fp32 GEMV: the result is the
+ * fp32 product with the dequantised matrix, up to summation order (ggml's own dot products instead sum the
+ * integers times x per group and scale the sum, and split off the mins: that rounds differently, at ~1.3x
+ * the floor tolerance of the fp32 reference on the miniatures). Rows run in tiles of four over OpenMP threads
+ * (as vxc_gemv); each tile's scales are decoded once and its bytes read from memory once for all B rows of x
+ * (in groups of QG: the accumulators stay in registers). vxc_qdequant decodes a range of rows to fp32 the same
+ * way (the prefill path: a few rows at a time into a fast GEMM). */
 
 enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q_COUNT = 5 };
 static const long Q_BLOCK[Q_COUNT] = {32, 32, 32, 256, 256};  /* values per block */
@@ -926,7 +930,8 @@ static inline __attribute__((always_inline)) void q_row_scales(int enc, const ui
             __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
             __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m)));
             _mm256_storeu_ps(s + 8 * i, _mm256_mul_ps(_mm256_set1_ps(h2f(b)), scf));
-            _mm256_storeu_ps(mn + 8 * i, _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(_mm256_set1_ps(h2f(b + 2)), mf)));
+            /* -(dmin m): a sign flip (0 - v would turn -0 into +0, and dmin m = +0 must give -0 as the reference's d q - 0) */
+            _mm256_storeu_ps(mn + 8 * i, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(h2f(b + 2)), mf), _mm256_set1_ps(-0.0f)));
         }
     } else {
         for (; i < nblk; i++) {
@@ -988,80 +993,80 @@ static inline void q_group_ints(int enc, const uint8_t *row, long g, int8_t q[32
 #if defined(__AVX512F__)
 #define QG 4 /* rows of x per pass over a tile */
 #define QU(enc) ((enc) == Q4_K ? 2 : 1) /* groups of 32 per decode unit */
-/* Unit u (QU groups of 32 values) of a row as floats, 16 per vector in element order. The 4-bit formats
- * widen 16 bytes to 16 dwords once and look both nibbles up in a 16-entry table (vpermps reads an index's
- * low 4 bits: the low nibble as it stands, the high one after a shift): on Zen 4 this beats masking and
- * widening each nibble half separately (1.5 vs 1.9 ns per 32 values and row, one core). */
-static inline __attribute__((always_inline)) void q_dec512(int enc, const uint8_t *row, long u, __m512 *w) {
+/* Unit u (QU groups of 32 values) of a row as its fp32 weights, 16 per vector in element order, each rounded
+ * as gguf.quants.dequantize rounds it (w = s q + mn, s q exact, then one rounding: an fma gives the same).
+ * The 4-bit formats look both nibbles up in a 16-entry table of the group's weights (s k + mn for k = 0..15,
+ * one fma per 32 values; vpermps reads an index's low 4 bits: the low nibble as it stands, the high one after
+ * a shift); q8_0 and q6_k widen their integers and scale them. s, mn: the row's group scales and mins. */
+static inline __attribute__((always_inline)) void q_w512(int enc, const uint8_t *row, long u, const float *s,
+                                                          const float *mn, __m512 *w) {
     if (enc == Q8_0) {
         const uint8_t *p = row + 34 * u + 2;
-        w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-        w[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16))));
+        __m512 sv = _mm512_set1_ps(s[u]);
+        w[0] = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))));
+        w[1] = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)))));
     } else if (enc == Q4_0 || enc == Q4_1) {
-        const __m512 lut = enc == Q4_0 ? _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
-                                       : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512 k = enc == Q4_0 ? _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
+                                     : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        __m512 lut = enc == Q4_0 ? _mm512_mul_ps(_mm512_set1_ps(s[u]), k)
+                                 : _mm512_fmadd_ps(_mm512_set1_ps(s[u]), k, _mm512_set1_ps(mn[u]));
         __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(enc == Q4_0 ? row + 18 * u + 2 : row + 20 * u + 4)));
         w[0] = _mm512_permutexvar_ps(v, lut);
         w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
     } else if (enc == Q4_K) { /* sub-blocks 2p (low nibbles) and 2p + 1 (high) of super-block u / 4 */
-        const __m512 lut = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        __m512 lut0 = _mm512_fmadd_ps(_mm512_set1_ps(s[2 * u]), k, _mm512_set1_ps(mn[2 * u]));
+        __m512 lut1 = _mm512_fmadd_ps(_mm512_set1_ps(s[2 * u + 1]), k, _mm512_set1_ps(mn[2 * u + 1]));
         const uint8_t *p = row + 144 * (u >> 2) + 16 + 32 * (u & 3);
         __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
         __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)));
-        w[0] = _mm512_permutexvar_ps(v0, lut);
-        w[1] = _mm512_permutexvar_ps(v1, lut);
-        w[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), lut);
-        w[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), lut);
-    } else { /* q6_k: the 6-bit values assembled 32 bytes at a time (256-bit byte ops), then widened */
-        long j = u & 7, h = j >> 2, k = j & 3;
-        const uint8_t *bl = row + 210 * (u >> 3), *ql = bl + 64 * h + 32 * (k & 1), *qh = bl + 128 + 32 * h;
-        __m128i ns = _mm_cvtsi32_si128(4 * (int)(k >> 1)), hs = _mm_cvtsi32_si128(2 * (int)k);
+        w[0] = _mm512_permutexvar_ps(v0, lut0);
+        w[1] = _mm512_permutexvar_ps(v1, lut0);
+        w[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), lut1);
+        w[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), lut1);
+    } else { /* q6_k: the 6-bit values assembled 32 bytes at a time (256-bit byte ops), widened, scaled per 16 */
+        long j = u & 7, h = j >> 2, kk = j & 3;
+        const uint8_t *bl = row + 210 * (u >> 3), *ql = bl + 64 * h + 32 * (kk & 1), *qh = bl + 128 + 32 * h;
+        __m128i ns = _mm_cvtsi32_si128(4 * (int)(kk >> 1)), hs = _mm_cvtsi32_si128(2 * (int)kk);
         __m256i l = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)ql), ns), _mm256_set1_epi8(15));
         __m256i hh = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh), hs), _mm256_set1_epi8(3));
         __m256i q = _mm256_sub_epi8(_mm256_or_si256(l, _mm256_slli_epi16(hh, 4)), _mm256_set1_epi8(32));
-        w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
-        w[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+        w[0] = _mm512_mul_ps(_mm512_set1_ps(s[2 * u]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))));
+        w[1] = _mm512_mul_ps(_mm512_set1_ps(s[2 * u + 1]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))));
     }
 }
 
-/* R (1 or 4) rows from W (stride rb bytes) against NB (1..QG) rows of x (stride cols): out[r][b] = the scaled
- * group sums (mins excluded). s: the rows' group scales (stride ns). */
+/* the weights of unit u stored to out (32 QU floats) */
+static inline __attribute__((always_inline)) void q_wunit(int enc, const uint8_t *row, long u, const float *s,
+                                                           const float *mn, float *out) {
+    __m512 w[4];
+    q_w512(enc, row, u, s, mn, w);
+    for (int i = 0; i < 2 * QU(enc); i++) _mm512_storeu_ps(out + 16 * i, w[i]);
+}
+
+/* R (1 or 4) rows from W (stride rb bytes) against NB (1..QG) rows of x (stride cols): out[r][b] = sum_c
+ * W[r, c] x[b, c], the weights decoded once per unit for all NB rows. s, mn: the rows' group scales and mins
+ * (strides ns, nm). */
 static inline __attribute__((always_inline)) void q_tile(int enc, const uint8_t *W, long rb, int R, const float *x,
-                                                          long cols, int NB, const float *s, long ns, float out[4][QG]) {
+                                                          long cols, int NB, const float *s, long ns, const float *mn,
+                                                          long nm, float out[4][QG]) {
     __m512 acc[4][QG];
     for (int r = 0; r < R; r++)
         for (int b = 0; b < NB; b++) acc[r][b] = _mm512_setzero_ps();
-    const int U = QU(enc), NV = 2 * U; /* groups and vectors per unit */
-    long nu = cols / (32 * U);
+    const int NV = 2 * QU(enc); /* vectors per unit */
+    long nu = cols / (32 * QU(enc));
     for (long u = 0; u < nu; u++) {
-        const float *xu = x + 32 * U * u;
+        const float *xu = x + 32 * QU(enc) * u;
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             __m512 w[4];
             const uint8_t *row = W + r * rb;
-            if (R == 4) _mm_prefetch((const char *)(row + 4 * rb + u * U * Q_TSIZE[enc] * 32 / Q_BLOCK[enc]), _MM_HINT_T0);
-            q_dec512(enc, row, u, w);
-            const float *sr = s + r * ns;
-            if (enc == Q6_K) { /* a scale per 16 values: per vector */
-                __m512 s0 = _mm512_set1_ps(sr[2 * u]), s1 = _mm512_set1_ps(sr[2 * u + 1]);
+            if (R == 4) _mm_prefetch((const char *)(row + 4 * rb + u * QU(enc) * Q_TSIZE[enc] * 32 / Q_BLOCK[enc]), _MM_HINT_T0);
+            q_w512(enc, row, u, s + r * ns, mn + r * nm, w);
 #pragma GCC unroll 4
-                for (int b = 0; b < NB; b++) {
-                    acc[r][b] = _mm512_fmadd_ps(s0, _mm512_mul_ps(w[0], _mm512_loadu_ps(xu + b * cols)), acc[r][b]);
-                    acc[r][b] = _mm512_fmadd_ps(s1, _mm512_mul_ps(w[1], _mm512_loadu_ps(xu + b * cols + 16)), acc[r][b]);
-                }
-            } else { /* a scale per 32 values: per pair of vectors */
-#pragma GCC unroll 2
-                for (int i = 0; i < NV / 2; i++) {
-                    __m512 sv = _mm512_set1_ps(sr[U * u + i]);
+            for (int b = 0; b < NB; b++)
 #pragma GCC unroll 4
-                    for (int b = 0; b < NB; b++) {
-                        const float *xb = xu + b * cols + 32 * i;
-                        __m512 t = _mm512_mul_ps(w[2 * i], _mm512_loadu_ps(xb));
-                        t = _mm512_fmadd_ps(w[2 * i + 1], _mm512_loadu_ps(xb + 16), t);
-                        acc[r][b] = _mm512_fmadd_ps(sv, t, acc[r][b]);
-                    }
-                }
-            }
+                for (int i = 0; i < NV; i++) acc[r][b] = _mm512_fmadd_ps(w[i], _mm512_loadu_ps(xu + b * cols + 16 * i), acc[r][b]);
         }
     }
     for (int r = 0; r < R; r++)
@@ -1073,8 +1078,11 @@ static inline __m256 q_cvt8(__m128i v, int sign) { /* the low 8 bytes of v as 8 
     return _mm256_cvtepi32_ps(sign ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
 }
 
-/* group g's 32 values as four vectors of 8 floats */
-static inline __attribute__((always_inline)) void q_dec256(int enc, const uint8_t *row, long g, __m256 w[4]) {
+/* group g's 32 weights as four vectors of 8 floats, rounded as gguf.quants.dequantize rounds them: the integer
+ * values (offsets taken off), times the group's scale (per 16 values for q6_k), plus its min (q4_1, q4_k; an
+ * fma: s q is exact, so one rounding either way) */
+static inline __attribute__((always_inline)) void q_w256(int enc, const uint8_t *row, long g, const float *s,
+                                                          const float *mn, __m256 w[4]) {
     __m128i a, b, m4 = _mm_set1_epi8(15);
     if (enc == Q8_0) {
         const uint8_t *p = row + 34 * g + 2;
@@ -1112,10 +1120,34 @@ static inline __attribute__((always_inline)) void q_dec256(int enc, const uint8_
     w[1] = q_cvt8(_mm_unpackhi_epi64(a, a), sign);
     w[2] = q_cvt8(b, sign);
     w[3] = q_cvt8(_mm_unpackhi_epi64(b, b), sign);
+    if (enc == Q6_K) {
+        __m256 s0 = _mm256_set1_ps(s[2 * g]), s1 = _mm256_set1_ps(s[2 * g + 1]);
+        w[0] = _mm256_mul_ps(s0, w[0]);
+        w[1] = _mm256_mul_ps(s0, w[1]);
+        w[2] = _mm256_mul_ps(s1, w[2]);
+        w[3] = _mm256_mul_ps(s1, w[3]);
+    } else {
+        __m256 sv = _mm256_set1_ps(s[g]);
+        if (enc == Q4_1 || enc == Q4_K) {
+            __m256 mv = _mm256_set1_ps(mn[g]);
+            for (int i = 0; i < 4; i++) w[i] = _mm256_fmadd_ps(sv, w[i], mv);
+        } else {
+            for (int i = 0; i < 4; i++) w[i] = _mm256_mul_ps(sv, w[i]);
+        }
+    }
+}
+
+#define QU(enc) 1
+static inline __attribute__((always_inline)) void q_wunit(int enc, const uint8_t *row, long g, const float *s,
+                                                           const float *mn, float *out) {
+    __m256 w[4];
+    q_w256(enc, row, g, s, mn, w);
+    for (int i = 0; i < 4; i++) _mm256_storeu_ps(out + 8 * i, w[i]);
 }
 
 static inline __attribute__((always_inline)) void q_tile(int enc, const uint8_t *W, long rb, int R, const float *x,
-                                                          long cols, int NB, const float *s, long ns, float out[4][QG]) {
+                                                          long cols, int NB, const float *s, long ns, const float *mn,
+                                                          long nm, float out[4][QG]) {
     __m256 acc[4][QG];
     for (int r = 0; r < R; r++)
         for (int b = 0; b < NB; b++) acc[r][b] = _mm256_setzero_ps();
@@ -1127,28 +1159,10 @@ static inline __attribute__((always_inline)) void q_tile(int enc, const uint8_t 
             __m256 w[4];
             const uint8_t *row = W + r * rb;
             if (R == 4) _mm_prefetch((const char *)(row + 4 * rb + g * Q_TSIZE[enc] * 32 / Q_BLOCK[enc]), _MM_HINT_T0);
-            q_dec256(enc, row, g, w);
-            if (enc == Q6_K) {
-                __m256 s0 = _mm256_set1_ps(s[r * ns + 2 * g]), s1 = _mm256_set1_ps(s[r * ns + 2 * g + 1]);
+            q_w256(enc, row, g, s + r * ns, mn + r * nm, w);
 #pragma GCC unroll 4
-                for (int b = 0; b < NB; b++) {
-                    const float *xb = xg + b * cols;
-                    __m256 t0 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), _mm256_mul_ps(w[0], _mm256_loadu_ps(xb)));
-                    __m256 t1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), _mm256_mul_ps(w[2], _mm256_loadu_ps(xb + 16)));
-                    acc[r][b] = _mm256_fmadd_ps(s1, t1, _mm256_fmadd_ps(s0, t0, acc[r][b]));
-                }
-            } else {
-                __m256 sv = _mm256_set1_ps(s[r * ns + g]);
-#pragma GCC unroll 4
-                for (int b = 0; b < NB; b++) {
-                    const float *xb = xg + b * cols;
-                    __m256 t = _mm256_mul_ps(w[0], _mm256_loadu_ps(xb));
-                    t = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), t);
-                    t = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), t);
-                    t = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), t);
-                    acc[r][b] = _mm256_fmadd_ps(sv, t, acc[r][b]);
-                }
-            }
+            for (int b = 0; b < NB; b++)
+                for (int i = 0; i < 4; i++) acc[r][b] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xg + b * cols + 8 * i), acc[r][b]);
         }
     }
     for (int r = 0; r < R; r++)
@@ -1161,25 +1175,31 @@ static inline __attribute__((always_inline)) void q_tile(int enc, const uint8_t 
 }
 #else
 #define QG 4
+#define QU(enc) 1
+/* group g's 32 weights, rounded as gguf.quants.dequantize rounds them (s q exact, then + mn) */
+static inline void q_wunit(int enc, const uint8_t *row, long g, const float *s, const float *mn, float *out) {
+    int8_t q[32];
+    q_group_ints(enc, row, g, q);
+    for (int i = 0; i < 32; i++) {
+        float sc = enc == Q6_K ? s[2 * g + (i >> 4)] : s[g];
+        float v = sc * (float)q[i];
+        out[i] = (enc == Q4_1 || enc == Q4_K) ? v + mn[g] : v;
+    }
+}
+
 static inline void q_tile(int enc, const uint8_t *W, long rb, int R, const float *x, long cols, int NB,
-                          const float *s, long ns, float out[4][QG]) {
+                          const float *s, long ns, const float *mn, long nm, float out[4][QG]) {
     long ng = cols / 32;
     for (int r = 0; r < R; r++) {
         float acc[QG] = {0};
         for (long g = 0; g < ng; g++) {
-            int8_t q[32];
-            q_group_ints(enc, W + r * rb, g, q);
+            float w[32];
+            q_wunit(enc, W + r * rb, g, s + r * ns, mn + r * nm, w);
             for (int b = 0; b < NB; b++) {
                 const float *xb = x + b * cols + 32 * g;
-                if (enc == Q6_K) {
-                    float t0 = 0.0f, t1 = 0.0f;
-                    for (int i = 0; i < 16; i++) { t0 += (float)q[i] * xb[i]; t1 += (float)q[i + 16] * xb[i + 16]; }
-                    acc[b] += s[r * ns + 2 * g] * t0 + s[r * ns + 2 * g + 1] * t1;
-                } else {
-                    float t = 0.0f;
-                    for (int i = 0; i < 32; i++) t += (float)q[i] * xb[i];
-                    acc[b] += s[r * ns + g] * t;
-                }
+                float t = 0.0f;
+                for (int i = 0; i < 32; i++) t += w[i] * xb[i];
+                acc[b] += t;
             }
         }
         for (int b = 0; b < NB; b++) out[r][b] = acc[b];
@@ -1189,19 +1209,19 @@ static inline void q_tile(int enc, const uint8_t *W, long rb, int R, const float
 
 /* q_tile with NB as a constant (each value its own unrolled loop nest), R = 4 */
 static inline __attribute__((always_inline)) void q_tile4(int enc, const uint8_t *W, long rb, const float *xb, long cols,
-                                                           int nb, const float *s, long ns, float out[4][QG]) {
-    if (nb == 1) q_tile(enc, W, rb, 4, xb, cols, 1, s, ns, out);
-    else if (nb == 2) q_tile(enc, W, rb, 4, xb, cols, 2, s, ns, out);
+                                                           int nb, const float *s, long ns, const float *mn, long nm,
+                                                           float out[4][QG]) {
+    if (nb == 1) q_tile(enc, W, rb, 4, xb, cols, 1, s, ns, mn, nm, out);
+    else if (nb == 2) q_tile(enc, W, rb, 4, xb, cols, 2, s, ns, mn, nm, out);
 #if QG == 4
-    else if (nb == 3) q_tile(enc, W, rb, 4, xb, cols, 3, s, ns, out);
+    else if (nb == 3) q_tile(enc, W, rb, 4, xb, cols, 3, s, ns, mn, nm, out);
 #endif
-    else q_tile(enc, W, rb, 4, xb, cols, QG, s, ns, out);
+    else q_tile(enc, W, rb, 4, xb, cols, QG, s, ns, mn, nm, out);
 }
 
-/* one tile of R <= 4 rows from r0 against all B rows of x; s, mn: scratch for the tile's scales */
-static inline __attribute__((always_inline)) void q_rows_tile(int enc, const uint8_t *W, const float *x, const float *xsum,
-                                                               float *y, long rows, long cols, long B, long r0,
-                                                               float *s, float *mn) {
+/* one tile of R <= 4 rows from r0 against all B rows of x; s, mn: scratch for the tile's scales and mins */
+static inline __attribute__((always_inline)) void q_rows_tile(int enc, const uint8_t *W, const float *x, float *y,
+                                                               long rows, long cols, long B, long r0, float *s, float *mn) {
     long rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], ng = cols / 32, ns = enc == Q6_K ? cols / 16 : ng;
     long R = rows - r0 < 4 ? rows - r0 : 4;
     const uint8_t *Wt = W + r0 * rb;
@@ -1211,27 +1231,17 @@ static inline __attribute__((always_inline)) void q_rows_tile(int enc, const uin
         const float *xb = x + b0 * cols;
         float out[4][QG];
         if (R == 4) {
-            q_tile4(enc, Wt, rb, xb, cols, nb, s, ns, out);
+            q_tile4(enc, Wt, rb, xb, cols, nb, s, ns, mn, ng, out);
         } else { /* the last rows of a matrix: one row and one row of x at a time */
             for (long r = 0; r < R; r++)
                 for (int b = 0; b < nb; b++) {
                     float o1[4][QG];
-                    q_tile(enc, Wt + r * rb, rb, 1, xb + b * cols, cols, 1, s + r * ns, ns, o1);
+                    q_tile(enc, Wt + r * rb, rb, 1, xb + b * cols, cols, 1, s + r * ns, ns, mn + r * ng, ng, o1);
                     out[r][b] = o1[0][0];
                 }
         }
         for (long r = 0; r < R; r++)
-            for (int b = 0; b < nb; b++) {
-                float v = out[r][b];
-                if (enc == Q4_1 || enc == Q4_K) { /* + sum_g mn_g xsum_g */
-                    const float *m = mn + r * ng, *xs = xsum + (b0 + b) * ng;
-                    float t = 0.0f;
-#pragma omp simd reduction(+ : t)
-                    for (long g = 0; g < ng; g++) t += m[g] * xs[g];
-                    v += t;
-                }
-                y[(b0 + b) * rows + r0 + r] = v;
-            }
+            for (int b = 0; b < nb; b++) y[(b0 + b) * rows + r0 + r] = out[r][b];
     }
 }
 
@@ -1240,17 +1250,10 @@ static inline __attribute__((always_inline)) void q_rows_tile(int enc, const uin
  * the block (checked by the caller, as enc < Q_COUNT). */
 void vxc_qgemv(int enc, const void *W, const void *x, float *y, long rows, long cols, long B, int bf) {
     if (enc < 0 || enc >= Q_COUNT || rows <= 0 || B <= 0) return;
-    long ng = cols / 32;
+    long ng = cols / 32, ns = enc == Q6_K ? cols / 16 : ng;
     float *xf = bf ? (float *)malloc((size_t)(B * cols) * sizeof(float)) : NULL;
-    float *xsum = (float *)malloc((size_t)(B * ng + 1) * sizeof(float));
     if (bf) load_row(x, 0, B * cols, 1, xf);
     const float *xx = bf ? xf : (const float *)x;
-    for (long i = 0; i < (enc == Q4_1 || enc == Q4_K ? B * ng : 0); i++) { /* the mins' sums of x */
-        float t = 0.0f;
-        for (int k = 0; k < 32; k++) t += xx[32 * i + k];
-        xsum[i] = t;
-    }
-    long ns = enc == Q6_K ? cols / 16 : ng;
 #pragma omp parallel
     {
         float *s = (float *)malloc((size_t)(4 * (ns + ng) + 1) * sizeof(float)), *mn = s + 4 * ns;
@@ -1258,15 +1261,45 @@ void vxc_qgemv(int enc, const void *W, const void *x, float *y, long rows, long 
 #pragma omp for schedule(static)
         for (long r0 = 0; r0 < rows; r0 += 4) {
             switch (enc) { /* a tile specialised per encoding (inside the parallel region: constants there) */
-            case Q8_0: q_rows_tile(Q8_0, Wb, xx, xsum, y, rows, cols, B, r0, s, mn); break;
-            case Q4_0: q_rows_tile(Q4_0, Wb, xx, xsum, y, rows, cols, B, r0, s, mn); break;
-            case Q4_1: q_rows_tile(Q4_1, Wb, xx, xsum, y, rows, cols, B, r0, s, mn); break;
-            case Q4_K: q_rows_tile(Q4_K, Wb, xx, xsum, y, rows, cols, B, r0, s, mn); break;
-            default: q_rows_tile(Q6_K, Wb, xx, xsum, y, rows, cols, B, r0, s, mn); break;
+            case Q8_0: q_rows_tile(Q8_0, Wb, xx, y, rows, cols, B, r0, s, mn); break;
+            case Q4_0: q_rows_tile(Q4_0, Wb, xx, y, rows, cols, B, r0, s, mn); break;
+            case Q4_1: q_rows_tile(Q4_1, Wb, xx, y, rows, cols, B, r0, s, mn); break;
+            case Q4_K: q_rows_tile(Q4_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
+            default: q_rows_tile(Q6_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             }
         }
         free(s);
     }
-    free(xsum);
     free(xf);
+}
+
+/* rows [r0, r1) of W decoded to fp32 (out [r1 - r0, cols], row-major), each weight exactly as
+ * gguf.quants.dequantize gives it: the prefill path decodes a few rows at a time and multiplies them by a
+ * fast GEMM (never the whole matrix at once) */
+static inline __attribute__((always_inline)) void q_dequant_row(int enc, const uint8_t *row, long cols, float *o, float *s, float *mn) {
+    long nu = cols / (32 * QU(enc));
+    q_row_scales(enc, row, cols / Q_BLOCK[enc], s, mn);
+    for (long u = 0; u < nu; u++) q_wunit(enc, row, u, s, mn, o + 32 * QU(enc) * u);
+}
+
+void vxc_qdequant(int enc, const void *W, float *out, long r0, long r1, long cols) {
+    if (enc < 0 || enc >= Q_COUNT || r1 <= r0) return;
+    long rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], ng = cols / 32, ns = enc == Q6_K ? cols / 16 : ng;
+#pragma omp parallel
+    {
+        float *s = (float *)malloc((size_t)(ns + ng + 1) * sizeof(float)), *mn = s + ns;
+#pragma omp for schedule(static)
+        for (long r = r0; r < r1; r++) {
+            const uint8_t *row = (const uint8_t *)W + r * rb;
+            float *o = out + (r - r0) * cols;
+            switch (enc) {
+            case Q8_0: q_dequant_row(Q8_0, row, cols, o, s, mn); break;
+            case Q4_0: q_dequant_row(Q4_0, row, cols, o, s, mn); break;
+            case Q4_1: q_dequant_row(Q4_1, row, cols, o, s, mn); break;
+            case Q4_K: q_dequant_row(Q4_K, row, cols, o, s, mn); break;
+            default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
+            }
+        }
+        free(s);
+    }
 }
