@@ -117,3 +117,276 @@ def write_llama_gguf(path: Path, cfg: dict = MINI_LLAMA, *, encodings: dict[str,
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# ---------------------------------------------------------------------------------------------------- mamba2
+#
+# A transformers Mamba2ForCausalLM miniature written as llama.cpp's convert_hf_to_gguf.py (class Mamba2Model)
+# writes it: the same metadata keys and values, the same tensor names, shapes and per-tensor types, the same
+# tokenizer section (tests/gguf_convert_check.py compares the two files key by key and byte by byte).
+
+# every width distinct and row lengths multiples of 32 (q8_0 / q4_0 blocks; the converter falls back to f16 for
+# a row that is not): d_model 64, d_inner 128 = 16 heads x 8, state 12, 2 groups, conv 4 -> conv_dim 176,
+# in_proj rows 320; vocab 301 (the token list padded to 304, the table not)
+MINI_MAMBA2 = {
+    "vocab_size": 301, "hidden_size": 64, "num_hidden_layers": 2, "num_heads": 16, "head_dim": 8, "expand": 2,
+    "state_size": 12, "n_groups": 2, "conv_kernel": 4, "chunk_size": 16, "use_bias": False, "use_conv_bias": True,
+    "tie_word_embeddings": False, "layer_norm_epsilon": 1e-5, "pad_token_id": 0, "bos_token_id": 1,
+    "eos_token_id": 0, "initializer_range": 0.25,
+}
+MINI_MAMBA2_TOKENS = 290  # trained BPE vocabulary (<= the table's 301 rows)
+
+
+def mamba2_hf_model(cfg: dict = MINI_MAMBA2, seed: int = 0):
+    """A random Mamba2ForCausalLM (norms, A_log and dt_bias moved off their initial values: tests/hf_random)."""
+    from tests.builders import hf_config
+    from tests.hf_random import random_hf_model
+
+    return random_hf_model(hf_config("mamba2", cfg), seed, norm_std=0.1, dt_bias="set")
+
+
+def write_mamba2_hf_dir(out_dir: Path, cfg: dict = MINI_MAMBA2, seed: int = 0, tokens: int = MINI_MAMBA2_TOKENS):
+    """The model (save_pretrained) and a trained byte-level BPE tokenizer in ``out_dir``; returns the model."""
+    from tests.gguf_convert import write_bpe_tokenizer
+
+    model = mamba2_hf_model(cfg, seed)
+    model.save_pretrained(str(out_dir))
+    write_bpe_tokenizer(out_dir, tokens)
+    return model
+
+
+# HF name (under backbone.layers.{i}.) -> the converter's GGUF name (under blk.{i}.)
+_MAMBA2_NAMES = {
+    "norm.weight": "attn_norm.weight", "mixer.in_proj.weight": "ssm_in.weight", "mixer.in_proj.bias": "ssm_in.bias",
+    "mixer.conv1d.weight": "ssm_conv1d.weight", "mixer.conv1d.bias": "ssm_conv1d.bias",
+    "mixer.dt_bias": "ssm_dt.bias", "mixer.A_log": "ssm_a", "mixer.D": "ssm_d", "mixer.norm.weight": "ssm_norm.weight",
+    "mixer.out_proj.weight": "ssm_out.weight", "mixer.out_proj.bias": "ssm_out.bias",
+}
+_MAMBA2_TOP = {"backbone.embeddings.weight": "token_embd.weight", "backbone.norm_f.weight": "output_norm.weight",
+               "lm_head.weight": "output.weight"}
+
+
+def mamba2_gguf_name(hf_name: str) -> str:
+    if hf_name in _MAMBA2_TOP:
+        return _MAMBA2_TOP[hf_name]
+    parts = hf_name.split(".")
+    assert parts[:2] == ["backbone", "layers"], hf_name
+    return f"blk.{parts[2]}." + _MAMBA2_NAMES[".".join(parts[3:])]
+
+
+def mamba2_gguf_tensors(model) -> dict[str, np.ndarray]:
+    """GGUF name -> f32 array, transformed as Mamba2Model.modify_tensors does (torch f32 arithmetic): conv
+    squeezed to [C, k], A_log -> A = -exp(A_log) and D as [H, 1], the gated norm as [groups, d_inner / groups]."""
+    import torch
+
+    cfg = model.config
+    d_inner = cfg.expand * cfg.hidden_size
+    out = {}
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        g = mamba2_gguf_name(name)
+        t = t.detach().to(torch.float32)
+        if g.endswith("ssm_conv1d.weight"):
+            t = t.squeeze()
+        elif g.endswith(("ssm_a", "ssm_d")):
+            t = t.reshape((*t.shape, 1))
+        elif g.endswith("ssm_norm.weight"):
+            t = t.reshape((cfg.n_groups, d_inner // cfg.n_groups))
+        if name.endswith(".A_log"):
+            t = -torch.exp(t)
+        out[g] = t.numpy()
+    return out
+
+
+def converter_qtype(name: str, shape: tuple[int, ...], outtype: str, override: dict[str, str] | None = None):
+    """The ggml type convert_hf_to_gguf.py gives tensor ``name`` at ``--outtype`` (prepare_tensors): 1-D tensors,
+    norms, the conv and every tensor whose name does not end in ``.weight`` stay F32; the others take the outtype,
+    and a Q8_0 whose row is not whole blocks falls back to F16. ``override`` (short name -> type, e.g.
+    ``{"ssm_in": "Q4_0"}``) replaces the outtype for the tensors that are quantised, as llama-quantize would."""
+    import gguf
+
+    T = gguf.GGMLQuantizationType
+    short = name.split(".")[-2] if name.startswith("blk.") else name.split(".")[0]
+    if len(shape) <= 1 or name.endswith("_norm.weight") or "ssm_conv1d" in name or not name.endswith(".weight"):
+        return T.F32
+    kind = (override or {}).get(short) or {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0"}[outtype]
+    qt = T[kind]
+    if qt not in (T.F32, T.F16, T.BF16):
+        block = gguf.GGML_QUANT_SIZES[qt][0]
+        if shape[-1] % block:
+            return T.F16  # gguf.QuantError -> "falling back to F16"
+    return qt
+
+
+def _gpt2_vocab(tokenizer_dir: Path, vocab_size: int):
+    """The tokenizer section _set_vocab_gpt2 writes: tokens of the padded vocabulary ([PAD{i}] UNUSED where the
+    tokenizer has no id), CONTROL for special added tokens, the merges, the special ids SpecialVocab finds."""
+    import json as _json
+
+    import gguf
+
+    tj = _json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    vocab = dict(tj["model"]["vocab"])
+    added = {a["id"]: a for a in tj.get("added_tokens", [])}
+    for i, a in added.items():
+        vocab[a["content"]] = i
+    reverse = {i: t for t, i in vocab.items()}
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+        else:
+            tokens.append(reverse[i])
+            types.append(gguf.TokenType.CONTROL if i in added and added[i].get("special") else
+                         gguf.TokenType.USER_DEFINED if i in added else gguf.TokenType.NORMAL)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    return tokens, types, merges
+
+
+def write_mamba2_gguf(path: Path, model, tokenizer_dir: Path, outtype: str = "f32", *,
+                      override: dict[str, str] | None = None, name: str = "Mamba2",
+                      drop: tuple[str, ...] = (), extra: dict[str, np.ndarray] | None = None) -> Path:
+    """``model`` (a Mamba2ForCausalLM) as ``convert_hf_to_gguf.py DIR --outtype OUTTYPE`` writes it (``override``:
+    see :func:`converter_qtype`), the tokenizer from ``tokenizer_dir``'s tokenizer.json (pre-tokenizer ``gpt-2``,
+    as tests/gguf_convert.py's wrapper maps an unknown hash). For refusal tests: ``drop`` leaves tensors out,
+    ``extra`` adds f32 tensors."""
+    import gguf
+
+    cfg = model.config
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    d_inner = cfg.expand * cfg.hidden_size
+    padded = -(cfg.vocab_size // -16) * 16  # set_vocab: pad_vocab_size_multiple (absent: 16)
+    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+             "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[outtype]
+    w = gguf.GGUFWriter(str(path), "mamba2")
+    w.add_type("model")
+    w.add_name(name)
+    w.add_context_length(2**20)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_ssm_conv_kernel(cfg.conv_kernel)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(cfg.state_size)
+    w.add_ssm_time_step_rank(d_inner // cfg.head_dim)
+    w.add_ssm_group_count(cfg.n_groups)
+    w.add_layer_norm_rms_eps(cfg.layer_norm_epsilon)
+    w.add_file_type(ftype)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    tokens, types, merges = _gpt2_vocab(Path(tokenizer_dir), padded)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    for key, fn in (("eos_token_id", w.add_eos_token_id), ("bos_token_id", w.add_bos_token_id),
+                    ("pad_token_id", w.add_pad_token_id)):
+        v = getattr(cfg, key, None)
+        if v is not None:
+            fn(int(v))
+    tensors = {k: v for k, v in mamba2_gguf_tensors(model).items() if k not in drop}
+    tensors.update(extra or {})
+    for gname, arr in tensors.items():
+        qt = converter_qtype(gname, arr.shape, outtype, override)
+        data = gguf.quants.quantize(arr, qt)
+        w.add_tensor(gname, data, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------- references
+
+
+def _gguf_arrays(path: Path) -> dict[str, tuple[str, np.ndarray]]:
+    """GGUF name -> (ggml type name, the tensor decoded to f32 by gguf.quants.dequantize, in torch order)."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    out = {}
+    for t in r.tensors:
+        a = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        shape = tuple(int(x) for x in reversed(t.shape))
+        out[t.name] = (t.tensor_type.name, np.ascontiguousarray(a).reshape(shape))
+    return out
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """The inverse of llama.cpp's Q/K row permutation (:func:`_permute`)."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+_DECODER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias", "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight",
+}
+_DECODER_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                "output.weight": "lm_head.weight"}
+
+
+def hf_name_of(gguf_name: str, arch: str) -> str:
+    """The transformers parameter a GGUF tensor of llama.cpp's converter came from (llama, qwen2, qwen3, mamba2)."""
+    if arch == "mamba2":
+        top = {v: k for k, v in _MAMBA2_TOP.items()}
+        if gguf_name in top:
+            return top[gguf_name]
+        _, i, rest = gguf_name.split(".", 2)
+        return f"backbone.layers.{i}." + {v: k for k, v in _MAMBA2_NAMES.items()}[rest]
+    if gguf_name in _DECODER_TOP:
+        return _DECODER_TOP[gguf_name]
+    _, i, rest = gguf_name.split(".", 2)
+    return f"model.layers.{i}." + _DECODER_NAMES[rest]
+
+
+def reference_on_gguf_weights(model, gguf_path: Path, arch: str):
+    """``model`` (the transformers checkpoint the file was converted from) with every parameter replaced by the
+    file's decoded tensor, the converter's transforms undone (llama's Q/K permutation, mamba2's squeeze and
+    reshapes) — the reference "on the dequantised weights". Checked on the way: every parameter comes from the
+    file (a tied head from the embedding), and every F32 tensor is bit-equal to the converter-transformed original
+    (mamba2's ``ssm_a`` is checked as ``-exp(A_log)`` and the original ``A_log`` kept). Returns (model copy,
+    {ggml type: count})."""
+    import copy
+
+    import torch
+
+    ref = copy.deepcopy(model).float()
+    cfg = ref.config
+    params = dict(ref.state_dict())
+    arrays = _gguf_arrays(gguf_path)
+    types: dict[str, int] = {}
+    seen = set()
+    for gname, (tname, a) in arrays.items():
+        hname = hf_name_of(gname, arch)
+        types[tname] = types.get(tname, 0) + 1
+        orig = params[hname]
+        t = torch.from_numpy(a)
+        if arch == "llama" and gname.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = cfg.num_attention_heads if "attn_q" in gname else cfg.num_key_value_heads
+            t = torch.from_numpy(_unpermute(a, heads))
+        if gname.endswith(".ssm_a"):
+            want = -torch.exp(orig.float())
+            assert tname == "F32" and torch.equal(t.reshape(want.shape), want), f"{gname}: not -exp(A_log)"
+            seen.add(hname)
+            continue
+        t = t.reshape(orig.shape)
+        if tname == "F32":
+            assert torch.equal(t, orig.float()), f"{gname} (F32) differs from {hname}"
+        with torch.no_grad():
+            params[hname].copy_(t)
+        seen.add(hname)
+    tied = getattr(cfg, "tie_word_embeddings", False)
+    missing = sorted(set(params) - seen - ({"lm_head.weight"} if tied else set()))
+    assert not missing, f"parameters the file does not hold: {missing}"
+    if tied:
+        ref.tie_weights()
+    return ref.eval(), types

@@ -38,7 +38,7 @@ KEYWORDS = (
     "vindex3", "schema", "module", "source", "frontend", "dialect", "model_dir", "config_sha256",
     "fact", "evidence", "compute", "index", "size", "sha256", "file", "header_sha256", "tensor",
     "bank", "experts", "operand", "layer", "role", "slice", "gather", "groups", "reshape",
-    "transpose", "embedding", "final_norm", "head", "residual", "placement", "norm", "mixer", "ffn",
+    "transpose", "log_neg", "embedding", "final_norm", "head", "residual", "placement", "norm", "mixer", "ffn",
     "state", "window", "format",
 )
 SPECIAL_WORDS = ("true", "false", "inf", "nan", "infinity", "nan_", "inf0", "e5", "E", "_")

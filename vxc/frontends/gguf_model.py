@@ -8,7 +8,13 @@ block-quantised tensor becomes an encoded operand (``q4_1(blocks $t)``), decoded
 
 Families: ``llama`` (llama.cpp's converter permutes the rows of Q and K so that its rotary rotates adjacent
 pairs: the attention is declared ``rotary_layout=interleaved`` over the weights as stored — no permutation is
-undone), ``qwen2`` (q/k/v biases; rotary on halves, unpermuted), ``qwen3`` (q/k RMSNorms; halves).
+undone), ``qwen2`` (q/k/v biases; rotary on halves, unpermuted), ``qwen3`` (q/k RMSNorms; halves), ``mamba2``
+(pure Mamba2 stack, :func:`_lower_mamba2`: the converter's ``Mamba2Model`` stores ``ssm_a = -exp(A_log)`` —
+read back through the ``log_neg`` view — and reshapes D, A to ``[heads, 1]``, the gated norm to
+``[groups, d_inner / groups]`` and squeezes the conv to ``[conv_dim, kernel]``; reshape views undo those).
+
+Every tensor of the file is either bound to a role here or left unbound, and closure names each unbound one
+(``tensor blk.0.ssm_x.weight … is claimed by no role``): nothing in a file is skipped silently.
 """
 
 from __future__ import annotations
@@ -18,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from ..ir.gguf_container import Container, GGUFError, read
-from ..ir.module import FileEntry, Module
-from ..ir.roles import Role
+from ..ir.module import FileEntry, Layer, Module, Transform
+from ..ir.roles import Placement, Role
 from .common import Attrs, Builder, Checkpoint, FrontendError, Stored, op
 from .decoder import rmsnorm, swiglu_op, two_norm_layer
+from .mamba_ssm import mamba2_op
 
 FAMILIES = {
     # arch: (q/k/v biases, q/k norms, rotary layout of the stored Q/K rows)
@@ -29,6 +36,7 @@ FAMILIES = {
     "qwen2": (True, False, "half"),
     "qwen3": (False, True, "half"),
 }
+SSM_FAMILIES = ("mamba2",)
 
 
 def _nest(metadata: dict[str, Any], arch: str) -> dict[str, Any]:
@@ -58,8 +66,11 @@ def lower_gguf(path: Path, relative_to: Path | None = None) -> Module:
     arch = c.metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise FrontendError(f"{path.name}: no general.architecture in the GGUF metadata")
+    if arch == "mamba2":
+        return _lower_mamba2(path, c, relative_to)
     if arch not in FAMILIES:
-        raise FrontendError(f"{path.name}: GGUF architecture {arch!r} is not supported; supported: {', '.join(FAMILIES)}")
+        raise FrontendError(f"{path.name}: GGUF architecture {arch!r} is not supported; supported: "
+                            f"{', '.join([*FAMILIES, *SSM_FAMILIES])}")
     return _lower_decoder(path, c, arch, relative_to)
 
 
@@ -111,14 +122,7 @@ def _lower_decoder(path: Path, c: Container, arch: str, relative_to: Path | None
     if declared is not None and declared != vocab:
         raise FrontendError(f"{A.where}: vocab_size={declared} but token_embd.weight has {vocab} rows")
 
-    def bind(key: str, role: Role, layer: int | None = None) -> None:
-        e = c.entries.get(key)
-        if e is None:
-            return
-        if e.encoding is None:
-            b.bind(key, role, layer)
-        else:
-            b.bind_encoded(e.encoding, {"blocks": key}, role, layer, dtype="f32")
+    bind = _binder(b, c)
 
     layers = []
     for i in range(n_layer):
@@ -141,6 +145,11 @@ def _lower_decoder(path: Path, c: Container, arch: str, relative_to: Path | None
         attrs.update(rope)
         ad |= rope_defaults
         layers.append(two_norm_layer(i, d, (eps, False), op("softmax", attrs, ad), swiglu_op(d, inter, {"act"})))
+    return _finish(b, c, bind, path.stem, vocab, d, eps, layers)
+
+
+def _finish(b: Builder, c: Container, bind, name: str, vocab: int, d: int, eps: float, layers: list) -> Module:
+    """The embedding, final norm and head (tied when the file stores no ``output.weight``) around ``layers``."""
     bind("token_embd.weight", Role.Embedding)
     bind("output_norm.weight", Role.FinalNorm)
     tied = "output.weight" not in c.entries
@@ -148,8 +157,104 @@ def _lower_decoder(path: Path, c: Container, arch: str, relative_to: Path | None
     b.fact("head_tied", tied, "no output.weight: the head reads token_embd" if tied else "output.weight is stored")
     emb = op("embedding", {"vocab": vocab, "padded_vocab": vocab, "dim": d})
     head = op("head", {"tied": tied, "padded_vocab": vocab, "dim": d})
-    name = path.stem
     return b.module(name, "f32", emb, layers, rmsnorm(d, eps, False, Role.FinalNorm), head)
+
+
+def _binder(b: Builder, c: Container):
+    """``bind(key, role, layer, transforms)``: a stored tensor to a role, through its ggml encoding when it has one
+    (the operand decodes to f32); an absent key binds nothing (closure names the role it leaves unbound)."""
+
+    def bind(key: str, role: Role, layer: int | None = None, transforms: list[Transform] | None = None) -> None:
+        e = c.entries.get(key)
+        if e is None:
+            return
+        if e.encoding is None:
+            b.bind(key, role, layer, transforms)
+        else:
+            b.bind_encoded(e.encoding, {"blocks": key}, role, layer, transforms, dtype="f32")
+
+    return bind
+
+
+def _reshape_to(c: Container, key: str, shape: tuple[int, ...]) -> list[Transform]:
+    """A reshape view to ``shape`` when the stored (logical) shape differs but holds as many elements; none
+    otherwise (the bind pass then reports the stored shape against the role's contract)."""
+    have = _logical_shape(c, key)
+    if have is None or have == shape or math.prod(have) != math.prod(shape):
+        return []
+    return [Transform("reshape", shape=shape)]
+
+
+# llama.cpp's mamba2 tensor names (gguf-py MODEL_TENSOR.SSM_*, as convert_hf_to_gguf's Mamba2Model writes them)
+_MAMBA2_TENSORS = {
+    "attn_norm.weight": Role.Mamba2PreMixerNorm,
+    "ssm_in.weight": Role.Mamba2InProj, "ssm_in.bias": Role.Mamba2InProjBias,
+    "ssm_conv1d.weight": Role.Mamba2Conv1d, "ssm_conv1d.bias": Role.Mamba2Conv1dBias,
+    "ssm_dt.bias": Role.Mamba2DtBias, "ssm_a": Role.Mamba2ALog, "ssm_d": Role.Mamba2D,
+    "ssm_norm.weight": Role.Mamba2GatedNorm,
+    "ssm_out.weight": Role.Mamba2OutProj, "ssm_out.bias": Role.Mamba2OutProjBias,
+}
+
+
+def _lower_mamba2(path: Path, c: Container, relative_to: Path | None) -> Module:
+    """``general.architecture = mamba2``: llama.cpp's ``mamba2.ssm.*`` metadata and ``blk.{i}.ssm_*`` tensors.
+
+    What llama.cpp's graph (``build_mamba2_layer``) computes, declared: conv over ``xBC`` with its bias, then
+    SiLU; ``dt = softplus(dt + ssm_dt.bias)`` with no limit (``dt_min=0, dt_max=inf``); ``y + D * x``, gated by
+    ``silu(z)`` *before* the grouped RMSNorm (groups of ``d_inner / group_count``, eps the file's
+    ``layer_norm_rms_epsilon``); residual added in f32."""
+    arch = "mamba2"
+    A = Attrs(_nest(c.metadata, arch), f"{path.name} (GGUF {arch} metadata)", prefix=arch + ".")
+    d = A.need("embedding_length", kind=int, min=1)
+    n_layer = A.layers("block_count")
+    d_conv = A.need("ssm.conv_kernel", kind=int, min=1)
+    d_inner = A.need("ssm.inner_size", kind=int, min=1)
+    d_state = A.need("ssm.state_size", kind=int, min=1)
+    heads = A.need("ssm.time_step_rank", kind=int, min=1)
+    groups = A.need("ssm.group_count", kind=int, min=1)
+    eps = A.need("attention.layer_norm_rms_epsilon", kind=float, min=0.0)
+    if A.raw("ssm.dt_b_c_rms"):
+        raise FrontendError(f"{A.where}: ssm.dt_b_c_rms=true (RMS norms on dt, B, C) is not supported")
+    if d_inner % heads:
+        raise FrontendError(f"{A.where}: ssm.inner_size={d_inner} is not a multiple of ssm.time_step_rank={heads} "
+                            f"(the head count)")
+    if d_inner % groups:
+        raise FrontendError(f"{A.where}: ssm.inner_size={d_inner} is not a multiple of ssm.group_count={groups}")
+    b = _builder(path, c, arch, relative_to)
+    emb_shape = _logical_shape(c, "token_embd.weight")
+    if emb_shape is None:
+        raise FrontendError(f"{path.name}: no token_embd.weight tensor")
+    vocab = emb_shape[0]
+    b.fact("vocab_from", "token_embd rows", "the embedding table's row count (llama.cpp's converter pads the token "
+           "list of a mamba2 vocabulary to a multiple of 16, not the table)")
+    conv_bias = "blk.0.ssm_conv1d.bias" in c.entries
+    proj_bias = "blk.0.ssm_in.bias" in c.entries
+    b.fact("ssm_a_stored_as", "-exp(A_log)", "convert_hf_to_gguf Mamba2Model.modify_tensors: A_log --> A = "
+           "-exp(A_log); the operand reads it back through log_neg")
+    b.fact("dt_limit", "none", "llama.cpp's ssm_scan takes softplus(dt + dt_bias) unclamped")
+    b.fact("norm_order", "gate_then_norm", "llama.cpp build_mamba2_layer: y * silu(z), then the grouped RMS norm")
+    g = {"d_inner": d_inner, "expand": d_inner // d, "headdim": d_inner // heads, "d_state": d_state,
+         "ngroups": groups, "d_conv": d_conv, "conv_bias": conv_bias, "bias": proj_bias, "chunk_size": 256,
+         "dt_limit": [0.0, math.inf], "norm_before_gate": False}
+    # chunk_size (how the scan is blocked, not what it computes) is mamba_ssm's class default; the dt limit and the
+    # norm order are what llama.cpp computes (facts above), filled in since the file states neither
+    mamba = mamba2_op(d, g, {"chunk_size", "dt_limit", "norm_before_gate"}, eps, False)
+    conv_dim = d_inner + 2 * groups * d_state
+    shapes = {"ssm_conv1d.weight": (conv_dim, d_conv), "ssm_a": (heads,), "ssm_d": (heads,),
+              "ssm_norm.weight": (d_inner,), "ssm_dt.bias": (heads,), "ssm_conv1d.bias": (conv_dim,)}
+    bind = _binder(b, c)
+    layers = []
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        for name, role in _MAMBA2_TENSORS.items():
+            key = p + name
+            xs = _reshape_to(c, key, shapes[name]) if name in shapes else []
+            if name == "ssm_a":
+                xs.append(Transform("log_neg"))
+            bind(key, role, i, xs)
+        norm = rmsnorm(d, eps, False, Role.Mamba2PreMixerNorm)
+        layers.append(Layer(i, "fp32", Placement.PreMixer, [norm], op(mamba.kind, dict(mamba.attrs), set(mamba.defaults))))
+    return _finish(b, c, bind, path.stem, vocab, d, eps, layers)
 
 
 def _logical_shape(c: Container, key: str) -> tuple[int, ...] | None:

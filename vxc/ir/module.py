@@ -109,7 +109,7 @@ class Tensor:
 
 @dataclass
 class Transform:
-    kind: str  # "slice" | "gather" | "reshape" | "transpose"
+    kind: str  # "slice" | "gather" | "reshape" | "transpose" | "log_neg" (elementwise log(-x))
     dim: int = 0
     start: int = 0  # slice
     stop: int = 0  # slice

@@ -163,6 +163,9 @@ class _Build(Transformer):
     def transpose(self, c):
         return Transform("transpose", dim=int(c[0]), dim2=int(c[1]))
 
+    def log_neg(self, c):
+        return Transform("log_neg")
+
     def layer_ref(self, c):
         return int(c[0])
 

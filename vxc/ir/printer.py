@@ -80,6 +80,8 @@ def fmt_transform(t: Transform) -> str:
         return f"| reshape {fmt_shape(t.shape)}"
     if t.kind == "transpose":
         return f"| transpose {t.dim} {t.dim2}"
+    if t.kind == "log_neg":
+        return "| log_neg"
     raise ValueError(t.kind)
 
 

@@ -26,6 +26,9 @@ Transforms (``vxc.ir.module.Transform``; dims are 0-based and never negative):
     must be positive.
 ``transpose d1 d2``
     swap two dims (``d1 == d2`` is the identity).
+``log_neg``
+    elementwise ``log(-x)``, shape unchanged (a float tensor; computed in fp64, then rounded back): a decay
+    rate stored as ``A = -exp(A_log)`` (as a container may store it) read as the ``A_log`` its role means.
 
 Encodings (``Operand.encoding``) turn stored parts into one logical tensor:
 
@@ -43,7 +46,7 @@ from .module import Operand, Tensor, Transform
 
 Shape = tuple[int, ...]
 
-TRANSFORM_KINDS = ("slice", "gather", "reshape", "transpose")
+TRANSFORM_KINDS = ("slice", "gather", "reshape", "transpose", "log_neg")
 
 # encoding -> its parts, in the order an unnamed sequence of part shapes gives them
 ENCODINGS: dict[str, tuple[str, ...]] = {"mxfp4": ("blocks", "scales")}
@@ -83,6 +86,8 @@ def describe(t: Transform) -> str:
         return f"reshape {_fmt_shape(t.shape)}"
     if t.kind == "transpose":
         return f"transpose {t.dim} {t.dim2}"
+    if t.kind == "log_neg":
+        return "log_neg"
     return f"{t.kind} (unknown transform)"
 
 
@@ -161,6 +166,8 @@ def transform_shape(shape: Shape, t: Transform) -> Shape:
         out = list(shape)
         out[t.dim], out[t.dim2] = out[t.dim2], out[t.dim]
         return tuple(out)
+    if t.kind == "log_neg":
+        return tuple(shape)
     raise ViewError(f"unknown transform kind {t.kind!r} (known: {', '.join(TRANSFORM_KINDS)})")
 
 

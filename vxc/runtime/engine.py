@@ -94,14 +94,13 @@ class Engine:
 
 
 def encoded_resident() -> bool:
-    """VXC_ENCODED=1 keeps ggml-encoded weights resident as stored blocks (qgemv). Off by default: the native
-    qgemv accumulates ggml's way (group sums times the block's scales), so it computes with the unrounded
-    decoded weights where ``gguf.quants.dequantize`` rounds each weight to fp32 (q4_1's ``d*q + m``, the
-    k-quants' ``dl*q - ml``); on the random miniatures that puts the logits at 1.3x the floor tolerance of the
-    reference (which runs on the fp32-rounded weights). The default decodes at load and is at the floor."""
+    """ggml-encoded weights stay resident as stored blocks (zero-copy views of the file's mapping) under fp32
+    compute, read by the native block GEMV (``vxc::qgemv``: each weight decoded in registers to the fp32 value
+    ``gguf.quants.dequantize`` gives it, at the fp32 floor of the reference). ``VXC_ENCODED=0`` decodes them at
+    load instead (fp32 copies: ~4-7x the memory)."""
     import os
 
-    return os.environ.get("VXC_ENCODED", "0") == "1"
+    return os.environ.get("VXC_ENCODED", "1") != "0"
 
 
 class EngineError(VxcError):

@@ -35,6 +35,10 @@ def apply_transform(t: torch.Tensor, x: Transform) -> torch.Tensor:
         return t.reshape(reshape_target(tuple(t.shape), x.shape))
     if x.kind == "transpose":
         return t.transpose(x.dim, x.dim2)
+    if x.kind == "log_neg":
+        if not t.is_floating_point():
+            raise ViewError(f"log_neg applies to a float tensor, not {t.dtype}")
+        return torch.log(-t.double()).to(t.dtype)
     raise ViewError(f"unknown transform kind {x.kind!r}")
 
 
