@@ -333,3 +333,73 @@ def test_bf16_prefill_tiles(name):
     err = (got.double() - exact).abs()
     bound = rel * exact.abs() + 1e-6 * scale + 1e-30
     assert bool((err <= bound).all()), f"{name} {dtype}: worst excess {float((err - bound).max()):.3e}"
+
+
+# ------------------------------------------------------------------------------------- composite native forms
+# qlinear / qswiglu / qembedding (kernels/qdense.py) as native calls only, so a decode step over encoded weights
+# replays. Each against an fp64 oracle from gguf-py's decoded weights (silu in fp64) and the fp32 twin.
+
+
+def _native_calls(fn, *args):
+    assert N.available(), N.status()
+    rec = N.Recorder()
+    with N.recording(rec):
+        y = fn(*args)
+    assert rec.failed is None, rec.failed
+    return y, [c for c, _ in rec.calls]
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("name", NATIVE)
+@pytest.mark.parametrize("B", [1, 3])
+def test_qlinear_native_with_and_without_bias(name, B):
+    from vxc.codegen.kernels import qdense
+
+    rng = np.random.default_rng(zlib.crc32(f"ql{name}{B}".encode()))
+    rows, nblk = 37, 2
+    b = make_blocks(name, rows, nblk, rng)
+    blocks = torch.from_numpy(b)
+    x = torch.from_numpy(rng.standard_normal((B, nblk * ENCODINGS[name].block_size)).astype(np.float32))
+    bias = torch.from_numpy(rng.standard_normal(rows).astype(np.float32))
+    y, calls = _native_calls(qdense.qlinear_native, x, name, blocks, bias)
+    assert calls == ["vxc_qgemv", "vxc_qbias"]
+    R.assert_kernel_at_floor(y, qdense.qlinear_twin(x, name, blocks, bias), oracle(name, b, x) + bias.double(),
+                             f"{name} qlinear+bias")
+    y0, calls0 = _native_calls(qdense.qlinear_native, x, name, blocks, None)
+    assert calls0 == ["vxc_qgemv"]
+    R.assert_kernel_at_floor(y0, qdense.qlinear_twin(x, name, blocks, None), oracle(name, b, x), f"{name} qlinear")
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("names", [("q4_k", "q4_k", "q6_k"), ("q8_0", "q4_0", "q4_1")])
+@pytest.mark.parametrize("B", [1, 2])
+def test_qswiglu_native(names, B):
+    from vxc.codegen.kernels import qdense
+
+    g_enc, u_enc, d_enc = names
+    rng = np.random.default_rng(zlib.crc32(f"qs{names}{B}".encode()))
+    d, inter = 256, 512  # rows a multiple of 256 for the k-quants' blocks in both directions
+    wg, wu = make_blocks(g_enc, inter, d // ENCODINGS[g_enc].block_size, rng), make_blocks(u_enc, inter, d // ENCODINGS[u_enc].block_size, rng)
+    wd = make_blocks(d_enc, d, inter // ENCODINGS[d_enc].block_size, rng)
+    x = torch.from_numpy(rng.standard_normal((B, d)).astype(np.float32))
+    args = (x, g_enc, torch.from_numpy(wg), u_enc, torch.from_numpy(wu), d_enc, torch.from_numpy(wd))
+    y, calls = _native_calls(qdense.qswiglu_native, *args)
+    assert calls == ["vxc_qgemv", "vxc_qgemv", "vxc_qsilu_mul", "vxc_qgemv"]
+    g, u = oracle(g_enc, wg, x), oracle(u_enc, wu, x)
+    h = g * torch.sigmoid(g) * u
+    R.assert_kernel_at_floor(y, qdense.qswiglu_twin(*args), oracle(d_enc, wd, h), f"{names} qswiglu")
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("name", NATIVE)
+def test_qembedding_native_is_bit_exact(name):
+    """The gathered rows decoded in C equal gguf-py's decoding of those rows bit for bit (first, last, repeats)."""
+    from vxc.codegen.kernels import qdense
+
+    rng = np.random.default_rng(zlib.crc32(f"qe{name}".encode()))
+    b = make_blocks(name, 41, 2, rng)
+    ids = torch.tensor([0, 40, 7, 7, 19], dtype=torch.int64)
+    y, calls = _native_calls(qdense.qembedding_native, ids, name, torch.from_numpy(b))
+    assert calls == ["vxc_qembedding"]
+    want = torch.from_numpy(np.ascontiguousarray(gq.dequantize(b[ids.numpy()], qtype(name)))).float()
+    assert torch.equal(y, want) and torch.equal(y.view(torch.int32), want.view(torch.int32))

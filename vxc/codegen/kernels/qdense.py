@@ -5,7 +5,12 @@ an operand declares a ggml encoding and the engine keeps encoded weights residen
 Each is composed of ``vxc::qgemv`` (:mod:`.quant`: native on CPU for q8_0, q4_0, q4_1, q4_k, q6_k, decoded in
 registers; the fp32-decode twin otherwise) for every projection, one per call on all rows of ``x`` (the weight
 is read once for the whole call), and torch for the elementwise parts; ``qembedding`` decodes only the rows
-it gathers. Outputs are fp32, the compute dtype of the encoded path."""
+it gathers. Outputs are fp32, the compute dtype of the encoded path.
+
+Native forms (CPU, the encodings ``quant.NATIVE_ENCODINGS`` decodes): each kernel as native calls only —
+``vxc_qgemv`` per projection, ``vxc_qbias`` / ``vxc_qsilu_mul`` for the elementwise parts, ``vxc_qembedding``
+decoding the gathered rows in C — so a decode step over encoded weights is captured and replayed
+(``vxc.runtime.replay``) like one over decoded weights."""
 
 from __future__ import annotations
 
@@ -15,8 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...ir.ggml import logical_cols
 from ...runtime.ggml_blocks import dequantize
-from .registry import kernel
+from . import native as N
+from .native import I, L, P
+from .quant import ENCODING, NATIVE_ENCODINGS, qgemv_native
+from .registry import NotCovered, kernel
 
 
 def _q(enc: str, blocks: Tensor, x: Tensor) -> Tensor:
@@ -63,11 +72,62 @@ def qembedding(ids: Tensor, encoding: str, table: Tensor) -> Tensor:
 
 @qembedding.fake
 def _(ids, encoding, table):
-    from ...ir.ggml import logical_cols
-
     return table.new_empty(ids.shape[0], logical_cols(encoding, int(table.shape[1])), dtype=torch.float32)
 
 
 @qembedding.impl("torch")
 def qembedding_twin(ids, encoding, table):
     return dequantize(encoding, table.index_select(0, ids.reshape(-1)), torch.float32)
+
+
+# ------------------------------------------------------------------------------------------------ native
+
+_QBIAS = N.declare("vxc_qbias", P, P, L, L, I)
+_QSILU_MUL = N.declare("vxc_qsilu_mul", P, P, P, L)
+_QEMBEDDING = N.declare("vxc_qembedding", I, P, P, P, L, L)
+
+
+def _qn(enc: str, blocks: Tensor, x: Tensor) -> Tensor:
+    """One projection through ``qgemv``'s native implementation (raises NotCovered as it does)."""
+    if x.dim() != 2 or not x.is_contiguous():
+        raise NotCovered(N.OPERANDS)
+    return qgemv_native(enc, blocks, x)
+
+
+@qlinear.impl("native")
+def qlinear_native(x, encoding, blocks, bias):
+    if not N.ok(x, bias):
+        raise NotCovered(N.OPERANDS)
+    y = _qn(encoding, blocks, x)
+    if bias is not None:
+        N.call(_QBIAS, y.data_ptr(), bias.data_ptr(), int(y.shape[0]), int(y.shape[1]), N.BF[bias.dtype])
+    return y
+
+
+@qswiglu.impl("native")
+def qswiglu_native(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down):
+    if not N.ok(x):
+        raise NotCovered(N.OPERANDS)
+    for e in (encoding_gate, encoding_up, encoding_down):
+        if e not in NATIVE_ENCODINGS:
+            raise NotCovered(ENCODING)
+    g = _qn(encoding_gate, w_gate, x)
+    u = _qn(encoding_up, w_up, x)
+    h = N.empty(*g.shape, dtype=torch.float32)
+    N.call(_QSILU_MUL, g.data_ptr(), u.data_ptr(), h.data_ptr(), g.numel())
+    return _qn(encoding_down, w_down, h)
+
+
+@qembedding.impl("native")
+def qembedding_native(ids, encoding, table):
+    code = NATIVE_ENCODINGS.get(encoding)
+    if code is None:
+        raise NotCovered(ENCODING)
+    if not (table.device.type == "cpu" and table.dtype == torch.uint8 and table.dim() == 2 and table.is_contiguous()
+            and ids.dtype == torch.int64 and ids.dim() == 1 and ids.is_contiguous()):
+        raise NotCovered(N.OPERANDS)
+    cols = logical_cols(encoding, int(table.shape[1]))
+    out = N.empty(int(ids.shape[0]), cols, dtype=torch.float32)
+    if ids.shape[0]:
+        N.call(_QEMBEDDING, code, table.data_ptr(), ids.data_ptr(), out.data_ptr(), int(ids.shape[0]), cols)
+    return out

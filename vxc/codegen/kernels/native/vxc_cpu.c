@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 13
+#define VXC_ABI_VERSION 14
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -1302,4 +1302,39 @@ void vxc_qdequant(int enc, const void *W, float *out, long r0, long r1, long col
         }
         free(s);
     }
+}
+
+/* The composite kernels over encoded weights (qdense.py), as native calls a decode step can replay. */
+
+/* y [B, N] fp32 += bias [N] (bf16 when bf, else fp32): qlinear's bias, added in fp32 after the GEMV */
+void vxc_qbias(float *y, const void *bias, long B, long N, int bf) {
+    for (long b = 0; b < B; b++)
+        for (long n = 0; n < N; n++) y[b * N + n] += ld(bias, n, bf);
+}
+
+/* h [n] fp32 = silu(g) * u: qswiglu's activation between its up and down projections */
+void vxc_qsilu_mul(const float *g, const float *u, float *h, long n) {
+#pragma omp parallel for schedule(static) if (n >= 16384)
+    for (long i = 0; i < n; i++) h[i] = silu(g[i]) * u[i];
+}
+
+/* out [T, cols] fp32: the rows ids[t] of table (encoding enc, rows of cols values) decoded exactly as
+ * gguf.quants.dequantize decodes them; ids are read from memory (a replayed step's token buffer). The caller
+ * checks 0 <= ids[t] < vocab. */
+void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, long T, long cols) {
+    if (enc < 0 || enc >= Q_COUNT || T <= 0) return;
+    long rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], ng = cols / 32, ns = enc == Q6_K ? cols / 16 : ng;
+    float *s = (float *)malloc((size_t)(ns + ng + 1) * sizeof(float)), *mn = s + ns;
+    for (long t = 0; t < T; t++) {
+        const uint8_t *row = (const uint8_t *)table + ids[t] * rb;
+        float *o = out + t * cols;
+        switch (enc) {
+        case Q8_0: q_dequant_row(Q8_0, row, cols, o, s, mn); break;
+        case Q4_0: q_dequant_row(Q4_0, row, cols, o, s, mn); break;
+        case Q4_1: q_dequant_row(Q4_1, row, cols, o, s, mn); break;
+        case Q4_K: q_dequant_row(Q4_K, row, cols, o, s, mn); break;
+        default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
+        }
+    }
+    free(s);
 }
