@@ -258,6 +258,7 @@ def _engine(args, result: dict):
     result["weight_bytes_resident"] = eng.weight_bytes()
     result["encoded_weights"] = getattr(eng, "encoded_weights", None)
     result["rss_after_load"] = _peak_rss_bytes()
+    result["state_bytes"] = eng.state.nbytes()  # the KV rows / recurrent state allocated for max_context
     return eng, Session(eng), m, mdir
 
 

@@ -44,7 +44,8 @@ def timing_table(rows: list[dict], prefill: list[int], decode: int, bandwidth: f
     pp = " / ".join(f"pp{n}" for n in prefill)
     head = ["model", "precision", "read/token MB", f"llama.cpp {pp} / tg{decode} tok/s",
             f"vxc {pp} / tg{decode}", "vxc dtype, weights", "vxc / llama.cpp prefill", "vxc / llama.cpp decode",
-            "decode / bw bound llama.cpp · vxc", "peak RSS MB llama.cpp · vxc"]
+            "decode / bw bound llama.cpp · vxc", "peak RSS MB llama.cpp · vxc",
+            "vxc (peak RSS − pre-load RSS − state) / file"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     notes = []
     for r in rows:
@@ -83,8 +84,11 @@ def timing_table(rows: list[dict], prefill: list[int], decode: int, bandwidth: f
         bw = f"{frac(lc)} · {frac(vx) if not r.get('vxc_refusal') else '—'}"
         rss = f"{fmt((lc.get('peak_rss') or 0) / 1e6, 0) if lc.get('peak_rss') else '—'} · " \
               f"{fmt(vx['peak_rss'] / 1e6, 0) if vx.get('peak_rss') and not r.get('vxc_refusal') else '—'}"
+        mem = "—"
+        if vx.get("peak_rss") and vx.get("rss_before_load") and vx.get("state_bytes") is not None and r.get("file_bytes"):
+            mem = f"{(vx['peak_rss'] - vx['rss_before_load'] - vx['state_bytes']) / r['file_bytes']:.2f}×"
         cells = [model_label(r, small), r["precision"], fmt(step / 1e6, 1) if step else "—", lcs, vxs, wts,
-                 pf_ratio, f"**{dec_ratio}**" if dec_ratio != "—" else dec_ratio, bw, rss]
+                 pf_ratio, f"**{dec_ratio}**" if dec_ratio != "—" else dec_ratio, bw, rss, mem]
         out.append("| " + " | ".join(cells) + " |")
     if notes:
         out.append("")
