@@ -35,11 +35,24 @@ SCRIPT = Path(__file__).resolve().parent.parent / "llamacpp.py"  # the entry poi
 # ---------------------------------------------------------------------------------------------------- processes
 
 
+# Linux keeps a process's peak RSS across exec (the pre-exec image's high-water mark goes into the rusage), so a
+# command forked straight from this parent (hundreds of MB after building models) would report at least the
+# parent's size. A small launcher forks the command from a fresh interpreter and reports its grandchild's own
+# peak (the launcher's few MB are the only inheritance left).
+_LAUNCHER = ("import os, subprocess, sys\n"
+             "p = subprocess.Popen(sys.argv[2:])\n"
+             "_, st, ru = os.wait4(p.pid, 0)\n"
+             "open(sys.argv[1], 'w').write(str(ru.ru_maxrss))\n"
+             "sys.exit(os.waitstatus_to_exitcode(st))\n")
+
+
 def run_measured(cmd: list[str], env: dict | None, timeout: float, stdout_path: Path | None = None) -> dict:
-    """Run ``cmd``; returns rc, stdout, stderr (tails), wall seconds and the child's peak RSS (bytes)."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    """Run ``cmd``; returns rc, stdout, stderr (tails), wall seconds and the command's own peak RSS (bytes)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
+            tempfile.NamedTemporaryFile("w+", suffix=".rss") as rss_file:
         t0 = time.time()
-        p = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, start_new_session=True)
+        p = subprocess.Popen([sys.executable, "-S", "-c", _LAUNCHER, rss_file.name, *cmd], env=env, stdout=out,
+                             stderr=err, start_new_session=True)
         timed_out = threading.Event()
 
         def kill():
@@ -59,7 +72,7 @@ def run_measured(cmd: list[str], env: dict | None, timeout: float, stdout_path: 
         out.seek(0)
         err.seek(0)
         res = {"rc": p.returncode, "stdout": out.read(), "stderr": err.read(), "wall_s": time.time() - t0,
-               "peak_rss": ru.ru_maxrss * (1 if sys.platform == "darwin" else 1024),
+               "peak_rss": (int(open(rss_file.name).read() or 0) or ru.ru_maxrss) * (1 if sys.platform == "darwin" else 1024),
                "involuntary_ctx_switches": ru.ru_nivcsw}
         if timed_out.is_set():
             res["error"] = f"timed out after {timeout:.0f} s"
@@ -230,6 +243,13 @@ def stop_background_load(procs: list[subprocess.Popen]) -> None:
 
 
 def _peak_rss_bytes() -> int:
+    """This process's peak RSS since its exec (VmHWM: getrusage's maxrss would include the parent's image)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r if sys.platform == "darwin" else r * 1024
 
