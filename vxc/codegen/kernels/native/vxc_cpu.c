@@ -191,7 +191,64 @@ static inline void dot4_f32(const float *w0, const float *x, long K, long rows, 
     }
 }
 
+/* One row's dot product with four independent accumulators and no software prefetch: a block's rows are
+ * adjacent, so reading them one after another is a single linear stream, which the hardware prefetcher follows
+ * better than four interleaved ones. Measured on Zen 4 (2 threads, bf16, 0.6 GB of matrices): K = 1024 rows
+ * 31 GB/s this way against 25 for the interleaved, prefetching dot4; from K = 3072 the two are level (30-32). */
+#define DOT1_MAX_K 2048
+static inline float dot1_bf16(const bf16_t *w, const bf16_t *x, long K) {
+#if defined(__AVX512BF16__)
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    long k = 0;
+    for (; k + 128 <= K; k += 128) {
+        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(w + k)), (__m512bh)_mm512_loadu_si512((const void *)(x + k)));
+        a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512((const void *)(w + k + 32)), (__m512bh)_mm512_loadu_si512((const void *)(x + k + 32)));
+        a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512((const void *)(w + k + 64)), (__m512bh)_mm512_loadu_si512((const void *)(x + k + 64)));
+        a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512((const void *)(w + k + 96)), (__m512bh)_mm512_loadu_si512((const void *)(x + k + 96)));
+    }
+    for (; k < K; k += 32) {
+        __mmask32 m = K - k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1ull << (K - k)) - 1);
+        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_maskz_loadu_epi16(m, w + k), (__m512bh)_mm512_maskz_loadu_epi16(m, x + k));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#else
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (long k = 0; k < K; k++) s += bf2f(w[k]) * bf2f(x[k]);
+    return s;
+#endif
+}
+
+static inline float dot1_f32(const float *w, const float *x, long K) {
+#if defined(__AVX512F__)
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    long k = 0;
+    for (; k + 64 <= K; k += 64) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
+        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
+        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
+    }
+    for (; k < K; k += 16) {
+        __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1);
+        a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + k), _mm512_maskz_loadu_ps(m, x + k), a0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#else
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (long k = 0; k < K; k++) s += w[k] * x[k];
+    return s;
+#endif
+}
+
 static inline void dot4(const void *W, const void *x, long n0, long K, long rows, int bf, float acc[4]) {
+    if (K <= DOT1_MAX_K) { /* short rows: the block's rows one after another (one linear stream) */
+        for (long r = 0; r < rows; r++)
+            acc[r] = bf ? dot1_bf16((const bf16_t *)W + (n0 + r) * K, (const bf16_t *)x, K)
+                        : dot1_f32((const float *)W + (n0 + r) * K, (const float *)x, K);
+        return;
+    }
     if (bf) dot4_bf16((const bf16_t *)W + n0 * K, (const bf16_t *)x, K, rows, acc);
     else dot4_f32((const float *)W + n0 * K, (const float *)x, K, rows, acc);
 }
