@@ -102,6 +102,33 @@ def lower(
               f"{len(m.tensors)} tensors, {len(m.operands)} operands → {output} in {dt:.2f} s")
 
 
+
+@app.command()
+def quantize(
+    model: Path = typer.Argument(..., help="a .vxir file, a model directory or a GGUF file"),
+    output: Path = typer.Option(..., "-o", "--output", help="the .vxir to write (its weights: OUTPUT.safetensors)"),
+    scheme: str = typer.Option(..., "--scheme", help="ggml block format: q8_0, q4_0 or q4_1"),
+    keep: List[str] = typer.Option([], "--keep", help="a role to leave unquantised (repeatable)"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable result"),
+):
+    """Encode the operands whose roles are declared quantisable (projections, embedding, head) in SCHEME's
+    blocks; write the weights and the IR declaring them (data preparation: nothing runs)."""
+    from .quantize import quantize_to_file
+
+    t0 = time.perf_counter()
+    _check_output_path(output, "-o", as_json)
+    rep = _guard(lambda: quantize_to_file(model, output, scheme, list(keep)), as_json)
+    dt = time.perf_counter() - t0
+    if as_json:
+        print(json.dumps({"ok": True, "output": str(output), "scheme": rep.scheme, "encoded": len(rep.encoded),
+                          "kept": [{"operand": o, "why": w} for o, w in rep.kept], "bytes_before": rep.bytes_before,
+                          "bytes_after": rep.bytes_after, "seconds": round(dt, 4)}))
+    else:
+        print(f"quantized {len(rep.encoded)} operands to {rep.scheme}: {rep.bytes_before / 1e6:.1f} → "
+              f"{rep.bytes_after / 1e6:.1f} MB → {output} in {dt:.2f} s")
+        for o, w in rep.kept:
+            print(f"  kept %{o}: {w}")
+
 @app.command()
 def passes(
     input: Path = typer.Argument(..., help="a .vxir file or a model directory (lowered in memory)"),

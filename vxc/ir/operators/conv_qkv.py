@@ -37,11 +37,11 @@ CONV_QKV = OperatorDecl(
         *ROTARY_ATTRS,
     ),
     roles=(
-        RoleSpec("ConvQkvInProj", lambda a: (_qkv_rows(a), a["d_model"])),
+        RoleSpec("ConvQkvInProj", lambda a: (_qkv_rows(a), a["d_model"]), quantise=True),
         RoleSpec("ConvQkvInProjBias", lambda a: (_qkv_rows(a),), when="qkv_bias"),
         RoleSpec("ConvQkvConv1d", lambda a: (_qkv_rows(a), a["conv_kernel"])),
         RoleSpec("ConvQkvConv1dBias", lambda a: (_qkv_rows(a),), when="conv_bias"),
-        RoleSpec("ConvQkvOutProj", lambda a: (a["d_model"], _q_dim(a))),
+        RoleSpec("ConvQkvOutProj", lambda a: (a["d_model"], _q_dim(a)), quantise=True),
         RoleSpec("ConvQkvOutProjBias", lambda a: (a["d_model"],), when="out_bias"),
     ),
     regions=(

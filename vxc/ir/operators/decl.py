@@ -77,6 +77,9 @@ class RoleSpec:
     shape: Callable[[Attrs], Shape]
     when: str | None = None  # "flag" or "name=value": required iff it holds
     unless: str | None = None  # required iff it does not hold
+    # a weight matrix multiplied against the activations (a projection, the embedding / head table): what
+    # ``vxc quantize`` encodes by default. Norms, biases, decay rates, conv taps and routers stay as stored.
+    quantise: bool = False
 
     @property
     def role(self) -> Role | None:

@@ -11,9 +11,9 @@ SWIGLU = OperatorDecl(
     doc="dense gated FFN: down(act(x·gateᵀ) * (x·upᵀ))",
     attrs=(attr("d_model", "int"), attr("intermediate", "int"), attr("act", "enum", "silu")),
     roles=(
-        RoleSpec("FfnGate", lambda a: (a["intermediate"], a["d_model"])),
-        RoleSpec("FfnUp", lambda a: (a["intermediate"], a["d_model"])),
-        RoleSpec("FfnDown", lambda a: (a["d_model"], a["intermediate"])),
+        RoleSpec("FfnGate", lambda a: (a["intermediate"], a["d_model"]), quantise=True),
+        RoleSpec("FfnUp", lambda a: (a["intermediate"], a["d_model"]), quantise=True),
+        RoleSpec("FfnDown", lambda a: (a["d_model"], a["intermediate"]), quantise=True),
     ),
 )
 

@@ -46,7 +46,7 @@ MAMBA2 = OperatorDecl(
         attr("norm_group", "int", doc="channels per RMS group"),
     ),
     roles=(
-        RoleSpec("Mamba2InProj", lambda a: (_mamba2_in_rows(a), a["d_model"])),
+        RoleSpec("Mamba2InProj", lambda a: (_mamba2_in_rows(a), a["d_model"]), quantise=True),
         RoleSpec("Mamba2InProjBias", lambda a: (_mamba2_in_rows(a),), when="proj_bias"),
         RoleSpec("Mamba2Conv1d", lambda a: (_mamba2_conv_dim(a), a["conv_kernel"])),
         RoleSpec("Mamba2Conv1dBias", lambda a: (_mamba2_conv_dim(a),), when="conv_bias"),
@@ -54,7 +54,7 @@ MAMBA2 = OperatorDecl(
         RoleSpec("Mamba2ALog", lambda a: (a["heads"],)),
         RoleSpec("Mamba2D", lambda a: (a["heads"],)),
         RoleSpec("Mamba2GatedNorm", lambda a: (a["d_inner"],)),
-        RoleSpec("Mamba2OutProj", lambda a: (a["d_model"], a["d_inner"])),
+        RoleSpec("Mamba2OutProj", lambda a: (a["d_model"], a["d_inner"]), quantise=True),
         RoleSpec("Mamba2OutProjBias", lambda a: (a["d_model"],), when="proj_bias"),
     ),
     regions=(

@@ -20,7 +20,7 @@ EMBEDDING = OperatorDecl(
     slot="embedding",
     doc="token embedding table; rows beyond the logical vocab are padding",
     attrs=(attr("vocab", "int"), attr("padded_vocab", "int"), attr("dim", "int")),
-    roles=(RoleSpec("Embedding", lambda a: (a["padded_vocab"], a["dim"])),),
+    roles=(RoleSpec("Embedding", lambda a: (a["padded_vocab"], a["dim"]), quantise=True),),
     rules=(("padded_vocab must be >= vocab", lambda a: a["padded_vocab"] >= a["vocab"]),),
 )
 
@@ -29,7 +29,7 @@ HEAD = OperatorDecl(
     slot="head",
     doc="logits = h·Wᵀ over the padded vocab; W is the embedding table when tied",
     attrs=(attr("tied", "bool"), attr("padded_vocab", "int"), attr("dim", "int")),
-    roles=(RoleSpec("LmHead", lambda a: (a["padded_vocab"], a["dim"]), unless="tied"),),
+    roles=(RoleSpec("LmHead", lambda a: (a["padded_vocab"], a["dim"]), unless="tied", quantise=True),),
 )
 
 

@@ -65,9 +65,9 @@ MOE = OperatorDecl(
         RoleSpec("ExpertDown", lambda a: (_e(a), a["d_model"], a["intermediate"]), when="expert_layout=fused_interleaved"),
         RoleSpec("ExpertGateUpBias", lambda a: (_e(a), 2 * a["intermediate"]), when="expert_bias"),
         RoleSpec("ExpertDownBias", lambda a: (_e(a), a["d_model"]), when="expert_bias"),
-        RoleSpec("SharedExpertGate", lambda a: (a["shared_intermediate"], a["d_model"]), when="shared_experts"),
-        RoleSpec("SharedExpertUp", lambda a: (a["shared_intermediate"], a["d_model"]), when="shared_experts"),
-        RoleSpec("SharedExpertDown", lambda a: (a["d_model"], a["shared_intermediate"]), when="shared_experts"),
+        RoleSpec("SharedExpertGate", lambda a: (a["shared_intermediate"], a["d_model"]), when="shared_experts", quantise=True),
+        RoleSpec("SharedExpertUp", lambda a: (a["shared_intermediate"], a["d_model"]), when="shared_experts", quantise=True),
+        RoleSpec("SharedExpertDown", lambda a: (a["d_model"], a["shared_intermediate"]), when="shared_experts", quantise=True),
         RoleSpec("SharedExpertBranchGate", lambda a: (1, a["d_model"]), when="shared_gate"),
     ),
     # reserved in the vocabulary (VINDEX3), bound by no frontend yet

@@ -38,10 +38,10 @@ SOFTMAX = OperatorDecl(
         *ROTARY_ATTRS,
     ),
     roles=(
-        RoleSpec("AttnQ", lambda a: (_q_dim(a), a["d_model"])),
-        RoleSpec("AttnK", lambda a: (_kv_dim(a), a["d_model"])),
-        RoleSpec("AttnV", lambda a: (_kv_dim(a), a["d_model"])),
-        RoleSpec("AttnO", lambda a: (a["d_model"], _q_dim(a))),
+        RoleSpec("AttnQ", lambda a: (_q_dim(a), a["d_model"]), quantise=True),
+        RoleSpec("AttnK", lambda a: (_kv_dim(a), a["d_model"]), quantise=True),
+        RoleSpec("AttnV", lambda a: (_kv_dim(a), a["d_model"]), quantise=True),
+        RoleSpec("AttnO", lambda a: (a["d_model"], _q_dim(a)), quantise=True),
         RoleSpec("AttnQBias", lambda a: (_q_dim(a),), when="q_bias"),
         RoleSpec("AttnKBias", lambda a: (_kv_dim(a),), when="k_bias"),
         RoleSpec("AttnVBias", lambda a: (_kv_dim(a),), when="v_bias"),
@@ -49,7 +49,7 @@ SOFTMAX = OperatorDecl(
         RoleSpec("AttnQNorm", lambda a: (a["head_dim"],), when="qk_norm"),
         RoleSpec("AttnKNorm", lambda a: (a["head_dim"],), when="qk_norm"),
         RoleSpec("AttnSinks", lambda a: (a["heads"],), when="sinks"),
-        RoleSpec("AttnOutputGate", lambda a: (_q_dim(a), a["d_model"]), when="output_gate"),
+        RoleSpec("AttnOutputGate", lambda a: (_q_dim(a), a["d_model"]), when="output_gate", quantise=True),
     ),
     regions=(
         RegionSpec(
