@@ -137,3 +137,70 @@ def dequantize_native(encoding_name: str, blocks: Tensor) -> Tensor:
     if rows:
         N.call(_QDEQUANT, code, blocks.contiguous().data_ptr(), out.data_ptr(), 0, rows, cols)
     return out
+
+
+# ------------------------------------------------------------------------------------------------ triton
+# The 32-value formats read straight from their blocks (q8_0: f16 d + 32 int8; q4_0: f16 d + 16 bytes of
+# nibbles, q - 8; q4_1: f16 d, f16 m + 16 bytes): each weight decoded to the fp32 value gguf.quants.dequantize
+# gives it (d q, or d q + m: d q is exact, one rounding), an fp32 dot per row. One program per BLOCK_N rows and
+# one row of x; the k-quants raise NotCovered (the twin runs).
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+TRITON_ENCODINGS = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
+_TRITON_BLOCK_N = 32
+
+
+@triton.jit
+def _f16_at(ptr, off, mask):
+    lo = tl.load(ptr + off, mask=mask, other=0).to(tl.uint16)
+    hi = tl.load(ptr + off + 1, mask=mask, other=0).to(tl.uint16)
+    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _qgemv_kernel(w_ptr, x_ptr, y_ptr, rows, cols, row_bytes, ENC: tl.constexpr, TSIZE: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    pid_n = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < rows
+    i = tl.arange(0, 32)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    row0 = n.to(tl.int64) * row_bytes
+    for g in range(0, cols // 32):
+        base = row0 + g * TSIZE  # [BLOCK_N]
+        d = _f16_at(w_ptr, base, nmask)
+        m2 = nmask[:, None]
+        if ENC == 0:
+            q = tl.load(w_ptr + base[:, None] + 2 + i[None, :], mask=m2, other=0).to(tl.int8, bitcast=True)
+            w = d[:, None] * q.to(tl.float32)
+        else:
+            qoff = 2 if ENC == 1 else 4
+            byte = tl.load(w_ptr + base[:, None] + qoff + (i % 16)[None, :], mask=m2, other=0).to(tl.int32)
+            q = (byte >> ((i // 16) * 4)[None, :]) & 15
+            if ENC == 1:
+                w = d[:, None] * (q - 8).to(tl.float32)
+            else:
+                mn = _f16_at(w_ptr, base + 2, nmask)
+                w = d[:, None] * q.to(tl.float32) + mn[:, None]
+        xv = tl.load(x_ptr + b * cols + g * 32 + i).to(tl.float32)
+        acc += tl.sum(w * xv[None, :], axis=1)
+    tl.store(y_ptr + b * rows + n, acc, mask=nmask)
+
+
+@qgemv.impl("triton")
+def qgemv_triton(encoding_name, blocks, x):
+    code = TRITON_ENCODINGS.get(encoding_name)
+    if code is None:
+        raise NotCovered(f"an encoding without a Triton decoder (Triton: {' '.join(TRITON_ENCODINGS)})")
+    blocks, x = blocks.contiguous(), x.contiguous()
+    rows, cols, B = int(blocks.shape[0]), int(x.shape[1]), int(x.shape[0])
+    y = torch.empty(B, rows, dtype=torch.float32, device=x.device)
+    if rows and B:
+        enc = encoding(encoding_name)
+        grid = (triton.cdiv(rows, _TRITON_BLOCK_N), B)
+        _qgemv_kernel[grid](blocks, x, y, rows, cols, int(blocks.shape[1]), ENC=code, TSIZE=enc.type_size,
+                            BLOCK_N=_TRITON_BLOCK_N)
+    return y
