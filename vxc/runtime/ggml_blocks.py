@@ -1,4 +1,4 @@
-"""ggml block formats decoded (and, for the 32-value formats, encoded) with vectorised torch ops.
+"""ggml block formats decoded (and, for the 32-value formats, q4_k and q6_k, encoded) with vectorised torch ops.
 
 Bit-compatible with ggml and with the ``gguf`` package's reference (``gguf.quants``): decoding computes in
 fp32 in the reference's operation order (``d * q``, ``dl = d * sc``, ``ml = dmin * m``, ``dl * q - ml``), so
@@ -200,8 +200,11 @@ def _f16_bytes(x: Tensor) -> Tensor:
 
 
 def _codes(v: Tensor, hi: int) -> Tensor:
-    """``trunc(v)`` as uint8 codes, clipped to ``0..hi`` (the reference clips after the cast; NaN -> 0)."""
-    return torch.nan_to_num(torch.trunc(v), nan=0.0).clamp(0, hi).to(torch.uint8)
+    """``trunc(v)`` as uint8 codes, clipped to ``0..hi``. Both references cast before they clip, and the cast of
+    an infinite or NaN value (``v = x * inf`` where an fp32 ``d`` is so small that ``1 / d`` overflows: blocks
+    of subnormal values) gives 0 on x86 (gguf-py's ``astype(np.uint8)``, ggml's ``(int8_t)``): 0 here too."""
+    t = torch.trunc(v)
+    return torch.where(torch.isfinite(t), t, torch.zeros_like(t)).clamp(0, hi).to(torch.uint8)
 
 
 def _signed_absmax(x: Tensor) -> Tensor:
@@ -271,16 +274,209 @@ def _q_q5_1(x: Tensor) -> Tensor:
     return torch.cat((_f16_bytes(d), _f16_bytes(mn), _high_bits(q), _nibble_pack(q)), dim=1)
 
 
+# ---------------------------------------------------------------------------------------------- k-quant encoders
+# ggml's reference encoders (ggml-quants.c: quantize_row_q4_K_ref with make_qkx2_quants, quantize_row_q6_K_ref
+# with make_qx_quants), what the ggml quantize tool runs without an importance matrix. They search each group's
+# scale (and min) over fixed candidate steps, so the bytes depend on every fp32 rounding of that search: sums are
+# accumulated one element after another as the C loops do (``_seq_sum``), candidates are taken in the reference's
+# order with its strict comparisons (in q4_k a step that wins moves the min the later steps start from, so the
+# steps run one after another, each over all groups), ``sqrtf`` is correctly rounded (``_sqrtf``) and
+# ``nearest_int`` is the reference's bit trick, out-of-range values included. ggml-base is compiled without FMA
+# contraction, so every product and sum here rounds on its own.
+_GROUP_MAX_EPS = 1e-15  # ggml's GROUP_MAX_EPS, as an fp32 constant
+_CHUNK = 1 << 16  # groups searched at once (bounds q6_k's [groups, candidates, values] temporaries)
+
+
+def _seq_sum(t: Tensor, init: Tensor | None = None) -> Tensor:
+    """``acc = init (or 0); for i: acc += t[..., i]``: fp32, in index order (torch's reductions pair terms)."""
+    acc = torch.zeros_like(t[..., 0]) if init is None else init
+    for i in range(t.shape[-1]):
+        acc = acc + t[..., i]
+    return acc
+
+
+def _nearest_int(v: Tensor) -> Tensor:
+    """ggml's ``nearest_int``: ``v + 12582912.f``, the low 23 bits of the sum, less ``0x400000`` (int32).
+    Round half to even for ``|v| <= 4194303``; beyond (the reference only asserts it) the same bits it gives."""
+    bits = (v + 12582912.0).view(torch.int32)
+    return (bits & 0x7FFFFF) - 0x400000
+
+
+def _sqrtf(v: Tensor) -> Tensor:
+    """``sqrtf`` correctly rounded (``v >= 0`` fp32). torch's fp32 (and fp64) sqrt is not on every CPU (its
+    AVX-512 path is off by an ulp for ~15% of inputs): the fp64 root rounded to fp32, then moved to the
+    neighbour whose side of the midpoint it is on (midpoints and their squares are exact in fp64)."""
+    r = torch.sqrt(v.double()).float()
+    d, rd = v.double(), r.double()
+    up = torch.nextafter(r, torch.full_like(r, float("inf")))
+    dn = torch.nextafter(r, torch.zeros_like(r))
+    hi, lo = (rd + up.double()) / 2, (rd + dn.double()) / 2
+    r = torch.where(hi * hi < d, up, r)
+    return torch.where((lo * lo > d) & (r > 0), dn, r)
+
+
+def _f32c(ref: Tensor, v: float) -> Tensor:
+    return torch.full((), v, dtype=torch.float32, device=ref.device)
+
+
+def _first_max(v: Tensor) -> Tensor:
+    """Index of the first maximal element of each row, NaN never chosen (``if (v > best)`` from ``best = 0``)."""
+    return torch.where(torch.isnan(v), torch.zeros_like(v), v).argmax(dim=-1, keepdim=True)
+
+
+def _make_qkx2_quants(x: Tensor, w: Tensor, nmax: int, rmin: float, rdelta: float, nstep: int) -> tuple[Tensor, Tensor, Tensor]:
+    """make_qkx2_quants (``use_mad = false``) on groups ``x [M, n]`` with weights ``w``: codes ``L`` (int32
+    ``[M, n]``), the scale and ``the_min`` (``[M]``; the stored min is ``-the_min``). The candidate steps run
+    one after another: a step that lowers the error replaces the min the later steps offset and scale by."""
+    mn = x.gather(1, x.argmin(dim=1, keepdim=True)).squeeze(1)  # first occurrence, as ``if (x < min)``
+    mx = x.gather(1, x.argmax(dim=1, keepdim=True)).squeeze(1)
+    mn = torch.where(mn > 0, torch.zeros_like(mn), mn)
+    flat = mx == mn  # all codes 0, the_min = -min, scale 0 (no search)
+    sum_w = _seq_sum(w[:, 1:], w[:, 0])
+    sum_x = _seq_sum(w[:, 1:] * x[:, 1:], w[:, 0] * x[:, 0])
+
+    def codes(iscale: Tensor, mn: Tensor) -> Tensor:
+        rng = torch.where(flat, torch.ones_like(mx), mx - mn)
+        return _nearest_int((iscale / rng)[:, None] * (x - mn[:, None])).clamp(0, nmax)
+
+    def error(scale: Tensor, mn: Tensor, L: Tensor) -> Tensor:
+        diff = (scale[:, None] * L.to(torch.float32) + mn[:, None]) - x
+        return _seq_sum(w * (diff * diff))
+
+    L = codes(torch.full_like(mx, float(nmax)), mn)
+    scale = torch.ones_like(mx) / (torch.full_like(mx, float(nmax)) / torch.where(flat, torch.ones_like(mx), mx - mn))
+    best = error(scale, mn, L)
+    for s in range(nstep + 1):
+        step = (_f32c(x, rmin) + _f32c(x, rdelta) * float(s)) + float(nmax)
+        la = codes(step.expand_as(mx), mn)
+        lf = la.to(torch.float32)
+        wl = w * lf
+        sum_l, sum_l2, sum_xl = _seq_sum(torch.stack((wl, wl * lf, wl * x), dim=1)).unbind(1)
+        D = sum_w * sum_l2 - sum_l * sum_l
+        this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+        pos = this_min > 0
+        this_min = torch.where(pos, torch.zeros_like(this_min), this_min)
+        this_scale = torch.where(pos, sum_xl / sum_l2, this_scale)
+        cur = error(this_scale, this_min, la)
+        take = (D > 0) & (cur < best) & ~flat  # ``if (cur_error < best_error)``
+        L = torch.where(take[:, None], la, L)
+        best = torch.where(take, cur, best)
+        scale = torch.where(take, this_scale, scale)
+        mn = torch.where(take, this_min, mn)
+    return torch.where(flat[:, None], torch.zeros_like(L), L), torch.where(flat, torch.zeros_like(scale), scale), -mn
+
+
+def _make_qx_quants(x: Tensor, nmax: int) -> tuple[Tensor, Tensor]:
+    """make_qx_quants with ``rmse_type = 1`` and no importance weights on groups ``x [M, n]``: codes
+    ``L = l + nmax`` (int32 ``[M, n]``; 0 for a group below GROUP_MAX_EPS) and the scale ``[M]``."""
+    at = _first_max(x.abs())
+    mx = x.gather(1, at).squeeze(1)
+    zero = mx.abs() < _f32c(x, _GROUP_MAX_EPS)
+    safe = torch.where(zero, torch.ones_like(mx), mx)
+    w = x * x
+
+    def candidate(iscale: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # iscale [M, k] -> l [M, k, n], sums [M, k]
+        lf = _nearest_int(iscale[:, :, None] * x[:, None, :]).clamp(-nmax, nmax - 1).to(torch.float32)
+        wl = w[:, None, :] * lf
+        s = _seq_sum(torch.stack(((w[:, None, :] * x[:, None, :]) * lf, wl * lf), dim=-1).transpose(-1, -2))
+        return lf, s[..., 0], s[..., 1]
+
+    iscale = (torch.full_like(safe, float(-nmax)) / safe)[:, None]
+    lf, sumlx, suml2 = candidate(iscale)
+    L, sumlx, suml2 = lf[:, 0], sumlx[:, 0], suml2[:, 0]
+    scale = torch.where(suml2 != 0, sumlx / suml2, torch.zeros_like(suml2))
+    best = scale * sumlx
+    steps = torch.tensor([s for s in range(-9, 10) if s], dtype=torch.float32, device=x.device)
+    isc = (-(float(nmax) + _f32c(x, 0.1) * steps))[None, :] / safe[:, None]
+    lf, sumlx, suml2 = candidate(isc)
+    for k in range(steps.numel()):  # ``if (suml2 > 0 && sumlx*sumlx > best*suml2)``, in step order
+        take = (suml2[:, k] > 0) & (sumlx[:, k] * sumlx[:, k] > best * suml2[:, k])
+        scale = torch.where(take, sumlx[:, k] / suml2[:, k], scale)
+        best = torch.where(take, scale * sumlx[:, k], best)
+        L = torch.where(take[:, None], lf[:, k], L)
+    L = (L + nmax).to(torch.int32)
+    return torch.where(zero[:, None], torch.zeros_like(L), L), torch.where(zero, torch.zeros_like(scale), scale)
+
+
+def _chunked(f: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    def run(x: Tensor) -> Tensor:
+        step = max(1, _CHUNK * 32 // x.shape[1])
+        parts = [f(x[i:i + step]) for i in range(0, x.shape[0], step)]
+        return torch.cat(parts) if parts else f(x)
+    return run
+
+
+def _as_u8(v: Tensor) -> Tensor:
+    """An int32 stored into a ``uint8_t`` (modulo 256, as C converts it)."""
+    return (v & 0xFF).to(torch.uint8)
+
+
+@_chunked
+def _q_q4_k(x: Tensor) -> Tensor:
+    n = x.shape[0]
+    xs = x.reshape(n * 8, 32)
+    av = _sqrtf(_seq_sum(xs * xs) / torch.full((), 32.0, device=x.device))
+    L, sc, mins = _make_qkx2_quants(xs, av[:, None] + xs.abs(), 15, -1.0, 0.1, 20)
+    sc, mins, L = sc.view(n, 8), mins.view(n, 8), L.view(n, 8, 32)
+    zero = torch.zeros_like(sc)
+    max_scale = torch.where(sc > 0, sc, zero).amax(dim=1, keepdim=True)  # ``if (scale > max_scale)`` from 0
+    max_min = torch.where(mins > 0, mins, zero).amax(dim=1, keepdim=True)
+
+    def six_bits(v: Tensor, top: Tensor) -> Tensor:
+        inv = torch.where(top > 0, torch.full_like(top, 63.0) / top, torch.zeros_like(top))
+        return torch.minimum(_as_u8(_nearest_int(inv * v)), torch.full_like(v, 63, dtype=torch.uint8))
+
+    ls, lm = six_bits(sc, max_scale), six_bits(mins, max_min)
+    d16, dmin16 = _f16_bytes(_div(max_scale, 63.0)), _f16_bytes(_div(max_min, 63.0))
+    d = (_f16(d16) * _f32(ls))[:, :, None]
+    dm = (_f16(dmin16) * _f32(lm))[:, :, None]
+    x3 = x.view(n, 8, 32)
+    q = _nearest_int((x3 + dm) / torch.where(d != 0, d, torch.ones_like(d))).clamp(0, 15)
+    L = torch.where(d != 0, q, L).to(torch.uint8)  # ``if (!d) continue``: the search's codes stay
+    scales = torch.cat((
+        (ls[:, :4] & 63) | ((ls[:, 4:] >> 4) << 6),
+        (lm[:, :4] & 63) | ((lm[:, 4:] >> 4) << 6),
+        (ls[:, 4:] & 15) | ((lm[:, 4:] & 15) << 4),
+    ), dim=1)
+    qs = (L[:, 0::2] | (L[:, 1::2] << 4)).reshape(n, 128)  # groups 2g (low nibbles), 2g+1 (high) per 32 bytes
+    return torch.cat((d16, dmin16, scales, qs), dim=1)
+
+
+@_chunked
+def _q_q6_k(x: Tensor) -> Tensor:
+    n = x.shape[0]
+    L, sc = _make_qx_quants(x.reshape(n * 16, 16), 32)
+    L, sc = L.view(n, 16, 16), sc.view(n, 16)
+    at = _first_max(sc.abs())
+    max_abs = sc.abs().gather(1, at)
+    max_abs = torch.where(torch.isnan(max_abs), torch.zeros_like(max_abs), max_abs)
+    zero = max_abs < _f32c(x, _GROUP_MAX_EPS)  # the whole block stored as zero bytes
+    max_scale = torch.where(zero, -torch.ones_like(max_abs), sc.gather(1, at))
+    iscale = torch.full_like(max_scale, -128.0) / max_scale
+    d16 = _f16_bytes(torch.ones_like(iscale) / iscale)
+    s8 = _as_u8(torch.minimum(_nearest_int(iscale * sc), torch.full_like(sc, 127, dtype=torch.int32)))
+    d = (_f16(d16) * _f32(s8.view(torch.int8)))[:, :, None]
+    q = _nearest_int(x.view(n, 16, 16) / torch.where(d != 0, d, torch.ones_like(d))).clamp(-32, 31) + 32
+    L = torch.where(d != 0, q, L).to(torch.uint8).view(n, 2, 4, 32)  # 128-value halves, 32-value quarters
+    ql = torch.cat(((L[:, :, 0] & 15) | ((L[:, :, 2] & 15) << 4), (L[:, :, 1] & 15) | ((L[:, :, 3] & 15) << 4)), dim=2)
+    qh = (L[:, :, 0] >> 4) | ((L[:, :, 1] >> 4) << 2) | ((L[:, :, 2] >> 4) << 4) | ((L[:, :, 3] >> 4) << 6)
+    out = torch.cat((ql.reshape(n, 128), qh.reshape(n, 64), s8, d16), dim=1)
+    return torch.where(zero, torch.zeros_like(out), out)
+
+
 QUANTIZE: dict[str, Callable[[Tensor], Tensor]] = {
     "q8_0": _q_q8_0, "q4_0": _q_q4_0, "q4_1": _q_q4_1, "q5_0": _q_q5_0, "q5_1": _q_q5_1,
+    "q4_k": _q_q4_k, "q6_k": _q_q6_k,
 }
 
 
 def quantize(encoding_name: str, x: Tensor) -> Tensor:
     """Encode ``x`` (floating ``[..., rows, cols]``, finite, taken as fp32; ``cols`` a whole number of blocks)
-    to uint8 blocks ``[..., rows, row_bytes]`` on the input's device, byte-for-byte what
-    ``gguf.quants.quantize`` gives. Only the 32-value formats (q8_0, q4_0, q4_1, q5_0, q5_1): the reference
-    encoders of the k-quants search their scales iteratively and gguf-py has none to be exact with."""
+    to uint8 blocks ``[..., rows, row_bytes]`` on the input's device. The 32-value formats (q8_0, q4_0, q4_1,
+    q5_0, q5_1) byte-for-byte what ``gguf.quants.quantize`` gives; q4_k and q6_k what ggml's reference encoders
+    (``quantize_row_q4_K_ref`` / ``quantize_row_q6_K_ref``, the ggml quantize tool without an importance matrix) write
+    (gguf-py has no k-quant encoder; ``tests/ggml_quant_check.py`` compares with a ggml build)."""
     enc = encoding(encoding_name)
     if enc.name not in QUANTIZE:
         raise GGMLError(f"{enc.name}: vxc does not encode this format (it encodes {', '.join(QUANTIZE)})")
