@@ -2,8 +2,10 @@
 written with the IR that declares them; data preparation, checked before anything is written.
 
 The reference is built independently of vxc's code: transformers' own model with each projection / embedding /
-head parameter replaced by ``gguf.quants.dequantize(gguf.quants.quantize(p))`` (gguf-py, the format's
-reference), compared at the fp32 floor; greedy identical; decode == prefill."""
+head parameter replaced by its ggml-decoded value under gguf-py (the format's reference decoder): for q8_0 /
+q4_0 / q4_1 ``gguf.quants.dequantize(gguf.quants.quantize(p))``; for q4_k_m (gguf-py has no k-quant encoder)
+gguf-py's decode of the blocks vxc wrote (their bytes are ggml's: tests/runtime/test_ggml_blocks.py,
+tests/ggml_quant_check.py). Compared at the fp32 floor; greedy identical; decode == prefill."""
 
 from __future__ import annotations
 
@@ -25,67 +27,190 @@ LAYERS = CFG["num_hidden_layers"]
 QUANTISED = 7 * LAYERS + 2
 HF_QUANTISED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head")
 
+# q4_k_m: rows of 256 (hidden: q 256 = 4 x 64, kv 128) are whole q4_k / q6_k blocks; the FFN's 288 (9 x 32) are not
+K_CFG = dict(CFG, hidden_size=256, intermediate_size=288, head_dim=64)
+# by hand, for 2 layers (use_more_bits(i, 2): i < 0, i >= 1, (i - 0) % 3 == 2 -> layer 1 only):
+#   q4_k: q, k, o, gate, up of both layers (10), layer 0's v, the embedding       12
+#   q6_k: layer 1's v (the value class, 2nd of 2), the head                          2
+#   q5_0: layer 0's down (q4_k falls back: rows of 288)                              1
+#   q8_0: layer 1's down (the down class on layer 1 wants q6_k, which falls back)    1
+K_MIX = {"q4_k": 12, "q6_k": 2, "q5_0": 1, "q8_0": 1}
+K_FORMATS = {"l0.AttnV": "q4_k", "l1.AttnV": "q6_k", "l0.FfnDown": "q5_0", "l1.FfnDown": "q8_0", "LmHead": "q6_k",
+             "Embedding": "q4_k", "l0.AttnQ": "q4_k", "l1.FfnUp": "q4_k"}
+# vxc's operand -> the transformers parameter it is (llama layout; by hand)
+HF_OF = {"AttnQ": "self_attn.q_proj", "AttnK": "self_attn.k_proj", "AttnV": "self_attn.v_proj",
+         "AttnO": "self_attn.o_proj", "FfnGate": "mlp.gate_proj", "FfnUp": "mlp.up_proj", "FfnDown": "mlp.down_proj"}
+
+
+def _hf_name(sym: str) -> str:
+    if sym == "Embedding":
+        return "model.embed_tokens.weight"
+    if sym == "LmHead":
+        return "lm_head.weight"
+    layer, role = sym.split(".")
+    return f"model.layers.{layer[1:]}.{HF_OF[role]}.weight"
+
 
 @pytest.fixture(scope="module")
-def src(tmp_path_factory, vxc_sub):
+def src(tmp_path_factory, cli):
+    import json
+
+    from vxc.demo import _tokenizer_json
+
     d = tmp_path_factory.mktemp("quant")
-    mdir = B.build_hf(d / "hf", "llama", CFG, seed=41)
-    r = vxc_sub("lower", mdir, "-o", d / "m.vxir")
-    assert r.exit_code == 0, r.stderr
+    for name, cfg in (("hf", CFG), ("hf_k", K_CFG)):
+        mdir = B.build_hf(d / name, "llama", cfg, seed=41)
+        r = cli("lower", mdir, "-o", d / f"{name}.vxir")
+        assert r.exit_code == 0, r.output
+    (d / "hf_k" / "tokenizer.json").write_text(json.dumps(_tokenizer_json(["<unk>", *"abcdefgh "])))
     return d
 
 
-def _reference(mdir, scheme: str):
-    import gguf
+def _reference(mdir, replace):
+    """transformers on ``mdir`` with each parameter ``replace(name, p)`` returns (not None) set to it."""
     import transformers
 
-    T = gguf.GGMLQuantizationType[scheme.upper()]
     m = transformers.AutoModelForCausalLM.from_pretrained(str(mdir), dtype=torch.float32).eval()
     n = 0
     with torch.no_grad():
         for name, p in m.named_parameters():
-            if any(k in name for k in HF_QUANTISED):
-                a = p.detach().numpy().astype(np.float32)
-                p.copy_(torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(gguf.quants.quantize(a, T), T))))
+            new = replace(name, p.detach().numpy().astype(np.float32))
+            if new is not None:
+                p.copy_(torch.from_numpy(np.ascontiguousarray(new)))
                 n += 1
-    assert n == QUANTISED
     ref = P.Reference.__new__(P.Reference)
     ref.m32, ref.m64 = m, copy.deepcopy(m).double()
-    return ref
+    return ref, n
+
+
+def _at_the_floor(name: str, out, ref, capsys) -> None:
+    f = P.Family(name, build=None, reference="hf", vocab=103, padded_vocab=103)
+    ref.f = f
+    p = P.measure(f, out.parent, out, ref)
+    with capsys.disabled():
+        print(f"\n{name}: {p.row()}")
+    assert p.err <= p.tol and p.err64 <= p.tol and p.err_step <= p.tol, p.row()
+    assert p.argmax == 1.0 and p.excluded < p.positions // 4, p.row()
+    assert p.greedy_match and p.distinct >= P.MIN_DISTINCT, (p.greedy_vxc, p.greedy_ref)
 
 
 @pytest.mark.parametrize("scheme", ["q8_0", "q4_0", "q4_1"])
-def test_quantized_model_runs_at_the_floor_of_the_dequantized_reference(src, scheme, vxc_sub, capsys):
+def test_quantized_model_runs_at_the_floor_of_the_dequantized_reference(src, scheme, cli, capsys):
+    import gguf
+
     out = src / scheme / "q.vxir"
-    r = vxc_sub("quantize", src / "m.vxir", "-o", out, "--scheme", scheme)
-    assert r.exit_code == 0, r.stderr
+    r = cli("quantize", src / "hf.vxir", "-o", out, "--scheme", scheme)
+    assert r.exit_code == 0, r.output
     text = out.read_text()
     assert len(re.findall(rf"= {scheme}\(blocks \$t\d+\)", text)) == QUANTISED
     assert f'fact quantized {scheme} evidence "vxc quantize --scheme {scheme}: {QUANTISED} operands' in text
     assert re.search(r'^  file @w0 "q\.safetensors" size \d+ header_sha256 "[0-9a-f]{64}"$', text, re.M)
     # norms stay as stored
     assert re.search(r"^  operand %l0\.PreAttentionNorm f32\[64\] = \$t\d+ layer 0 role PreAttentionNorm$", text, re.M)
-    f = P.Family(f"quantized-{scheme}", build=None, reference="hf", vocab=103, padded_vocab=103)
-    ref = _reference(src / "hf", scheme)
-    ref.f = f
-    p = P.measure(f, out.parent, out, ref)
-    with capsys.disabled():
-        print(f"\nquantize {scheme}: {p.row()}")
-    assert p.err <= p.tol and p.err64 <= p.tol and p.err_step <= p.tol, p.row()
-    assert p.argmax == 1.0 and p.excluded < p.positions // 4, p.row()
-    assert p.greedy_match and p.distinct >= P.MIN_DISTINCT, (p.greedy_vxc, p.greedy_ref)
+    T = gguf.GGMLQuantizationType[scheme.upper()]
+    ref, n = _reference(src / "hf", lambda name, a: gguf.quants.dequantize(gguf.quants.quantize(a, T), T)
+                        if any(k in name for k in HF_QUANTISED) else None)
+    assert n == QUANTISED
+    _at_the_floor(f"quantized-{scheme}", out, ref, capsys)
 
 
-def test_blocks_are_gguf_quants_bytes_and_keep_keeps(src, vxc_sub):
+def test_q4_k_m_mix_and_parity(src, cli, capsys):
+    """The mix is decided by the roles' declared more_bits classes (counts by hand above); the encoded model is
+    at the floor of transformers on gguf-py's decode of the same blocks."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    from vxc.ir.parser import parse
+    from vxc.ir.printer import print_module
+
+    out = src / "q4_k_m" / "q.vxir"
+    r = cli("quantize", src / "hf_k.vxir", "-o", out, "--scheme", "q4_k_m")
+    assert r.exit_code == 0, r.output
+    assert "fell back" in r.stdout and "l0.FfnDown" in r.stdout
+    text = out.read_text()
+    assert print_module(parse(text, str(out))) == text
+    got = dict(re.findall(r"^  operand %(\S+) f32\[\d+,\d+\] = (q\d_\w+)\(blocks \$t\d+\)", text, re.M))
+    assert {f: list(got.values()).count(f) for f in K_MIX} == K_MIX and len(got) == sum(K_MIX.values())
+    assert {s: got[s] for s in K_FORMATS} == K_FORMATS
+    assert ('fact quantized q4_k_m evidence "vxc quantize --scheme q4_k_m: 16 operands of roles declared '
+            "quantise=True encoded (12 q4_k, 1 q5_0, 2 q6_k, 1 q8_0; bytes of ggml's quantize_row_q4_K_ref") in text
+    st = load_file(str(out.with_suffix(".safetensors")))
+    by_name = {_hf_name(s): (f, st[s]) for s, f in got.items()}
+
+    def decoded(name, a):
+        if name not in by_name:
+            return None
+        f, blocks = by_name[name]
+        return gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[f.upper()]).reshape(a.shape)
+
+    ref, n = _reference(src / "hf_k", decoded)
+    assert n == len(got)
+    _at_the_floor("quantized-q4_k_m", out, ref, capsys)
+    # self-contained: the tokenizer came along, the pass pipeline takes it, and text runs
+    assert (out.parent / "tokenizer.json").read_text() == (src / "hf_k" / "tokenizer.json").read_text()
+    assert cli("passes", out).exit_code == 0
+    r = cli("exec", out, "--prompt", "abc", "--max-new-tokens", "3")
+    assert r.exit_code == 0, r.output
+
+
+def test_more_bits_rule_and_tied_head():
+    """use_more_bits by hand for 8 and 24 layers (half of V / down upgraded); a tied head's class is the
+    embedding table's."""
+    from vxc.quantize import more_bits_classes, use_more_bits
+
+    assert [i for i in range(8) if use_more_bits(i, 8)] == [0, 3, 6, 7]
+    assert [i for i in range(24) if use_more_bits(i, 24)] == [0, 1, 2, 5, 8, 11, 14, 17, 20, 21, 22, 23]
+    classes = more_bits_classes()
+    assert {r: classes[r] for r in ("AttnV", "FfnDown", "LmHead", "MlaKvBProj", "SharedExpertDown")} == \
+        {"AttnV": "value", "FfnDown": "down", "LmHead": "head", "MlaKvBProj": "value", "SharedExpertDown": "down"}
+    assert not {"AttnQ", "AttnK", "AttnO", "FfnGate", "FfnUp", "Embedding", "Mamba2InProj"} & set(classes)
+
+
+def test_tied_embedding_takes_the_head_format(tmp_path, cli):
+    from vxc.driver import load, run
+    from vxc.quantize import choose_formats, quantisable_roles
+
+    mdir = B.build_hf(tmp_path / "hf", "llama", dict(K_CFG, tie_word_embeddings=True), seed=3)
+    m = run(load(mdir), "verify,bind,closure", emit=lambda s: None).module
+    formats, kept, fallbacks = choose_formats(m, "q4_k_m", quantisable_roles())
+    assert formats["Embedding"] == "q6_k" and "LmHead" not in formats
+    assert formats["l0.AttnQ"] == "q4_k" and not kept and len(fallbacks) == LAYERS
+
+
+def test_encoded_expert_banks_are_copied_as_stored(tmp_path, cli):
+    """MXFP4 expert banks (not quantisable roles) are copied block for block, views and all; the model runs."""
+    from safetensors.torch import load_file
+
+    from tests.families import gpt_oss_support as G
+    from vxc.ir.parser import parse_file
+
+    mdir = G.MXFP4.build(tmp_path / "mx")
+    out = tmp_path / "q" / "q.vxir"
+    r = cli("quantize", mdir, "-o", out, "--scheme", "q8_0")
+    assert r.exit_code == 0, r.output
+    q = parse_file(out)
+    banks = [o for o in q.operands if o.encoding == "mxfp4"]
+    assert len(banks) == 2 * G.MINI["num_hidden_layers"] and all(o.part_names == ["blocks", "scales"] for o in banks)
+    st, hf = load_file(str(out.with_suffix(".safetensors"))), load_file(str(mdir / "model.safetensors"))
+    stored = {k: v for k, v in hf.items() if k.endswith(("_blocks", "_scales"))}
+    assert sorted(v.shape for v in stored.values()) == sorted(st[f"{o.sym}.{p}"].shape for o in banks for p in o.part_names)
+    for o in banks:
+        for p in o.part_names:
+            assert any(torch.equal(st[f"{o.sym}.{p}"], v) for v in stored.values()), (o.sym, p)
+    assert cli("exec", out, "--tokens", "1,2,3", "--max-new-tokens", "2").exit_code == 0
+
+
+def test_blocks_are_gguf_quants_bytes_and_keep_keeps(src, cli):
     import gguf
     from safetensors.torch import load_file
 
     out = src / "keep" / "k.vxir"
-    r = vxc_sub("quantize", src / "m.vxir", "-o", out, "--scheme", "q4_0", "--keep", "LmHead", "--keep", "FfnDown")
-    assert r.exit_code == 0, r.stderr
+    r = cli("quantize", src / "hf.vxir", "-o", out, "--scheme", "q4_0", "--keep", "LmHead", "--keep", "FfnDown")
+    assert r.exit_code == 0, r.output
     text = out.read_text()
     assert len(re.findall(r"= q4_0\(blocks", text)) == QUANTISED - 1 - LAYERS
     assert re.search(r"^  operand %LmHead f32\[103,64\] = \$t\d+ role LmHead$", text, re.M)
+    assert "kept by --keep: LmHead, FfnDown" in text
     st = load_file(str(out.with_suffix(".safetensors")))
     hf = load_file(str(src / "hf" / "model.safetensors"))
     want = gguf.quants.quantize(hf["model.layers.1.self_attn.q_proj.weight"].numpy(), gguf.GGMLQuantizationType.Q4_0)
@@ -93,14 +218,28 @@ def test_blocks_are_gguf_quants_bytes_and_keep_keeps(src, vxc_sub):
     assert torch.equal(st["LmHead"], hf["lm_head.weight"])
 
 
-def test_refusals_leave_nothing_behind(src, vxc_sub, tmp_path):
+def test_refusals_leave_nothing_behind(src, cli, vxc_sub, tmp_path):
     out = tmp_path / "x.vxir"
     for args, msg in (
-        (("--scheme", "q3_k"), "unknown scheme 'q3_k'; known: q8_0, q4_0, q4_1"),
+        (("--scheme", "q3_k"), "unknown scheme 'q3_k'; known: q8_0, q4_0, q4_1, q4_k_m"),
         (("--scheme", "q8_0", "--keep", "Attn"), "--keep Attn: not a role; roles: "),
     ):
-        r = vxc_sub("quantize", src / "m.vxir", "-o", out, *args)
-        assert r.exit_code != 0 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
-    r = vxc_sub("quantize", tmp_path / "missing.vxir", "-o", out, "--scheme", "q8_0")
+        r = cli("quantize", src / "hf.vxir", "-o", out, *args)
+        assert r.exit_code != 0 and msg in r.stderr, r.output
+    r = cli("quantize", tmp_path / "missing.vxir", "-o", out, "--scheme", "q8_0")
     assert r.exit_code != 0 and "no such IR file" in r.stderr
-    assert list(tmp_path.iterdir()) == []
+    bad = tmp_path / "bad.vxir"
+    bad.write_text("vindex3 schema 6\nmodule \"m\" {\n  compute f99\n}\n")
+    r = cli("quantize", bad, "-o", out, "--scheme", "q8_0")
+    assert r.exit_code != 0 and "bad.vxir:3:" in r.stderr and "^" in r.stderr, r.output
+    # an output whose directory is a file: a user sees a message, not a traceback
+    r = vxc_sub("quantize", src / "hf.vxir", "-o", bad / "x.vxir", "--scheme", "q8_0")
+    assert r.exit_code != 0 and "Traceback" not in r.stderr and r.stderr.strip(), r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.vxir"]
+    # a directory holding another model's tokenizer: refused before anything is written there
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "tokenizer.json").write_text("{}")
+    r = cli("quantize", src / "hf_k.vxir", "-o", other / "q.vxir", "--scheme", "q8_0")
+    assert r.exit_code != 0 and "holds a different tokenizer" in r.stderr, r.output
+    assert [p.name for p in other.iterdir()] == ["tokenizer.json"]

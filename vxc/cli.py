@@ -107,7 +107,7 @@ def lower(
 def quantize(
     model: Path = typer.Argument(..., help="a .vxir file, a model directory or a GGUF file"),
     output: Path = typer.Option(..., "-o", "--output", help="the .vxir to write (its weights: OUTPUT.safetensors)"),
-    scheme: str = typer.Option(..., "--scheme", help="ggml block format: q8_0, q4_0 or q4_1"),
+    scheme: str = typer.Option(..., "--scheme", help="q8_0, q4_0, q4_1 (one ggml block format) or q4_k_m (the mix)"),
     keep: List[str] = typer.Option([], "--keep", help="a role to leave unquantised (repeatable)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable result"),
 ):
@@ -121,13 +121,20 @@ def quantize(
     dt = time.perf_counter() - t0
     if as_json:
         print(json.dumps({"ok": True, "output": str(output), "scheme": rep.scheme, "encoded": len(rep.encoded),
-                          "kept": [{"operand": o, "why": w} for o, w in rep.kept], "bytes_before": rep.bytes_before,
-                          "bytes_after": rep.bytes_after, "seconds": round(dt, 4)}))
+                          "formats": rep.counts(), "operands": rep.encoded, "kept": [{"operand": o, "why": w} for o, w in rep.kept],
+                          "fallbacks": [{"operand": o, "why": w} for o, w in rep.fallbacks], "notes": rep.notes,
+                          "bytes_before": rep.bytes_before, "bytes_after": rep.bytes_after, "seconds": round(dt, 4)}))
     else:
-        print(f"quantized {len(rep.encoded)} operands to {rep.scheme}: {rep.bytes_before / 1e6:.1f} → "
+        mix = ", ".join(f"{n} {f}" for f, n in sorted(rep.counts().items()))
+        print(f"quantized {len(rep.encoded)} operands to {rep.scheme} ({mix or 'none'}): {rep.bytes_before / 1e6:.1f} → "
               f"{rep.bytes_after / 1e6:.1f} MB → {output} in {dt:.2f} s")
+        for o, w in rep.fallbacks:
+            print(f"  fell back %{o}: {w}")
         for o, w in rep.kept:
             print(f"  kept %{o}: {w}")
+        for n in rep.notes:
+            print(f"  note: {n}")
+
 
 @app.command()
 def passes(

@@ -1,17 +1,35 @@
-"""``vxc quantize MODEL -o OUT.vxir --scheme q8_0|q4_0|q4_1 [--keep ROLE ...]``: data preparation, not execution.
+"""``vxc quantize MODEL -o OUT.vxir --scheme q8_0|q4_0|q4_1|q4_k_m [--keep ROLE ...]``: data preparation, not
+execution.
 
 Every operand whose role the operator declarations mark ``quantise=True`` (a projection, the embedding / head
-table: ``vxc.ir.operators.decl.RoleSpec``) is encoded in the scheme's ggml block format, bit-exact with
-``gguf.quants.quantize`` (``vxc.runtime.ggml_blocks.quantize``), unless ``--keep`` names its role or its rows
-are not whole blocks (reported, kept). Every other operand keeps its stored dtype. The output is
-self-contained: one safetensors file beside OUT.vxir (``OUT.safetensors``) holding each operand's logical
-tensor (views applied; encoded ones as uint8 ``[rows, row_bytes]`` blocks) and the IR declaring them
-(``operand %l0.AttnQ f32[576,576] = q8_0(blocks $t3) ...``), with the scheme recorded as a fact. The new module
-runs verify, bind, closure and state before anything is written; both files are written atomically and a
-failure leaves neither behind.
+table: ``vxc.ir.operators.decl.RoleSpec``) is encoded in a ggml block format, unless ``--keep`` names its role:
 
-Family-agnostic: roles and declarations only. Refused by name: expert banks and already-encoded operands
-(not handled yet), an unknown scheme or role.
+- ``q8_0`` / ``q4_0`` / ``q4_1``: that format, bit-exact with ``gguf.quants.quantize``.
+- ``q4_k_m``: the Q4_K_M mix ggml's quantize tool writes without an importance matrix, chosen by the roles'
+  declared ``more_bits`` class instead of tensor names: q4_k for most matrices; q6_k for the ``head``
+  class (the output table, and the embedding table when the head is tied to it) and, on the layers its
+  ``use_more_bits`` rule picks (``i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2``), for the ``down`` class (FFN
+  output projections; ``i`` the layer, ``n`` the layers) and the ``value`` class (attention value projections,
+  fused QKV ones included; ``i`` the operand's place among the operands of ``value`` roles, ``n`` their
+  count). Encoded with ggml's reference encoders (``vxc.runtime.ggml_blocks``: the bytes
+  ``quantize_row_q4_K_ref`` / ``quantize_row_q6_K_ref`` write). Not reproduced: the tool's choices keyed on
+  model facts other than the roles (8-expert models take q8_0 for K and V, 70B-class models q5_k for V).
+
+A matrix whose rows are not whole blocks of its format falls back as the tool falls back (q4_k -> q5_0, q6_k ->
+q8_0; reported); one whose rows are not whole 32-value blocks either is kept as stored (reported; the tool
+writes f16 there). Every other operand keeps its stored dtype. Expert banks are not declared quantisable (the
+runtime has no kernels reading encoded banks): they are copied as stored, one ``[experts, ...]`` tensor each.
+
+The output is self-contained: one safetensors file beside OUT.vxir (``OUT.safetensors``) holding each operand's
+logical tensor (views applied; encoded ones as uint8 ``[rows, row_bytes]`` blocks), the IR declaring them
+(``operand %l0.AttnQ f32[576,576] = q8_0(blocks $t3) ...``) with the scheme recorded as a fact, and the model's
+tokenizer.json (the GGUF metadata's tokenizer for a GGUF input) unless the directory holds it already. The new
+module runs verify, bind, closure and state before anything is written; the files are written atomically and a
+failure leaves none behind.
+
+Already encoded operands (a GGUF file's blocks, MXFP4 expert banks) of roles not being quantised are copied as
+stored, views and all; one of a role to quantise is refused by name (no re-encoding; ``--keep`` its role).
+Family-agnostic: roles and declarations only. Also refused: an unknown scheme or role.
 """
 
 from __future__ import annotations
@@ -27,7 +45,22 @@ from .ir.ggml import encoding
 from .ir.module import Fact, FileEntry, Module, Operand, Tensor
 from .ir.operators import OPERATORS
 
-SCHEMES = ("q8_0", "q4_0", "q4_1")
+
+@dataclass(frozen=True)
+class Scheme:
+    name: str
+    base: str  # the ggml format of every quantised operand ...
+    more: str | None = None  # ... but those a role's ``more_bits`` class upgrades (a mixed scheme)
+    reference: str = "gguf.quants.quantize"
+
+
+SCHEMES = {s.name: s for s in (
+    Scheme("q8_0", "q8_0"), Scheme("q4_0", "q4_0"), Scheme("q4_1", "q4_1"),
+    Scheme("q4_k_m", "q4_k", "q6_k", "ggml's quantize_row_q4_K_ref / quantize_row_q6_K_ref"),
+)}
+# a format whose block does not divide a row: the 32-value format the quantize tool falls back to
+FALLBACK = {"q4_k": "q5_0", "q6_k": "q8_0"}
+MORE_BITS_RULE = "i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2"
 
 
 class QuantizeError(VxcError):
@@ -39,13 +72,37 @@ def quantisable_roles() -> set[str]:
     return {spec.name for decl in OPERATORS.values() for spec in decl.roles if spec.name and spec.quantise}
 
 
+def more_bits_classes() -> dict[str, str]:
+    """role -> its declared ``more_bits`` class, for the roles that declare one."""
+    out: dict[str, str] = {}
+    for decl in OPERATORS.values():
+        for spec in decl.roles:
+            if spec.name and spec.more_bits:
+                assert out.setdefault(spec.name, spec.more_bits) == spec.more_bits, spec.name
+    return out
+
+
+def use_more_bits(i: int, n: int) -> bool:
+    """The quantize tool's ``use_more_bits``, in C's integer arithmetic (``i >= n/8`` wherever the modulo is
+    reached, so it is never taken of a negative number)."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
 @dataclass
 class Report:
     scheme: str
-    encoded: list[str] = field(default_factory=list)  # operand syms
+    encoded: dict[str, str] = field(default_factory=dict)  # operand sym -> ggml format
     kept: list[tuple[str, str]] = field(default_factory=list)  # (operand sym, why)
+    fallbacks: list[tuple[str, str]] = field(default_factory=list)  # (operand sym, why)
+    notes: list[str] = field(default_factory=list)
     bytes_before: int = 0
     bytes_after: int = 0
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for f in self.encoded.values():
+            out[f] = out.get(f, 0) + 1
+        return out
 
 
 def _check(m: Module, scheme: str, keep: list[str]) -> set[str]:
@@ -57,17 +114,67 @@ def _check(m: Module, scheme: str, keep: list[str]) -> set[str]:
     bad = [k for k in keep if k not in names]
     if bad:
         raise QuantizeError(f"--keep {', '.join(bad)}: not a role; roles: {', '.join(sorted(names))}")
-    tensors = m.tensor_table()
-    problems = []
-    for o in m.operands:
-        if o.encoding is not None:
-            problems.append(f"operand %{o.sym} is already encoded ({o.encoding})")
-        elif any(tensors[s].is_bank for s in o.sources):
-            problems.append(f"operand %{o.sym} reads an expert bank")
+    roles = quantisable_roles() - set(keep)
+    problems = [f"operand %{o.sym} ({o.role}) is already encoded ({o.encoding})" for o in m.operands
+                if o.encoding is not None and str(o.role) in roles]
     if problems:
-        raise QuantizeError(f"vxc quantize does not handle {len(problems)} operand(s) yet:\n"
-                            + "\n".join(f"  - {p}" for p in problems))
-    return quantisable_roles() - set(keep)
+        raise QuantizeError(f"vxc quantize does not re-encode {len(problems)} already encoded operand(s) "
+                            "(--keep ROLE copies them as stored):\n" + "\n".join(f"  - {p}" for p in problems))
+    return roles
+
+
+def _classes(m: Module) -> dict[str, str]:
+    """operand sym -> its ``more_bits`` class. A tied head reads the embedding operator's table: that table
+    takes the head's class."""
+    cls = more_bits_classes()
+    out = {o.sym: cls[str(o.role)] for o in m.operands if str(o.role) in cls}
+    head = {cls[s.name] for s in OPERATORS[m.head.kind].roles if s.name in cls}
+    if m.head.attrs.get("tied") and len(head) == 1:
+        table = {s.name for s in OPERATORS[m.embedding.kind].roles if s.quantise}
+        out.update({o.sym: next(iter(head)) for o in m.operands if o.layer is None and str(o.role) in table})
+    return out
+
+
+def choose_formats(m: Module, scheme: str, roles: set[str]) -> tuple[dict[str, str], list[tuple[str, str]], list[tuple[str, str]]]:
+    """The format of every operand to encode (sym -> format), the quantisable operands kept as stored and the
+    fallbacks taken, each with why."""
+    tensors = m.tensor_table()
+    s = SCHEMES[scheme]
+    classes = _classes(m)
+    place = {layer.index: i for i, layer in enumerate(m.layers)}  # the layer's place, whatever the index base
+    values = sorted((o for o in m.operands if classes.get(o.sym) == "value"), key=lambda o: place.get(o.layer, 0))
+    value_at = {o.sym: i for i, o in enumerate(values)}
+
+    def more_bits(o: Operand) -> bool:
+        c = classes.get(o.sym)
+        if c == "down":
+            return o.layer in place and use_more_bits(place[o.layer], len(m.layers))
+        return c == "head" or (c == "value" and use_more_bits(value_at[o.sym], len(values)))
+
+    formats: dict[str, str] = {}
+    kept: list[tuple[str, str]] = []
+    fallbacks: list[tuple[str, str]] = []
+    for o in m.operands:
+        if str(o.role) not in roles:
+            continue
+        if any(tensors[t].is_bank for t in o.sources):
+            kept.append((o.sym, "an expert bank (kept as stored: no encoded-bank kernels)"))
+            continue
+        if len(o.shape) != 2:
+            kept.append((o.sym, f"not a matrix ({list(o.shape)})"))
+            continue
+        fmt = s.more if s.more is not None and more_bits(o) else s.base
+        cols, block = o.shape[-1], encoding(fmt).block_size
+        if cols % block and fmt in FALLBACK and cols % encoding(FALLBACK[fmt]).block_size == 0:
+            fallbacks.append((o.sym, f"rows of {cols} values are not whole {block}-value blocks: {FALLBACK[fmt]}, "
+                                     f"not {fmt}"))
+            fmt = FALLBACK[fmt]
+        elif cols % block:
+            also = f" (nor {encoding(FALLBACK[fmt]).block_size}-value ones for {FALLBACK[fmt]})" if fmt in FALLBACK else ""
+            kept.append((o.sym, f"rows of {cols} values are not whole {block}-value blocks{also}"))
+            continue
+        formats[o.sym] = fmt
+    return formats, kept, fallbacks
 
 
 def quantize_module(m: Module, model_dir: Path, out_ir: Path, scheme: str, keep: list[str]) -> tuple[Module, dict, Report]:
@@ -76,32 +183,39 @@ def quantize_module(m: Module, model_dir: Path, out_ir: Path, scheme: str, keep:
     from .runtime.weights import TORCH_DTYPES, Weights
 
     roles = _check(m, scheme, keep)
-    block = encoding(scheme).block_size
+    formats, kept, fallbacks = choose_formats(m, scheme, roles)
     weights = Weights(m, Path(model_dir))
-    rep = Report(scheme)
+    rep = Report(scheme, kept=kept, fallbacks=fallbacks)
     out_tensors: dict[str, torch.Tensor] = {}
     tensors: list[Tensor] = []
     operands: list[Operand] = []
-    for i, o in enumerate(m.operands):
-        tsym, key = f"t{i}", o.sym
-        want = str(o.role) in roles
-        why = None
-        if want and (len(o.shape) != 2 or o.shape[-1] % block):
-            why = f"rows of {o.shape[-1]} values are not whole {block}-value blocks" if len(o.shape) == 2 else \
-                f"not a matrix ({list(o.shape)})"
-        if want and why is None:
+    stored = m.tensor_table()
+    for o in m.operands:
+        tsym, key = f"t{len(tensors)}", o.sym
+        fmt = formats.get(o.sym)
+        if fmt is not None:
             w = weights.operand(o, torch.float32, "cpu")
-            b = quantize(scheme, w.contiguous()).contiguous()
+            b = quantize(fmt, w.contiguous()).contiguous()
             out_tensors[key] = b
             tensors.append(Tensor(tsym, "u8", tuple(b.shape), key, file="w0"))
-            operands.append(Operand(o.sym, "f32", o.shape, [tsym], o.role, layer=o.layer, encoding=scheme,
+            operands.append(Operand(o.sym, "f32", o.shape, [tsym], o.role, layer=o.layer, encoding=fmt,
                                     part_names=["blocks"]))
-            rep.encoded.append(o.sym)
+            rep.encoded[o.sym] = fmt
             rep.bytes_before += w.numel() * TORCH_DTYPES[o.dtype].itemsize
             rep.bytes_after += b.numel()
+            del w
+        elif o.encoding is not None:  # encoded, and not a role to quantise: its stored parts copied as they are
+            syms = []
+            for part, src in zip(o.part_names, o.sources):
+                t = weights.stored(src, copy=True).contiguous()
+                syms.append(f"t{len(tensors)}")
+                out_tensors[f"{key}.{part}"] = t
+                tensors.append(Tensor(syms[-1], stored[src].dtype, tuple(t.shape), f"{key}.{part}", file="w0"))
+                rep.bytes_before += t.numel() * t.element_size()
+                rep.bytes_after += t.numel() * t.element_size()
+            operands.append(Operand(o.sym, o.dtype, o.shape, syms, o.role, layer=o.layer, encoding=o.encoding,
+                                    part_names=list(o.part_names), transforms=copy.deepcopy(o.transforms)))
         else:
-            if want:
-                rep.kept.append((o.sym, why))
             t = weights.operand(o, TORCH_DTYPES[o.dtype], "cpu").contiguous()
             out_tensors[key] = t
             tensors.append(Tensor(tsym, o.dtype, tuple(t.shape), key, file="w0"))
@@ -111,11 +225,26 @@ def quantize_module(m: Module, model_dir: Path, out_ir: Path, scheme: str, keep:
     q = copy.deepcopy(m)
     q.tensors, q.operands, q.index = tensors, operands, None
     q.source.model_dir = "."
-    kept = f"; kept by --keep: {', '.join(keep)}" if keep else ""
-    q.facts.append(Fact("quantized", scheme, f"vxc quantize --scheme {scheme}: {len(rep.encoded)} operands of roles "
-                        f"declared quantise=True encoded (bit-exact with gguf.quants.quantize){kept}"))
+    q.facts.append(Fact("quantized", scheme, _evidence(SCHEMES[scheme], rep, keep)))
     q.files = [FileEntry("w0", out_ir.with_suffix(".safetensors").name, 0, "")]
     return q, out_tensors, rep
+
+
+def _evidence(s: Scheme, rep: Report, keep: list[str]) -> str:
+    counts = rep.counts()
+    mix = ", ".join(f"{counts[f]} {f}" for f in sorted(counts))
+    text = (f"vxc quantize --scheme {s.name}: {len(rep.encoded)} operands of roles declared quantise=True encoded "
+            f"({mix}; bytes of {s.reference})")
+    if s.more is not None:
+        text += (f"; {s.more} for the more_bits class head, and for the classes value and down where "
+                 f"{MORE_BITS_RULE}")
+    if rep.fallbacks:
+        text += f"; {len(rep.fallbacks)} fell back to a 32-value format (rows not whole blocks)"
+    if rep.kept:
+        text += f"; {len(rep.kept)} kept as stored"
+    if keep:
+        text += f"; kept by --keep: {', '.join(keep)}"
+    return text
 
 
 def quantize_to_file(src: Path, out_ir: Path, scheme: str, keep: list[str]) -> Report:
@@ -135,9 +264,15 @@ def quantize_to_file(src: Path, out_ir: Path, scheme: str, keep: list[str]) -> R
     if st.resolve() == Path(src).resolve() or out_ir.resolve() == Path(src).resolve():
         raise QuantizeError(f"{out_ir}: the output would overwrite the input")
     ctx = run(load(src), "verify,bind,closure", emit=lambda s: None)
+    notes: list[str] = []
+    tok = _tokenizer(ctx.module, Path(ctx.model_dir), out_ir.parent / "tokenizer.json", notes)
     q, tensors, rep = quantize_module(ctx.module, ctx.model_dir, out_ir, scheme, keep)
+    rep.notes += notes
     tmp_st, tmp_ir = st.with_name(f".{st.name}.part"), out_ir.with_name(f".{out_ir.name}.part")
+    tmp_tok = out_ir.with_name(".tokenizer.json.part")
     try:
+        if tok is not None:
+            write_atomic(tmp_tok, tok)
         save_safetensors_atomic(tmp_st, tensors, {"vxc_quantized": scheme})
         _, size, digest = _read_header(tmp_st, st.name)
         # checked against the temporary file, then declared under its final name (same bytes, size, digest)
@@ -145,9 +280,36 @@ def quantize_to_file(src: Path, out_ir: Path, scheme: str, keep: list[str]) -> R
         checked = run(Context(q, model_dir=out_ir.resolve().parent), "verify,bind,closure,state", emit=lambda s: None)
         checked.module.files[0].path = st.name
         write_atomic(tmp_ir, print_module(checked.module))
+        if tok is not None:
+            os.replace(tmp_tok, tmp_tok.with_name("tokenizer.json"))
         os.replace(tmp_st, st)
         os.replace(tmp_ir, out_ir)
     finally:
-        tmp_st.unlink(missing_ok=True)
-        tmp_ir.unlink(missing_ok=True)
+        for t in (tmp_st, tmp_ir, tmp_tok):
+            t.unlink(missing_ok=True)
     return rep
+
+
+def _tokenizer(m: Module, model_dir: Path, dest: Path, notes: list[str]) -> str | None:
+    """The tokenizer.json to write beside the output (the model directory's, or the one a GGUF file's metadata
+    describes), so that ``vxc exec --prompt`` runs on it; None when there is none or ``dest`` already holds it.
+    A different tokenizer at ``dest`` is refused (the output directory belongs to another model)."""
+    from .runtime.tokenizer import load_tokenizer
+
+    path = model_dir / "tokenizer.json"
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+    else:
+        try:
+            tok = load_tokenizer(model_dir, m)
+        except VxcError as e:  # as ``vxc exec`` takes it: no tokenizer, token ids in and out
+            notes.append(f"no tokenizer.json written: {e}")
+            return None
+        if tok is None:
+            return None
+        text = tok.to_str()
+    if dest.is_file():
+        if dest.read_text(encoding="utf-8") != text:
+            raise QuantizeError(f"{dest}: holds a different tokenizer; write the output into another directory")
+        return None
+    return text

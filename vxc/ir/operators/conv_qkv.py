@@ -37,7 +37,7 @@ CONV_QKV = OperatorDecl(
         *ROTARY_ATTRS,
     ),
     roles=(
-        RoleSpec("ConvQkvInProj", lambda a: (_qkv_rows(a), a["d_model"]), quantise=True),
+        RoleSpec("ConvQkvInProj", lambda a: (_qkv_rows(a), a["d_model"]), quantise=True, more_bits="value"),
         RoleSpec("ConvQkvInProjBias", lambda a: (_qkv_rows(a),), when="qkv_bias"),
         RoleSpec("ConvQkvConv1d", lambda a: (_qkv_rows(a), a["conv_kernel"])),
         RoleSpec("ConvQkvConv1dBias", lambda a: (_qkv_rows(a),), when="conv_bias"),

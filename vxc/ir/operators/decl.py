@@ -69,6 +69,9 @@ class Attr:
         raise AssertionError(self.type)
 
 
+MORE_BITS = (None, "head", "down", "value")  # RoleSpec.more_bits
+
+
 @dataclass(frozen=True)
 class RoleSpec:
     """A role the operator binds, by name; ``name=None`` means the instance's own declared role (norms)."""
@@ -80,6 +83,14 @@ class RoleSpec:
     # a weight matrix multiplied against the activations (a projection, the embedding / head table): what
     # ``vxc quantize`` encodes by default. Norms, biases, decay rates, conv taps and routers stay as stored.
     quantise: bool = False
+    # the class by which a mixed scheme (``vxc quantize --scheme q4_k_m``) gives a quantised role more bits:
+    # "head" the output table (always), "down" an FFN's output projection and "value" an attention's value
+    # projection (fused QKV ones included), both on the layers the scheme's rule picks. None: its base format.
+    more_bits: str | None = None
+
+    def __post_init__(self) -> None:
+        assert self.more_bits in MORE_BITS, self.more_bits
+        assert self.more_bits is None or self.quantise, (self.name, "more_bits needs quantise=True")
 
     @property
     def role(self) -> Role | None:

@@ -13,7 +13,7 @@ SWIGLU = OperatorDecl(
     roles=(
         RoleSpec("FfnGate", lambda a: (a["intermediate"], a["d_model"]), quantise=True),
         RoleSpec("FfnUp", lambda a: (a["intermediate"], a["d_model"]), quantise=True),
-        RoleSpec("FfnDown", lambda a: (a["d_model"], a["intermediate"]), quantise=True),
+        RoleSpec("FfnDown", lambda a: (a["d_model"], a["intermediate"]), quantise=True, more_bits="down"),
     ),
 )
 

@@ -65,7 +65,7 @@ GATED_DELTA = OperatorDecl(
         attr("norm_act", "enum", "silu", "sigmoid", doc="activation of the output gate z"),
     ),
     roles=(
-        RoleSpec("LinearAttnInProjQkv", lambda a: (_conv_dim(a), a["d_model"]), quantise=True),
+        RoleSpec("LinearAttnInProjQkv", lambda a: (_conv_dim(a), a["d_model"]), quantise=True, more_bits="value"),
         RoleSpec("LinearAttnInProjZ", lambda a: (_value_dim(a), a["d_model"]), quantise=True),
         RoleSpec("LinearAttnInProjB", lambda a: (a["v_heads"], a["d_model"]), quantise=True),
         RoleSpec("LinearAttnInProjA", lambda a: (a["v_heads"], a["d_model"]), quantise=True),

@@ -52,7 +52,7 @@ KDA = OperatorDecl(
     roles=(
         RoleSpec("KdaQProj", lambda a: (_hd(a), a["d_model"]), quantise=True),
         RoleSpec("KdaKProj", lambda a: (_hd(a), a["d_model"]), quantise=True),
-        RoleSpec("KdaVProj", lambda a: (_hd(a), a["d_model"]), quantise=True),
+        RoleSpec("KdaVProj", lambda a: (_hd(a), a["d_model"]), quantise=True, more_bits="value"),
         RoleSpec("KdaQConv1d", lambda a: (_hd(a), a["conv_kernel"])),
         RoleSpec("KdaKConv1d", lambda a: (_hd(a), a["conv_kernel"])),
         RoleSpec("KdaVConv1d", lambda a: (_hd(a), a["conv_kernel"])),

@@ -85,7 +85,8 @@ MLA = OperatorDecl(
         RoleSpec("MlaQBProj", lambda a: (a["heads"] * _qk(a), a["q_lora_rank"]), when="q_lora", quantise=True),
         RoleSpec("MlaKvAProj", lambda a: (a["kv_lora_rank"] + a["qk_rope_head_dim"], a["d_model"]), quantise=True),
         RoleSpec("MlaKvANorm", lambda a: (a["kv_lora_rank"],)),
-        RoleSpec("MlaKvBProj", lambda a: (a["heads"] * (a["qk_nope_head_dim"] + a["v_head_dim"]), a["kv_lora_rank"]), quantise=True),
+        RoleSpec("MlaKvBProj", lambda a: (a["heads"] * (a["qk_nope_head_dim"] + a["v_head_dim"]), a["kv_lora_rank"]), quantise=True,
+                 more_bits="value"),
         RoleSpec("MlaOutProj", lambda a: (a["d_model"], _o_dim(a)), quantise=True),
     ),
     regions=(

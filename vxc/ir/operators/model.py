@@ -29,7 +29,7 @@ HEAD = OperatorDecl(
     slot="head",
     doc="logits = h·Wᵀ over the padded vocab; W is the embedding table when tied",
     attrs=(attr("tied", "bool"), attr("padded_vocab", "int"), attr("dim", "int")),
-    roles=(RoleSpec("LmHead", lambda a: (a["padded_vocab"], a["dim"]), unless="tied", quantise=True),),
+    roles=(RoleSpec("LmHead", lambda a: (a["padded_vocab"], a["dim"]), unless="tied", quantise=True, more_bits="head"),),
 )
 
 

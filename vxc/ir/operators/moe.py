@@ -67,7 +67,8 @@ MOE = OperatorDecl(
         RoleSpec("ExpertDownBias", lambda a: (_e(a), a["d_model"]), when="expert_bias"),
         RoleSpec("SharedExpertGate", lambda a: (a["shared_intermediate"], a["d_model"]), when="shared_experts", quantise=True),
         RoleSpec("SharedExpertUp", lambda a: (a["shared_intermediate"], a["d_model"]), when="shared_experts", quantise=True),
-        RoleSpec("SharedExpertDown", lambda a: (a["d_model"], a["shared_intermediate"]), when="shared_experts", quantise=True),
+        RoleSpec("SharedExpertDown", lambda a: (a["d_model"], a["shared_intermediate"]), when="shared_experts", quantise=True,
+                 more_bits="down"),
         RoleSpec("SharedExpertBranchGate", lambda a: (1, a["d_model"]), when="shared_gate"),
     ),
     # reserved in the vocabulary (VINDEX3), bound by no frontend yet

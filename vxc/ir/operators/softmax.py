@@ -40,7 +40,7 @@ SOFTMAX = OperatorDecl(
     roles=(
         RoleSpec("AttnQ", lambda a: (_q_dim(a), a["d_model"]), quantise=True),
         RoleSpec("AttnK", lambda a: (_kv_dim(a), a["d_model"]), quantise=True),
-        RoleSpec("AttnV", lambda a: (_kv_dim(a), a["d_model"]), quantise=True),
+        RoleSpec("AttnV", lambda a: (_kv_dim(a), a["d_model"]), quantise=True, more_bits="value"),
         RoleSpec("AttnO", lambda a: (a["d_model"], _q_dim(a)), quantise=True),
         RoleSpec("AttnQBias", lambda a: (_q_dim(a),), when="q_bias"),
         RoleSpec("AttnKBias", lambda a: (_kv_dim(a),), when="k_bias"),
