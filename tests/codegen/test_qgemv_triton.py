@@ -1,8 +1,17 @@
-"""``vxc::qgemv``'s Triton implementation (``kernels/quant.py``): q8_0, q4_0, q4_1 read straight from their
-blocks. Under the CPU interpreter (the case re-runs itself in a fresh process with TRITON_INTERPRET=1 when
-triton was imported without it): the kernel against the fp32 twin and an fp64 oracle from gguf-py's decoding
-at the kernel floor, then a GGUF miniature of those formats run end to end with every kernel on the Triton
-backend, at the floor of transformers loading the same file, with the Triton qgemv counted (and no qgemv twin)."""
+"""``vxc::qgemv``'s Triton implementation (``kernels/quant.py``): q8_0, q4_0, q4_1, q4_k, q6_k read straight from
+their blocks, decoded in registers; a GEMV for few rows of x, a ``tl.dot`` GEMM from ``TRITON_DOT_FROM`` rows.
+
+Under the CPU interpreter (each case re-runs itself in a fresh process with TRITON_INTERPRET=1 when triton was
+imported without it, ``tests/triton_support.py``):
+
+- the kernel against the fp32 twin and an fp64 oracle from gguf-py's decoding at the kernel floor, on awkward
+  shapes (rows not a multiple of either tile, 1-5 blocks per row, B = 1, 3 on the GEMV and 17, 70 on the GEMM);
+- its decoder bit for bit against ``gguf.quants.dequantize``, including blocks of random bytes whose f16 scales
+  are subnormal, infinite or NaN; ``qembedding``'s Triton form against its twin; other encodings NotCovered;
+- a GGUF llama miniature mixing every covered encoding (q4_k and q6_k on the 256-column projections), run end
+  to end with every kernel on the Triton backend, at the floor of transformers loading the same file, with no
+  fallback to a twin.
+"""
 
 from __future__ import annotations
 
@@ -11,40 +20,101 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from gguf import quants as gq
 
 from tests import references as R
-from tests.codegen.test_qgemv import make_blocks, oracle
+from tests.codegen.test_qgemv import make_blocks, oracle, qtype
 from tests.triton_support import triton_case as triton_case_for
 from vxc.codegen import kernels
-from vxc.codegen.kernels import quant
+from vxc.codegen.kernels import qdense, quant
 from vxc.codegen.kernels.triton_common import INTERPRETED
+from vxc.ir.ggml import ENCODINGS
 
 triton_case = triton_case_for(torch.cuda.is_available() or INTERPRETED)
-ENCODINGS = ("q8_0", "q4_0", "q4_1")
-# every tensor in a 32-value format (what the Triton decoder covers)
-FILE_ENCODINGS = {"token_embd": "Q8_0", "attn_q": "Q4_0", "attn_k": "Q4_1", "attn_v": "Q8_0", "attn_output": "Q4_0",
-                  "ffn_gate": "Q4_1", "ffn_up": "Q8_0", "ffn_down": "Q4_0", "output": "Q4_1"}
-CFG = {"vocab": 96, "d": 64, "ffn": 128, "layers": 1, "heads": 4, "kv_heads": 2, "head_dim": 16, "eps": 1e-5,
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+COVERED = tuple(quant.TRITON_ENCODINGS)
+# (rows, blocks per row, B): GEMV tiles of 32 rows x 4 rows of x, GEMM tiles of 64 rows x 16..64 rows of x
+SHAPES = ((37, 1, 1), (70, 3, 3), (5, 5, 17), (131, 2, 17), (33, 4, 70))
+# every covered encoding in one file: the k-quants where a row is 256 values (attn_output: 4 heads x 64,
+# ffn_down: ffn = 256), the 32-value formats elsewhere (d = 64)
+CFG = {"vocab": 96, "d": 64, "ffn": 256, "layers": 1, "heads": 4, "kv_heads": 2, "head_dim": 64, "eps": 1e-5,
        "theta": 10000.0, "context": 128}
+FILE_ENCODINGS = {"token_embd": "Q8_0", "attn_q": "Q4_0", "attn_k": "Q4_1", "attn_v": "Q8_0", "attn_output": "Q4_K",
+                  "ffn_gate": "Q4_1", "ffn_up": "Q8_0", "ffn_down": "Q6_K", "output": "Q4_0"}
+
+
+def _x(rng: np.random.Generator, B: int, cols: int) -> torch.Tensor:
+    return torch.from_numpy(rng.standard_normal((B, cols)).astype(np.float32))
 
 
 @triton_case
 def test_triton_qgemv_at_the_floor():
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    for name in ENCODINGS:
+    for name in COVERED:
         rng = np.random.default_rng(zlib.crc32(name.encode()))
-        for rows, nblk, B in ((37, 1, 1), (70, 3, 3), (5, 5, 17)):  # rows past one 32-row program, B > 16
+        for rows, nblk, B in SHAPES:
             b = make_blocks(name, rows, nblk, rng)
-            x = torch.from_numpy(rng.standard_normal((B, nblk * 32)).astype(np.float32))
-            blocks = torch.from_numpy(b)
-            got = quant.qgemv_triton(name, blocks.to(dev), x.to(dev)).cpu()
-            R.assert_kernel_at_floor(got, quant.qgemv_twin(name, blocks, x), oracle(name, b, x), f"{name} {rows}x{nblk} B={B}")
-    with pytest.raises(kernels.NotCovered):
-        quant.qgemv_triton("q4_k", torch.zeros(1, 144, dtype=torch.uint8), torch.zeros(1, 256))
+            blocks, x = torch.from_numpy(b), _x(rng, B, nblk * ENCODINGS[name].block_size)
+            got = quant.qgemv_triton(name, blocks.to(DEV), x.to(DEV)).cpu()
+            assert got.dtype == torch.float32 and got.shape == (B, rows)
+            R.assert_kernel_at_floor(got, quant.qgemv_twin(name, blocks, x), oracle(name, b, x),
+                                     f"triton {name} {rows}x{nblk} blocks B={B}")
+        # bf16 x is widened exactly on load: the fp32 call's bits, on both paths
+        for B in (3, 17):
+            xb = _x(rng, B, 2 * ENCODINGS[name].block_size).to(torch.bfloat16).to(DEV)
+            bl = torch.from_numpy(make_blocks(name, 37, 2, rng)).to(DEV)
+            assert torch.equal(quant.qgemv_triton(name, bl, xb), quant.qgemv_triton(name, bl, xb.float())), (name, B)
+
+
+def _random_bytes(name: str, rows: int, nblk: int, rng: np.random.Generator) -> np.ndarray:
+    """Every byte random, the f16 scales included (subnormal, infinite and NaN scales among them), plus a few
+    blocks whose scales are +-0 and the extremes of f16."""
+    e = ENCODINGS[name]
+    b = rng.integers(0, 256, size=(rows * nblk, e.type_size), dtype=np.uint8)
+    at = 0
+    for field, width in e.fields:
+        if field.endswith(":f16"):
+            special = np.array([0.0, -0.0, 65504.0, -65504.0, 6e-8, np.inf], dtype=np.float16)
+            b[:len(special), at:at + 2] = special.reshape(-1, 1).view(np.uint8)
+        at += width
+    return b.reshape(rows, nblk * e.type_size)
+
+
+def _same_bits(got: torch.Tensor, want: np.ndarray, what: str) -> None:
+    want_t = torch.from_numpy(np.ascontiguousarray(want, dtype=np.float32))
+    nan = torch.isnan(want_t)
+    assert torch.equal(torch.isnan(got), nan), what
+    assert torch.equal(got[~nan].view(torch.int32), want_t[~nan].view(torch.int32)), what
+
+
+@triton_case
+def test_triton_decoder_bit_exact_and_qembedding():
+    for name in COVERED:
+        rng = np.random.default_rng(zlib.crc32(b"bits " + name.encode()))
+        for b in (make_blocks(name, 37, 3, rng), _random_bytes(name, 19, 2, rng)):
+            blocks = torch.from_numpy(b).to(DEV)
+            _same_bits(quant.dequantize_triton(name, blocks).cpu(), gq.dequantize(b, qtype(name)), name)
+        # the embedding's rows, gathered (repeats, the last row, out of order), bit for bit its twin's
+        table = torch.from_numpy(make_blocks(name, 41, 2, rng))
+        ids = torch.tensor([40, 0, 7, 7, 23, 1, 40, 5, 9, 12, 3, 31, 2, 8, 16, 39, 11, 22], dtype=torch.int64)
+        got = qdense.qembedding_triton(ids.to(DEV), name, table.to(DEV)).cpu()
+        assert torch.equal(got.view(torch.int32), qdense.qembedding_twin(ids, name, table).view(torch.int32)), name
+    # the encodings without a Triton decoder: NotCovered, and through the dispatcher the twin runs, recorded
+    for name in sorted(set(ENCODINGS) - set(COVERED)):
+        rng = np.random.default_rng(1)
+        blocks, x = torch.from_numpy(make_blocks(name, 5, 1, rng)), _x(rng, 2, ENCODINGS[name].block_size)
+        with pytest.raises(kernels.NotCovered):
+            quant.qgemv_triton(name, blocks, x)
+        kernels.reset_fallbacks()
+        with kernels.backend("triton"):
+            y = torch.ops.vxc.qgemv(name, blocks.to(DEV), x.to(DEV)).cpu()
+        assert torch.equal(y, quant.qgemv_twin(name, blocks, x)), name
+        assert kernels.fallbacks() == {"qgemv": {"triton": {quant.TRITON_ENCODING: 1}}}, kernels.fallbacks()
 
 
 @triton_case
 def test_gguf_miniature_end_to_end_on_triton(tmp_path, monkeypatch, vxc_sub):
+    import transformers
+
     from tests.gguf_support import write_llama_gguf
     from tests.runtime import parity_table as P
 
@@ -52,21 +122,27 @@ def test_gguf_miniature_end_to_end_on_triton(tmp_path, monkeypatch, vxc_sub):
     write_llama_gguf(tmp_path / "m.gguf", CFG, encodings=FILE_ENCODINGS, seed=5)
     r = vxc_sub("lower", tmp_path / "m.gguf", "-o", tmp_path / "m.vxir")
     assert r.exit_code == 0, r.stderr
-    import transformers
+    text = (tmp_path / "m.vxir").read_text()
+    for enc in COVERED:
+        assert f"= {enc}(blocks " in text, enc
 
     f = P.Family("gguf-triton", build=None, reference="hf", vocab=CFG["vocab"], padded_vocab=CFG["vocab"],
-                 prompt_len=24, split=18)
+                 prompt_len=24, split=18)  # prefill of 24 (the tl.dot GEMM), then single-token steps (the GEMV)
     ref = P.Reference.__new__(P.Reference)
     ref.f = f
-    ref.m32 = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf", dtype=torch.float32).eval()
-    ref.m64 = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf", dtype=torch.float32).double().eval()
-    impls = kernels.KERNELS["qgemv"].impls
-    calls = {"triton": 0, "torch": 0}
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    ref.m32 = load(str(tmp_path), gguf_file="m.gguf", dtype=torch.float32).eval()
+    ref.m64 = load(str(tmp_path), gguf_file="m.gguf", dtype=torch.float32).double().eval()
+    calls = {"qlinear": 0, "qswiglu": 0, "qembedding": 0}
     for k in calls:
-        fn = impls[k]
-        monkeypatch.setitem(impls, k, lambda *a, _fn=fn, _k=k: (calls.__setitem__(_k, calls[_k] + 1), _fn(*a))[1])
+        impls = kernels.KERNELS[k].impls
+        fn = impls["triton"]
+        monkeypatch.setitem(impls, "triton", lambda *a, _fn=fn, _k=k: (calls.__setitem__(_k, calls[_k] + 1), _fn(*a))[1])
+    kernels.reset_fallbacks()
     with kernels.backend("triton"):
         p = P.measure(f, tmp_path, tmp_path / "m.vxir", ref, n_new=6)
-    assert calls["triton"] > 0 and calls["torch"] == 0, calls
+    assert all(calls.values()), calls  # every encoded form ran its Triton implementation
+    assert kernels.fallbacks() == {}, kernels.format_report()
     assert p.err <= p.tol and p.err64 <= p.tol and p.err_step <= p.tol, p.row()
-    assert p.greedy_match, (p.greedy_vxc, p.greedy_ref)
+    assert p.argmax == 1.0 and p.greedy_match, (p.argmax, p.greedy_vxc, p.greedy_ref)
+    assert p.deterministic, p.row()

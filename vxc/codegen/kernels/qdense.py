@@ -131,3 +131,64 @@ def qembedding_native(ids, encoding, table):
     if ids.shape[0]:
         N.call(_QEMBEDDING, code, table.data_ptr(), ids.data_ptr(), out.data_ptr(), int(ids.shape[0]), cols)
     return out
+
+
+# ------------------------------------------------------------------------------------------------ triton
+# (appended section: qembedding's Triton form; the native section above is edited separately)
+# qembedding: the gathered rows decoded by qgemv's Triton decoder (``quant._decode32``, the fp32 values
+# gguf.quants.dequantize gives), one program per BLOCK_N ids and 32-value chunk. qlinear / qswiglu: each
+# projection through qgemv's Triton implementation (raising NotCovered as it does), the bias and the gating
+# in torch on the same device.
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from .quant import TRITON_ENCODING, TRITON_ENCODINGS, _decode32, qgemv_triton  # noqa: E402
+from ...ir.ggml import encoding as _ggml_encoding  # noqa: E402
+
+_QEMB_BLOCK_N = 16
+
+
+@triton.jit
+def _qembedding_kernel(ids_ptr, w_ptr, out_ptr, T, cols, row_bytes, ENC: tl.constexpr, TSIZE: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+    t = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    g = tl.program_id(1)
+    tmask = t < T
+    row = tl.load(ids_ptr + t, mask=tmask, other=0).to(tl.int64)
+    w = _decode32(w_ptr, row * row_bytes, tmask, g, ENC, TSIZE)
+    i = tl.arange(0, 32)
+    tl.store(out_ptr + t.to(tl.int64)[:, None] * cols + g * 32 + i[None, :], w, mask=tmask[:, None])
+
+
+@qembedding.impl("triton")
+def qembedding_triton(ids, encoding, table):
+    code = TRITON_ENCODINGS.get(encoding)
+    if code is None:
+        raise NotCovered(TRITON_ENCODING)
+    ids, table = ids.reshape(-1).contiguous(), table.contiguous()
+    T, cols = int(ids.shape[0]), logical_cols(encoding, int(table.shape[1]))
+    out = torch.empty(T, cols, dtype=torch.float32, device=table.device)
+    if T and cols:
+        grid = (triton.cdiv(T, _QEMB_BLOCK_N), cols // 32)
+        _qembedding_kernel[grid](ids, table, out, T, cols, int(table.shape[1]), ENC=code,
+                                 TSIZE=_ggml_encoding(encoding).type_size, BLOCK_N=_QEMB_BLOCK_N)
+    return out
+
+
+def _qt(enc: str, blocks: Tensor, x: Tensor) -> Tensor:
+    return qgemv_triton(enc, blocks, x.reshape(-1, x.shape[-1]))
+
+
+@qlinear.impl("triton")
+def qlinear_triton(x, encoding, blocks, bias):
+    y = _qt(encoding, blocks, x)
+    return y if bias is None else y + bias.to(torch.float32)
+
+
+@qswiglu.impl("triton")
+def qswiglu_triton(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down):
+    for e in (encoding_gate, encoding_up, encoding_down):
+        if e not in TRITON_ENCODINGS:
+            raise NotCovered(TRITON_ENCODING)
+    return _qt(encoding_down, w_down, F.silu(_qt(encoding_gate, w_gate, x)) * _qt(encoding_up, w_up, x))

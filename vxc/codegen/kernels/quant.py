@@ -13,6 +13,9 @@ sum_c W[r, c] x[b, c]`` is ``[B, rows]`` fp32.
   matrix up to summation order: at the floor of the reference, see the C source). From ``TILED_FROM`` bf16 / fp16
   rows of x (prefill) a tile of rows at a time is decoded (``vxc_qdequant``) into torch's GEMM instead. Other
   encodings (q5_0, q5_1, q2_k, q3_k, q5_k) raise ``NotCovered`` and run the twin.
+- triton (CUDA, or CPU under ``TRITON_INTERPRET=1``): the same five encodings read straight from the blocks and
+  decoded in registers to the same fp32 values; a GEMV for few rows of x, a ``tl.dot`` GEMM on decoded tiles
+  from ``TRITON_DOT_FROM`` rows (prefill); fp32 accumulation either way. Others raise ``NotCovered``.
 
 Refused by name (``GGMLError``, a ValueError): an unknown encoding, blocks that are not uint8 ``[rows,
 row_bytes]`` of whole blocks, an ``x`` whose columns are not the weight's logical columns.
@@ -140,67 +143,163 @@ def dequantize_native(encoding_name: str, blocks: Tensor) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ triton
-# The 32-value formats read straight from their blocks (q8_0: f16 d + 32 int8; q4_0: f16 d + 16 bytes of
-# nibbles, q - 8; q4_1: f16 d, f16 m + 16 bytes): each weight decoded to the fp32 value gguf.quants.dequantize
-# gives it (d q, or d q + m: d q is exact, one rounding), an fp32 dot per row. One program per BLOCK_N rows and
-# one row of x; the k-quants raise NotCovered (the twin runs).
+# Read straight from the blocks, 32 values at a time: a [BLOCK_N rows, 32] tile of W decoded in registers to
+# the fp32 values gguf.quants.dequantize gives (``_decode32``: bytes -> int8 / nibbles / 6-bit codes, f16
+# scales reassembled from their two bytes and bitcast, q4_k's 6-bit scales and mins unpacked; the reference's
+# operation order: d q, d q + m, (d sc) q - (dmin mn), (d sc)(q - 32), whose products are exact, so one
+# rounding at most), then an fp32 product with the matching 32 columns of x. Few rows of x (decode): a
+# broadcast-and-reduce over BLOCK_B rows of x per program (each tile of W decoded once for them); from
+# ``TRITON_DOT_FROM`` rows (prefill): a tiled GEMM, ``tl.dot`` of [BLOCK_M, 32] x tiles with the decoded
+# tile in IEEE fp32. Other encodings raise NotCovered (the twin runs).
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-TRITON_ENCODINGS = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
-_TRITON_BLOCK_N = 32
+from .triton_common import pow2  # noqa: E402
+
+TRITON_ENCODINGS = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q4_k": 3, "q6_k": 4}
+TRITON_ENCODING = f"an encoding without a Triton decoder (Triton: {' '.join(TRITON_ENCODINGS)})"
+TRITON_DOT_FROM = 16  # rows of x from which the tl.dot GEMM runs (tl.dot needs tiles of at least 16)
+_BLOCK_N_GEMV, _BLOCK_B_GEMV = 32, 4
+_BLOCK_N_GEMM = 64
 
 
 @triton.jit
 def _f16_at(ptr, off, mask):
+    """The little-endian f16 at byte ``off`` (a tensor of offsets), exactly widened to fp32."""
     lo = tl.load(ptr + off, mask=mask, other=0).to(tl.uint16)
     hi = tl.load(ptr + off + 1, mask=mask, other=0).to(tl.uint16)
     return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
-def _qgemv_kernel(w_ptr, x_ptr, y_ptr, rows, cols, row_bytes, ENC: tl.constexpr, TSIZE: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
-    pid_n = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < rows
+def _decode32(w_ptr, row0, nmask, g, ENC: tl.constexpr, TSIZE: tl.constexpr):
+    """Values ``32 g .. 32 g + 31`` of the rows whose blocks start at byte ``row0`` ([BLOCK_N]): [BLOCK_N, 32]."""
     i = tl.arange(0, 32)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    row0 = n.to(tl.int64) * row_bytes
-    for g in range(0, cols // 32):
-        base = row0 + g * TSIZE  # [BLOCK_N]
-        d = _f16_at(w_ptr, base, nmask)
-        m2 = nmask[:, None]
-        if ENC == 0:
+    m2 = nmask[:, None]
+    if ENC < 3:  # one block of 32
+        base = row0 + g * TSIZE
+        d = _f16_at(w_ptr, base, nmask)[:, None]
+        if ENC == 0:  # q8_0: d, 32 int8
             q = tl.load(w_ptr + base[:, None] + 2 + i[None, :], mask=m2, other=0).to(tl.int8, bitcast=True)
-            w = d[:, None] * q.to(tl.float32)
-        else:
+            w = q.to(tl.float32) * d
+        else:  # q4_0 / q4_1: value i is nibble i % 16 of qs, low nibbles first
             qoff = 2 if ENC == 1 else 4
             byte = tl.load(w_ptr + base[:, None] + qoff + (i % 16)[None, :], mask=m2, other=0).to(tl.int32)
             q = (byte >> ((i // 16) * 4)[None, :]) & 15
             if ENC == 1:
-                w = d[:, None] * (q - 8).to(tl.float32)
+                w = d * (q - 8).to(tl.float32)
             else:
-                mn = _f16_at(w_ptr, base + 2, nmask)
-                w = d[:, None] * q.to(tl.float32) + mn[:, None]
-        xv = tl.load(x_ptr + b * cols + g * 32 + i).to(tl.float32)
-        acc += tl.sum(w * xv[None, :], axis=1)
-    tl.store(y_ptr + b * rows + n, acc, mask=nmask)
+                w = d * q.to(tl.float32) + _f16_at(w_ptr, base + 2, nmask)[:, None]
+    else:  # a 256-value super-block: chunk j of its eight
+        base = row0 + (g // 8) * TSIZE
+        j = g % 8
+        if ENC == 3:  # q4_k: d, dmin, 12 bytes of 6-bit scales / mins, 128 bytes of nibbles
+            d = _f16_at(w_ptr, base, nmask)
+            dmin = _f16_at(w_ptr, base + 2, nmask)
+            jj = j % 4
+            a = tl.load(w_ptr + base + 4 + jj, mask=nmask, other=0).to(tl.int32)
+            mb = tl.load(w_ptr + base + 8 + jj, mask=nmask, other=0).to(tl.int32)
+            c = tl.load(w_ptr + base + 12 + jj, mask=nmask, other=0).to(tl.int32)
+            hi = j >= 4
+            sc = tl.where(hi, (c & 15) | ((a >> 2) & 48), a & 63)
+            mn = tl.where(hi, (c >> 4) | ((mb >> 2) & 48), mb & 63)
+            byte = tl.load(w_ptr + base[:, None] + 16 + (j // 2) * 32 + i[None, :], mask=m2, other=0).to(tl.int32)
+            q = (byte >> ((j % 2) * 4)) & 15
+            dl = d * sc.to(tl.float32)
+            ml = dmin * mn.to(tl.float32)
+            w = dl[:, None] * q.to(tl.float32) - ml[:, None]
+        else:  # q6_k: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, d
+            h = j // 4
+            r = j % 4
+            lo = tl.load(w_ptr + base[:, None] + h * 64 + (r % 2) * 32 + i[None, :], mask=m2, other=0).to(tl.int32)
+            hb = tl.load(w_ptr + base[:, None] + 128 + h * 32 + i[None, :], mask=m2, other=0).to(tl.int32)
+            q = (((lo >> ((r // 2) * 4)) & 15) | (((hb >> (r * 2)) & 3) << 4)) - 32
+            s = tl.load(w_ptr + base[:, None] + 192 + j * 2 + (i // 16)[None, :], mask=m2, other=0)
+            d = _f16_at(w_ptr, base + 208, nmask)
+            dl = d[:, None] * s.to(tl.int8, bitcast=True).to(tl.float32)
+            w = dl * q.to(tl.float32)
+    return w
+
+
+@triton.jit
+def _qgemv_kernel(w_ptr, x_ptr, y_ptr, rows, cols, row_bytes, B, ENC: tl.constexpr, TSIZE: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    """Few rows of x: ``y[b, n]`` for BLOCK_B rows of x and BLOCK_N weight rows, a broadcast product reduced
+    over each 32-column chunk."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    b = (tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)).to(tl.int64)
+    nmask, bmask = n < rows, b < B
+    row0 = n.to(tl.int64) * row_bytes
+    i = tl.arange(0, 32)
+    acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    for g in range(0, cols // 32):
+        w = _decode32(w_ptr, row0, nmask, g, ENC, TSIZE)  # [BLOCK_N, 32]
+        xv = tl.load(x_ptr + b[:, None] * cols + g * 32 + i[None, :], mask=bmask[:, None], other=0.0).to(tl.float32)
+        acc += tl.sum(xv[:, None, :] * w[None, :, :], axis=2)
+    tl.store(y_ptr + b[:, None] * rows + n[None, :], acc, mask=bmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _qgemm_kernel(w_ptr, x_ptr, y_ptr, rows, cols, row_bytes, B, ENC: tl.constexpr, TSIZE: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Many rows of x (prefill): an output tile [BLOCK_M, BLOCK_N] per program, ``tl.dot`` over 32-column
+    chunks of x with the decoded [32, BLOCK_N] tile of Wᵀ (IEEE fp32 products, fp32 accumulation)."""
+    m = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask, nmask = m < B, n < rows
+    row0 = n.to(tl.int64) * row_bytes
+    i = tl.arange(0, 32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for g in range(0, cols // 32):
+        w = _decode32(w_ptr, row0, nmask, g, ENC, TSIZE)
+        xv = tl.load(x_ptr + m[:, None] * cols + g * 32 + i[None, :], mask=mmask[:, None], other=0.0).to(tl.float32)
+        acc = tl.dot(xv, tl.trans(w), acc, input_precision="ieee")
+    tl.store(y_ptr + m[:, None] * rows + n[None, :], acc, mask=mmask[:, None] & nmask[None, :])
 
 
 @qgemv.impl("triton")
 def qgemv_triton(encoding_name, blocks, x):
     code = TRITON_ENCODINGS.get(encoding_name)
     if code is None:
-        raise NotCovered(f"an encoding without a Triton decoder (Triton: {' '.join(TRITON_ENCODINGS)})")
+        raise NotCovered(TRITON_ENCODING)
     blocks, x = blocks.contiguous(), x.contiguous()
     rows, cols, B = int(blocks.shape[0]), int(x.shape[1]), int(x.shape[0])
     y = torch.empty(B, rows, dtype=torch.float32, device=x.device)
-    if rows and B:
-        enc = encoding(encoding_name)
-        grid = (triton.cdiv(rows, _TRITON_BLOCK_N), B)
-        _qgemv_kernel[grid](blocks, x, y, rows, cols, int(blocks.shape[1]), ENC=code, TSIZE=enc.type_size,
-                            BLOCK_N=_TRITON_BLOCK_N)
+    if not (rows and B):
+        return y
+    args = (blocks, x, y, rows, cols, int(blocks.shape[1]), B)
+    tsize = encoding(encoding_name).type_size
+    if B >= TRITON_DOT_FROM:
+        block_m = min(pow2(B, 16), 64)
+        grid = (triton.cdiv(B, block_m), triton.cdiv(rows, _BLOCK_N_GEMM))
+        _qgemm_kernel[grid](*args, ENC=code, TSIZE=tsize, BLOCK_M=block_m, BLOCK_N=_BLOCK_N_GEMM, num_warps=4)
+    else:
+        block_b = min(pow2(B), _BLOCK_B_GEMV)
+        grid = (triton.cdiv(rows, _BLOCK_N_GEMV), triton.cdiv(B, block_b))
+        _qgemv_kernel[grid](*args, ENC=code, TSIZE=tsize, BLOCK_N=_BLOCK_N_GEMV, BLOCK_B=block_b, num_warps=4)
     return y
+
+
+@triton.jit
+def _qdequant_kernel(w_ptr, out_ptr, rows, cols, row_bytes, ENC: tl.constexpr, TSIZE: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    g = tl.program_id(1)
+    nmask = n < rows
+    w = _decode32(w_ptr, n.to(tl.int64) * row_bytes, nmask, g, ENC, TSIZE)
+    i = tl.arange(0, 32)
+    tl.store(out_ptr + n.to(tl.int64)[:, None] * cols + g * 32 + i[None, :], w, mask=nmask[:, None])
+
+
+def dequantize_triton(encoding_name: str, blocks: Tensor) -> Tensor:
+    """The whole matrix decoded by the Triton kernels' decoder (fp32 ``[rows, cols]``): for tests and tools."""
+    code = TRITON_ENCODINGS[encoding_name]
+    blocks = blocks.contiguous()
+    rows, cols = int(blocks.shape[0]), logical_cols(encoding_name, int(blocks.shape[1]))
+    out = torch.empty(rows, cols, dtype=torch.float32, device=blocks.device)
+    if rows and cols:
+        grid = (triton.cdiv(rows, _BLOCK_N_GEMV), cols // 32)
+        _qdequant_kernel[grid](blocks, out, rows, cols, int(blocks.shape[1]), ENC=code,
+                               TSIZE=encoding(encoding_name).type_size, BLOCK_N=_BLOCK_N_GEMV)
+    return out
