@@ -160,11 +160,13 @@ from ..ir.module import DTYPES as _ITEMSIZE  # noqa: E402
 
 
 def _inside(model_dir: Path, rel: str) -> Path:
-    p = (model_dir / rel).resolve()
-    root = model_dir.resolve()
-    if root != p and root not in p.parents:
+    """``rel`` as a path under ``model_dir``, judged lexically: the entry itself must lie in the directory, while
+    the file there may be a symlink to one elsewhere (the Hugging Face cache links snapshots/<rev>/NAME to
+    ../../blobs/<sha>)."""
+    norm = os.path.normpath(rel)
+    if os.path.isabs(rel) or norm == os.pardir or norm.startswith(os.pardir + os.sep):
         raise FrontendError(f"{INDEX_NAME} names {rel!r}, a path outside the model directory")
-    return p
+    return model_dir / norm
 
 
 def read_checkpoint(model_dir: Path) -> Checkpoint:
