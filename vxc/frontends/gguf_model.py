@@ -13,6 +13,9 @@ undone), ``qwen2`` (q/k/v biases; rotary on halves, unpermuted), ``qwen3`` (q/k 
 read back through the ``log_neg`` view — and reshapes D, A to ``[heads, 1]``, the gated norm to
 ``[groups, d_inner / groups]`` and squeezes the conv to ``[conv_dim, kernel]``; reshape views undo those).
 
+``gemma3`` (:func:`_lower_gemma3`: sandwich norms stored as ``1 + w``, the scaled embedding, GeGLU, 5:1
+sliding-window layers with llama.cpp's settings the file does not store, declared and marked).
+
 Every tensor of the file is either bound to a role here or left unbound, and closure names each unbound one
 (``tensor blk.0.ssm_x.weight … is claimed by no role``): nothing in a file is skipped silently.
 """
@@ -37,6 +40,7 @@ FAMILIES = {
     "qwen3": (False, True, "half"),
 }
 SSM_FAMILIES = ("mamba2",)
+OTHER_FAMILIES = ("gemma3",)
 
 
 def _nest(metadata: dict[str, Any], arch: str) -> dict[str, Any]:
@@ -68,9 +72,11 @@ def lower_gguf(path: Path, relative_to: Path | None = None) -> Module:
         raise FrontendError(f"{path.name}: no general.architecture in the GGUF metadata")
     if arch == "mamba2":
         return _lower_mamba2(path, c, relative_to)
+    if arch == "gemma3":
+        return _lower_gemma3(path, c, relative_to)
     if arch not in FAMILIES:
         raise FrontendError(f"{path.name}: GGUF architecture {arch!r} is not supported; supported: "
-                            f"{', '.join([*FAMILIES, *SSM_FAMILIES])}")
+                            f"{', '.join([*FAMILIES, *OTHER_FAMILIES, *SSM_FAMILIES])}")
     return _lower_decoder(path, c, arch, relative_to)
 
 
@@ -148,16 +154,96 @@ def _lower_decoder(path: Path, c: Container, arch: str, relative_to: Path | None
     return _finish(b, c, bind, path.stem, vocab, d, eps, layers)
 
 
-def _finish(b: Builder, c: Container, bind, name: str, vocab: int, d: int, eps: float, layers: list) -> Module:
+def _finish(b: Builder, c: Container, bind, name: str, vocab: int, d: int, eps: float, layers: list,
+            embedding_scale: float | None = None) -> Module:
     """The embedding, final norm and head (tied when the file stores no ``output.weight``) around ``layers``."""
     bind("token_embd.weight", Role.Embedding)
     bind("output_norm.weight", Role.FinalNorm)
     tied = "output.weight" not in c.entries
     bind("output.weight", Role.LmHead)
     b.fact("head_tied", tied, "no output.weight: the head reads token_embd" if tied else "output.weight is stored")
-    emb = op("embedding", {"vocab": vocab, "padded_vocab": vocab, "dim": d})
+    emb = op("embedding", {"vocab": vocab, "padded_vocab": vocab, "dim": d,
+                           **({} if embedding_scale is None else {"scale": embedding_scale})})
     head = op("head", {"tied": tied, "padded_vocab": vocab, "dim": d})
     return b.module(name, "f32", emb, layers, rmsnorm(d, eps, False, Role.FinalNorm), head)
+
+
+# llama.cpp's gemma3 tensor names -> roles (a sandwich layer: four norms)
+_GEMMA3_TENSORS = {
+    "attn_q.weight": Role.AttnQ, "attn_k.weight": Role.AttnK, "attn_v.weight": Role.AttnV,
+    "attn_output.weight": Role.AttnO, "attn_q_norm.weight": Role.AttnQNorm, "attn_k_norm.weight": Role.AttnKNorm,
+    "attn_norm.weight": Role.PreAttentionNorm, "post_attention_norm.weight": Role.PostAttentionNorm,
+    "ffn_norm.weight": Role.PreFfnNorm, "post_ffw_norm.weight": Role.PostFfnNorm,
+    "ffn_gate.weight": Role.FfnGate, "ffn_up.weight": Role.FfnUp, "ffn_down.weight": Role.FfnDown,
+}
+_GEMMA3_SWA_PATTERN = 6  # llama.cpp llama-model.cpp LLM_ARCH_GEMMA3: hparams.set_swa_pattern(6)
+_GEMMA3_LOCAL_THETA = 10000.0  # llama.cpp: rope_freq_base_train_swa for gemma3 (not stored in the file)
+_GEMMA3_27B_LAYERS = 62  # llama.cpp's LLM_TYPE_27B: the one size whose attention scale is (n_embd / n_head)^-1/2
+
+
+def _lower_gemma3(path: Path, c: Container, relative_to: Path | None) -> Module:
+    """``general.architecture = gemma3``, as llama.cpp's converter writes it and llama.cpp runs it.
+
+    Declared from llama.cpp's gemma3 graph: the converter stores every norm weight as ``1 + w`` (so the norms,
+    q/k norms included, are plain RMSNorms over the stored weight); the embedding rows are scaled by
+    √embedding_length; sandwich layers (attn_norm → attention → post_attention_norm, ffn_norm → GeGLU →
+    post_ffw_norm); GELU with the tanh approximation; rotary on halves (NEOX) of the whole head; every sixth
+    layer full attention, the others a window of ``attention.sliding_window`` keys with rotary base 10000, the full
+    layers ``rope.freq_base``; attention scale ``key_length^-½`` (``(embedding_length / head_count)^-½`` for the
+    62-layer 27B). The file stores none of the pattern, the local base or the scale: they are filled in, marked."""
+    arch = "gemma3"
+    A = Attrs(_nest(c.metadata, arch), f"{path.name} (GGUF {arch} metadata)", prefix=arch + ".")
+    d = A.need("embedding_length", kind=int, min=1)
+    n_layer = A.layers("block_count")
+    heads = A.need("attention.head_count", kind=int, min=1)
+    kv = A.need("attention.head_count_kv", kind=int, min=1)
+    inter = A.need("feed_forward_length", kind=int, min=1)
+    eps = A.need("attention.layer_norm_rms_epsilon", kind=float, min=0.0)
+    hd = A.need("attention.key_length", kind=int, min=1)
+    vd = A.opt("attention.value_length", kind=int, min=1)
+    if vd is not None and vd != hd:
+        raise FrontendError(f"{A.where}: attention.value_length={vd} differs from key_length={hd} (not supported)")
+    window = A.need("attention.sliding_window", kind=int, min=1)
+    base = A.need("rope.freq_base", kind=float, min=0.0)
+    scaling = A.raw("rope.scaling.type")
+    if scaling not in (None, "none", "linear"):
+        raise FrontendError(f"{A.where}: rope.scaling.type={scaling!r} is not supported (none, linear)")
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if A.raw(key) is not None:
+            raise FrontendError(f"{A.where}: {key}={A.raw(key)!r} is not supported (no operator declares soft-capping)")
+    b = _builder(path, c, arch, relative_to)
+    emb_shape = _logical_shape(c, "token_embd.weight")
+    if emb_shape is None:
+        raise FrontendError(f"{path.name}: no token_embd.weight tensor")
+    vocab = emb_shape[0]
+    b.fact("vocab_from", "token_embd rows", "the embedding table's row count")
+    b.fact("norm_weights_stored_as", "1 + w", "convert_hf_to_gguf Gemma3Model adds 1 to every norm weight: plain RMSNorms")
+    b.fact("layer_map", f"every {_GEMMA3_SWA_PATTERN}th layer full",
+           "llama.cpp LLM_ARCH_GEMMA3 set_swa_pattern(6); the file does not store it")
+    b.fact("rotary_base_sliding", _GEMMA3_LOCAL_THETA, "llama.cpp's gemma3 local rope base; the file does not store it")
+    qpas = d / heads if n_layer == _GEMMA3_27B_LAYERS else hd
+    full_rope = {"rotary_dim": hd, "rotary_base": base, "rotary_layout": "half", "rope_type": "default"}
+    if scaling == "linear":
+        full_rope.update(rope_type="linear", rope_factor=A.need("rope.scaling.factor", kind=float, min=0.0))
+    local_rope = {"rotary_dim": hd, "rotary_base": _GEMMA3_LOCAL_THETA, "rotary_layout": "half", "rope_type": "default"}
+    bind = _binder(b, c)
+    layers = []
+    for i in range(n_layer):
+        for name, role in _GEMMA3_TENSORS.items():
+            bind(f"blk.{i}.{name}", role, i)
+        sliding = (i + 1) % _GEMMA3_SWA_PATTERN != 0
+        attrs = {"d_model": d, "heads": heads, "kv_heads": kv, "head_dim": hd, "q_bias": False, "k_bias": False,
+                 "v_bias": False, "o_bias": False, "qk_norm": True, "qk_norm_eps": eps, "qk_norm_zero_centred": False,
+                 "sinks": False, "output_gate": False, "window": window if sliding else 0,
+                 "scale": 1.0 / math.sqrt(qpas), **(local_rope if sliding else full_rope)}
+        ad = {"q_bias", "k_bias", "v_bias", "o_bias", "qk_norm_zero_centred", "sinks", "output_gate", "window", "scale",
+              "rotary_dim", "rotary_layout", "rope_type"} | ({"rotary_base"} if sliding else set())
+        ffn = swiglu_op(d, inter, {"act"})
+        ffn.attrs["act"] = "gelu_tanh"
+        norms = [rmsnorm(d, eps, False, role)
+                 for role in (Role.PreAttentionNorm, Role.PostAttentionNorm, Role.PreFfnNorm, Role.PostFfnNorm)]
+        layers.append(Layer(i, "compute", Placement.PrePost, norms, op("softmax", attrs, ad), ffn))
+    return _finish(b, c, bind, path.stem, vocab, d, eps, layers, embedding_scale=math.sqrt(d))
 
 
 def _binder(b: Builder, c: Container):

@@ -1,4 +1,5 @@
-"""Lowering of the dense ``swiglu`` FFN: one fused group."""
+"""Lowering of the dense ``swiglu`` FFN: one fused group for SiLU gating; another activation (``gelu_tanh``) as
+the gate and up projections, ``gated_act`` and the down projection."""
 
 from __future__ import annotations
 
@@ -9,6 +10,13 @@ from .emitter import Emitter, Val, lowering, weight
 
 @lowering("swiglu")
 def lower_swiglu(e: Emitter, p: PlanOp, x: Val) -> Val:
+    act = p.attrs["act"]
+    if act != "silu":
+        (g,) = e.kernel(p, "linear", [x, weight(p, Role.FfnGate), None], "gate projection")
+        (u,) = e.kernel(p, "linear", [x, weight(p, Role.FfnUp), None], "up projection")
+        (h,) = e.kernel(p, "gated_act", [g, u, act], f"{act}(gate) · up")
+        (out,) = e.kernel(p, "linear", [h, weight(p, Role.FfnDown), None], "down projection")
+        return out
     (out,) = e.kernel(p, "swiglu", [x, weight(p, Role.FfnGate), weight(p, Role.FfnUp), weight(p, Role.FfnDown)],
                       "gate/up GEMM + silu·mul + down GEMM")
     return out

@@ -11,6 +11,8 @@ from .emitter import TOKENS, Emitter, Val, lowering, weight
 @lowering("embedding")
 def lower_embedding(e: Emitter, p: PlanOp, x: Val | None) -> Val:
     (hidden,) = e.kernel(p, "embedding", [TOKENS, weight(p, Role.Embedding)], "token embedding gather")
+    if "scale" in p.attrs:
+        (hidden,) = e.kernel(p, "scale", [hidden, p.attrs["scale"]], f"embedding rows · {p.attrs['scale']:g}")
     return hidden
 
 

@@ -18,8 +18,10 @@ RMSNORM = OperatorDecl(
 EMBEDDING = OperatorDecl(
     kind="embedding",
     slot="embedding",
-    doc="token embedding table; rows beyond the logical vocab are padding",
-    attrs=(attr("vocab", "int"), attr("padded_vocab", "int"), attr("dim", "int")),
+    doc="token embedding table; rows beyond the logical vocab are padding; rows · scale when a scale is declared "
+        "(the scale rounded to the compute dtype first)",
+    attrs=(attr("vocab", "int"), attr("padded_vocab", "int"), attr("dim", "int"),
+           attr("scale", "float", optional=True, doc="multiplier of the gathered rows (absent: none)")),
     roles=(RoleSpec("Embedding", lambda a: (a["padded_vocab"], a["dim"]), quantise=True),),
     rules=(("padded_vocab must be >= vocab", lambda a: a["padded_vocab"] >= a["vocab"]),),
 )

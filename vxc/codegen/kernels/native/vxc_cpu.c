@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 14
+#define VXC_ABI_VERSION 15
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -658,6 +658,41 @@ void vxc_delta_step(const void *q, const void *k, const void *v, const void *a, 
 /* delta.sigmoid_gate_mul_twin: out = x * sigmoid(gate) over n values (both at the activation dtype). */
 void vxc_sigmoid_gate_mul(const void *x, const void *gate, void *out, long n, int bf) {
     for (long i = 0; i < n; i++) st(out, i, ld(x, i, bf) * sigm(ld(gate, i, bf)), bf);
+}
+
+/* ----------------------------------------------------------------------------- elementwise (elementwise.py) */
+
+/* tanh(GELU's argument) through vexp: tanh(y) = 1 - 2 / (1 + e^{2y}) (vexp clamps, so +-1 at the extremes) */
+#pragma omp declare simd notinbranch
+static inline float gelu_tanh(float g) {
+    float y = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    return 0.5f * g * (2.0f - 2.0f / (1.0f + vexp(2.0f * y)));
+}
+
+/* elementwise.gated_act_twin: out = act(g) * u over n values at the activation dtype; act 1 = silu,
+ * 3 = gelu (tanh approximation). */
+void vxc_gated_act(const void *g, const void *u, void *out, long n, int a, int bf) {
+    if (!bf) {
+        const float *gf = (const float *)g, *uf = (const float *)u;
+        float *of = (float *)out;
+        if (a == 1) {
+#pragma omp simd
+            for (long i = 0; i < n; i++) of[i] = silu(gf[i]) * uf[i];
+        } else {
+#pragma omp simd
+            for (long i = 0; i < n; i++) of[i] = gelu_tanh(gf[i]) * uf[i];
+        }
+        return;
+    }
+    for (long i = 0; i < n; i++) {
+        float v = ld(g, i, bf);
+        st(out, i, (a == 1 ? silu(v) : gelu_tanh(v)) * ld(u, i, bf), bf);
+    }
+}
+
+/* elementwise.scale_twin: out = x * s over n values (s already at the activation dtype's precision). */
+void vxc_scale(const void *x, void *out, long n, float s, int bf) {
+    for (long i = 0; i < n; i++) st(out, i, ld(x, i, bf) * s, bf);
 }
 
 /* ------------------------------------------------------------------------------------------- mla (mla.py) */
