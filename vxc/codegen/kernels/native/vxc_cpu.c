@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 15
+#define VXC_ABI_VERSION 16
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -943,6 +943,8 @@ void vxc_moe_ffn_step(const void *x, const int64_t *experts, const float *weight
  *   4 q6_k 256 values, 210 bytes: ql[128], qh[64], int8 scales[16], f16 d; per 128-value half h, group k of
  *          32: low (k < 2) / high nibble of ql[64h + 32 (k & 1) ..], bits 2k..2k+1 of qh[32h ..];
  *          scale s_j per 16 values                                               w = (d s_j) (q - 32)
+ *   5 q5_0  32 values, 22 bytes: f16 d, qh (u32: bit j the fifth bit of value j), qs[16] (as q4_0)
+ *                                                                                 w = d (q - 16)
  * Each weight is decoded in registers to the fp32 value gguf.quants.dequantize gives it (w = s q + mn: the
  * group's scale s — d, or d sc_j for the k-quants — times the integer is exact, then one rounding adding the
  * min mn — q4_1's m, q4_k's -dmin m_j), and y accumulates w x in fp32 like any fp32 GEMV: the result is the
@@ -953,9 +955,9 @@ void vxc_moe_ffn_step(const void *x, const int64_t *experts, const float *weight
  * (in groups of QG: the accumulators stay in registers). vxc_qdequant decodes a range of rows to fp32 the same
  * way (the prefill path: a few rows at a time into a fast GEMM). */
 
-enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q_COUNT = 5 };
-static const long Q_BLOCK[Q_COUNT] = {32, 32, 32, 256, 256};  /* values per block */
-static const long Q_TSIZE[Q_COUNT] = {34, 18, 20, 144, 210};  /* bytes per block */
+enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q_COUNT = 6 };
+static const long Q_BLOCK[Q_COUNT] = {32, 32, 32, 256, 256, 32};  /* values per block */
+static const long Q_TSIZE[Q_COUNT] = {34, 18, 20, 144, 210, 22};  /* bytes per block */
 
 static inline float h2f(const uint8_t *p) {
     uint16_t h;
@@ -998,7 +1000,7 @@ static inline void q4k_scale_min_words(const uint8_t *q, uint64_t *sc, uint64_t 
 static inline __attribute__((always_inline)) void q_row_scales(int enc, const uint8_t *row, long nblk, float *s, float *mn) {
     long i = 0;
 #if defined(__F16C__) && defined(__AVX2__)
-    if (enc == Q8_0 || enc == Q4_0 || enc == Q4_1) {
+    if (enc == Q8_0 || enc == Q4_0 || enc == Q4_1 || enc == Q5_0) {
         const long T = Q_TSIZE[enc];
         for (; i + 8 <= nblk; i += 8) {
             uint64_t d0 = 0, d1 = 0, m0 = 0, m1 = 0; /* blocks i..i+3, i+4..i+7: their d (and q4_1's m) */
@@ -1037,7 +1039,7 @@ static inline __attribute__((always_inline)) void q_row_scales(int enc, const ui
 #endif
     for (; i < nblk; i++) {
         const uint8_t *b = row + i * Q_TSIZE[enc];
-        if (enc == Q8_0 || enc == Q4_0) {
+        if (enc == Q8_0 || enc == Q4_0 || enc == Q5_0) {
             s[i] = h2f(b);
         } else if (enc == Q4_1) {
             s[i] = h2f(b);
@@ -1074,6 +1076,14 @@ static inline void q_group_ints(int enc, const uint8_t *row, long g, int8_t q[32
         const uint8_t *p = row + 144 * (g >> 3) + 16 + 32 * (j >> 1);
         int sh = 4 * (int)(j & 1);
         for (int i = 0; i < 32; i++) q[i] = (int8_t)((p[i] >> sh) & 15);
+    } else if (enc == Q5_0) {
+        const uint8_t *b = row + 22 * g, *p = b + 6;
+        uint32_t qh;
+        memcpy(&qh, b + 2, 4);
+        for (int i = 0; i < 16; i++) {
+            q[i] = (int8_t)(((p[i] & 15) | (((qh >> i) & 1) << 4)) - 16);
+            q[i + 16] = (int8_t)(((p[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) - 16);
+        }
     } else {
         long j = g & 7, h = j >> 2, k = j & 3;
         const uint8_t *b = row + 210 * (g >> 3), *ql = b + 64 * h + 32 * (k & 1), *qh = b + 128 + 32 * h;
@@ -1105,6 +1115,17 @@ static inline __attribute__((always_inline)) void q_w512(int enc, const uint8_t 
         __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(enc == Q4_0 ? row + 18 * u + 2 : row + 20 * u + 4)));
         w[0] = _mm512_permutexvar_ps(v, lut);
         w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
+    } else if (enc == Q5_0) { /* the nibbles, each with its fifth bit from qh (a masked 16), less 16 */
+        const uint8_t *b = row + 22 * u;
+        uint32_t qh;
+        memcpy(&qh, b + 2, 4);
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 6)));
+        __m512i m15 = _mm512_set1_epi32(15), o = _mm512_set1_epi32(-16), hb = _mm512_set1_epi32(16);
+        __m512i q0 = _mm512_add_epi32(_mm512_or_si512(_mm512_and_si512(v, m15), _mm512_maskz_mov_epi32((__mmask16)(qh & 0xffffu), hb)), o);
+        __m512i q1 = _mm512_add_epi32(_mm512_or_si512(_mm512_srli_epi32(v, 4), _mm512_maskz_mov_epi32((__mmask16)(qh >> 16), hb)), o);
+        __m512 sv = _mm512_set1_ps(s[u]);
+        w[0] = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(q0));
+        w[1] = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(q1));
     } else if (enc == Q4_K) { /* sub-blocks 2p (low nibbles) and 2p + 1 (high) of super-block u / 4 */
         const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         __m512 lut0 = _mm512_fmadd_ps(_mm512_set1_ps(s[2 * u]), k, _mm512_set1_ps(mn[2 * u]));
@@ -1189,6 +1210,18 @@ static inline __attribute__((always_inline)) void q_w256(int enc, const uint8_t 
             a = _mm_sub_epi8(a, _mm_set1_epi8(8));
             b = _mm_sub_epi8(b, _mm_set1_epi8(8));
         }
+    } else if (enc == Q5_0) { /* as q4_0, each byte's fifth bit spread from qh (bit i -> byte i: 16 or 0), less 16 */
+        const uint8_t *p = row + 22 * g;
+        uint32_t qh;
+        memcpy(&qh, p + 2, 4);
+        __m128i v = _mm_loadu_si128((const __m128i *)(p + 6));
+        const __m128i bits = _mm_set1_epi64x((long long)0x8040201008040201ULL), spread = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        __m128i hl = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(qh & 0xffffu)), spread);
+        __m128i hh = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(qh >> 16)), spread);
+        hl = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hl, bits), bits), _mm_set1_epi8(16));
+        hh = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hh, bits), bits), _mm_set1_epi8(16));
+        a = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(v, m4), hl), _mm_set1_epi8(16));
+        b = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 4), m4), hh), _mm_set1_epi8(16));
     } else if (enc == Q4_K) {
         long j = g & 7;
         const uint8_t *p = row + 144 * (g >> 3) + 16 + 32 * (j >> 1);
@@ -1357,6 +1390,7 @@ void vxc_qgemv(int enc, const void *W, const void *x, float *y, long rows, long 
             case Q4_0: q_rows_tile(Q4_0, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             case Q4_1: q_rows_tile(Q4_1, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             case Q4_K: q_rows_tile(Q4_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
+            case Q5_0: q_rows_tile(Q5_0, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             default: q_rows_tile(Q6_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             }
         }
@@ -1389,6 +1423,7 @@ void vxc_qdequant(int enc, const void *W, float *out, long r0, long r1, long col
             case Q4_0: q_dequant_row(Q4_0, row, cols, o, s, mn); break;
             case Q4_1: q_dequant_row(Q4_1, row, cols, o, s, mn); break;
             case Q4_K: q_dequant_row(Q4_K, row, cols, o, s, mn); break;
+            case Q5_0: q_dequant_row(Q5_0, row, cols, o, s, mn); break;
             default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
             }
         }
@@ -1425,6 +1460,7 @@ void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, 
         case Q4_0: q_dequant_row(Q4_0, row, cols, o, s, mn); break;
         case Q4_1: q_dequant_row(Q4_1, row, cols, o, s, mn); break;
         case Q4_K: q_dequant_row(Q4_K, row, cols, o, s, mn); break;
+        case Q5_0: q_dequant_row(Q5_0, row, cols, o, s, mn); break;
         default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
         }
     }
