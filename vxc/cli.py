@@ -1,4 +1,4 @@
-"""The vxc command line (typer): lower, passes, describe, exec, demo.
+"""The vxc command line (typer): lower, quantize, passes, describe, exec, chat, demo.
 
 ``lower``, ``passes`` and ``describe`` never import torch: they only read JSON
 headers, so they start fast."""
@@ -214,6 +214,13 @@ def describe(
     render(d)
 
 
+DTYPE_HELP = "fp32 | bf16 | fp16"
+
+
+def _stop_help() -> str:
+    return "end generation when the text contains STRING (repeatable; the string itself is not printed)"
+
+
 @app.command("exec")
 def exec_(
     model: Path = typer.Argument(..., help="a .vxir file (from `vxc lower`)"),
@@ -224,19 +231,26 @@ def exec_(
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, callback=_finite),
     top_k: int = typer.Option(0, "--top-k", min=0),
     seed: int = typer.Option(0, "--seed", min=0, max=2**63 - 1),
-    dtype: str = typer.Option("fp32", "--dtype", help="fp32 | bf16"),
+    dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
-    max_context: int = typer.Option(2048, "--max-context", min=1, max=MAX_CONTEXT, help="positions preallocated for growing state"),
+    max_context: Optional[int] = typer.Option(None, "--max-context", min=1, max=MAX_CONTEXT,
+                                              help="positions preallocated for growing state (default: the model's "
+                                                   "max_position_embeddings, capped by a state budget of 4 GiB)"),
     model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="where the safetensors live (default: as recorded in the IR)"),
-    logits_out: Optional[Path] = typer.Option(None, "--logits-out", help="write teacher-forced logits of the given tokens (fp32 [positions, vocab])"),
+    logits_out: Optional[Path] = typer.Option(None, "--logits-out", help="write teacher-forced logits of the given tokens (fp32, shape positions x vocab)"),
     save_state: Optional[Path] = typer.Option(None, "--save-state", help="save the continuation state after generating"),
     resume_state: Optional[Path] = typer.Option(None, "--resume-state", help="continue from a saved state"),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="do not stop at the model's EOS token(s)"),
+    stop: List[str] = typer.Option([], "--stop", help=_stop_help()),
+    chat: bool = typer.Option(False, "--chat", help="render --prompt as the user turn with the model's chat template"),
+    system: Optional[str] = typer.Option(None, "--system", help="with --chat: the system turn"),
     kernels: str = typer.Option("auto", "--kernels", help="auto | torch | triton | native (triton on CPU needs TRITON_INTERPRET=1)"),
     kernel_report: bool = typer.Option(False, "--kernel-report", help="print the kernel backend and every fallback to a torch twin (--json: always in its \"kernels\" object)"),
     compile_decode: bool = typer.Option(False, "--compile", help="torch.compile the fixed-shape decode graph"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
 ):
-    """Execute a lowered model: teacher-forced prefill of the prompt, then generation."""
+    """Execute a lowered model: teacher-forced prefill of the prompt, then generation until an EOS token, a --stop
+    string, --max-new-tokens or a full context."""
     for path, what in ((logits_out, "--logits-out"), (save_state, "--save-state")):
         if path is not None:  # checked before any work: a bad path must not cost a whole generation
             _check_output_path(path, what, as_json)
@@ -247,9 +261,46 @@ def exec_(
         return run_exec(model=model, prompt=prompt, tokens=tokens, max_new_tokens=max_new_tokens, temperature=temperature,
                         top_p=top_p, top_k=top_k, seed=seed, dtype=dtype, device=device, max_context=max_context,
                         model_dir=model_dir, logits_out=logits_out, save_state=save_state, resume_state=resume_state,
-                        kernels=kernels, compile_decode=compile_decode, as_json=as_json, kernel_report=kernel_report)
+                        kernels=kernels, compile_decode=compile_decode, as_json=as_json, kernel_report=kernel_report,
+                        ignore_eos=ignore_eos, stop=list(stop), chat=chat, system=system)
 
     _guard(go, as_json)
+
+
+@app.command("chat")
+def chat_(
+    model: Path = typer.Argument(..., help="a .vxir file (from `vxc lower`) whose model has a chat template"),
+    system: Optional[str] = typer.Option(None, "--system", help="the system turn"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=0, max=MAX_CONTEXT, help="per answer"),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, callback=_finite, help="0 = greedy"),
+    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, callback=_finite),
+    top_k: int = typer.Option(0, "--top-k", min=0),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**63 - 1),
+    dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
+    max_context: Optional[int] = typer.Option(None, "--max-context", min=1, max=MAX_CONTEXT,
+                                              help="positions for the whole conversation (default: the model's "
+                                                   "max_position_embeddings, capped by a state budget of 4 GiB)"),
+    model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="where the safetensors live (default: as recorded in the IR)"),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="do not stop at the model's EOS token(s)"),
+    stop: List[str] = typer.Option([], "--stop", help=_stop_help()),
+    kernels: str = typer.Option("auto", "--kernels", help="auto | torch | triton | native"),
+    compile_decode: bool = typer.Option(False, "--compile", help="torch.compile the fixed-shape decode graph"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object per turn instead of streaming text"),
+):
+    """A conversation: one user turn per line on stdin (an empty line or EOF ends it). The continuation state is kept
+    between turns, so each turn prefills only its own tokens, not the history."""
+
+    def go():
+        from .chat import run_chat
+
+        return run_chat(model=model, system=system, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                        top_k=top_k, seed=seed, dtype=dtype, device=device, max_context=max_context, model_dir=model_dir,
+                        kernels=kernels, compile_decode=compile_decode, as_json=as_json, ignore_eos=ignore_eos, stop=list(stop))
+
+    code = _guard(go, as_json)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -273,7 +324,8 @@ def demo(
     print("== exec --prompt 'The state of ' --temperature 0.9 --top-k 40 --seed 0 (random weights: the text is noise)")
     exec_(ir, prompt="The state of ", tokens=None, max_new_tokens=max_new_tokens, temperature=0.9, top_p=1.0, top_k=40, seed=0,
           dtype="fp32", device="cpu", max_context=256, model_dir=None, logits_out=None, save_state=None, resume_state=None,
-          kernels="auto", kernel_report=False, compile_decode=False, as_json=False)
+          kernels="auto", kernel_report=False, compile_decode=False, as_json=False, ignore_eos=False, stop=[], chat=False,
+          system=None)
 
 
 def main() -> None:

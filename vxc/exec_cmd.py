@@ -6,11 +6,18 @@ import json
 import re
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from .ir.diagnostics import VxcError
 
 MAX_TOKEN_ID = 2**31 - 1  # larger than any vocabulary; the exact bound is the model's vocab, checked by the session
+DTYPE_NAMES = ("fp32", "bf16", "fp16")  # what --dtype accepts
+# the default --max-context is the model's trained positions, capped so the growing state stays within this
+# many bytes (and half the memory available for it)
+STATE_BUDGET = 4 << 30
+FALLBACK_CONTEXT = 2048  # the default when the model's files do not say how many positions it was trained for
 
 
 def _parse_tokens(text: str) -> list[int]:
@@ -30,25 +37,37 @@ def _parse_tokens(text: str) -> list[int]:
     return ids
 
 
-def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p, top_k, seed, dtype, device, max_context,
-             model_dir, logits_out, save_state, resume_state, kernels, compile_decode, as_json,
-             kernel_report=False) -> None:
+def note(s: str) -> None:
+    print(s, file=sys.stderr)
+
+
+@dataclass
+class Loaded:
+    """A model ready to generate: its engine and session, tokenizer, stop ids and the timings of getting there."""
+    module: object
+    model_dir: Path
+    tok: object | None
+    engine: object
+    session: object
+    max_context: int
+    max_context_note: str  # how the --max-context in use was chosen
+    load_s: float  # building the engine: weights mapped, graphs built, state allocated
+    warmup_s: float  # one short prefill run once and discarded (imports, native library load, first-call costs)
+    stop: object = None  # model_files.StopIds
+    warnings: list[str] = field(default_factory=list)
+
+
+def check_common(*, model: Path, dtype: str, device: str, kernels: str) -> None:
     import torch
 
     from .codegen import kernels as K
-    from .driver import model_dir_of
-    from .ir.parser import parse_file
-    from .runtime.engine import DTYPES, Engine
-    from .runtime.sampling import Sampler
-    from .runtime.session import Session
-    from .runtime.tokenizer import Detokenizer, load_tokenizer
 
     if Path(model).is_dir():
         raise VxcError(f"{model} is a directory, not an IR file: lower it first (vxc lower {model} -o model.vxir)")
     if not Path(model).is_file():
         raise VxcError(f"{model}: no such IR file (lower a model directory first: vxc lower DIR -o {model})")
-    if dtype not in ("fp32", "bf16", "fp16"):
-        raise VxcError(f"--dtype {dtype}: expected fp32, bf16 or fp16")
+    if dtype not in DTYPE_NAMES:
+        raise VxcError(f"--dtype {dtype}: expected one of {' | '.join(DTYPE_NAMES)}")
     if not re.fullmatch(r"cpu|cuda(:\d{1,3})?", device):
         raise VxcError(f"--device {device}: expected cpu, cuda or cuda:N")
     if device.startswith("cuda"):
@@ -58,39 +77,177 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
             raise VxcError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     if kernels not in K.BACKENDS:
         raise VxcError(f"--kernels {kernels}: expected one of {', '.join(K.BACKENDS)}")
+
+
+def choose_max_context(m, mdir: Path, dtype: str, device: str, asked: int | None) -> tuple[int, str]:
+    """``--max-context`` as given; by default the model's trained positions (its files' ``max_position_embeddings``
+    / GGUF ``context_length``), capped by the state budget (STATE_BUDGET, and half the memory available)."""
+    if asked is not None:
+        return asked, "as given"
+    from .model_files import max_positions
+
+    found = max_positions(mdir, m)
+    if found is None:
+        return FALLBACK_CONTEXT, f"the model's files do not state its trained positions; default {FALLBACK_CONTEXT}"
+    n, where = found
+    import torch
+
+    from .passes.context import Context
+    from .passes.manager import DEFAULT_PIPELINE, PassManager, parse_pipeline
+    from .runtime.engine import DTYPES, available_bytes
+    from .runtime.state import StateProvider
+
+    plan = PassManager(parse_pipeline(DEFAULT_PIPELINE), emit=lambda s: None).run(Context(m, model_dir=Path(mdir))).plan
+    prov, dt = StateProvider(), DTYPES[dtype]
+    per = prov.nbytes(plan, dt, 1) - prov.nbytes(plan, dt, 0)
+    avail = available_bytes(torch.device(device))
+    budget = STATE_BUDGET if avail is None else min(STATE_BUDGET, avail // 2)
+    if per > 0 and n * per > budget:
+        fits = max(int(budget // per), 1)
+        return fits, (f"{where} {n}, capped at {fits} by the state budget of {budget / 2**30:.2f} GiB "
+                      f"({per:,} bytes per position); raise it with --max-context")
+    return n, f"{where}"
+
+
+def load_model(*, model: Path, dtype: str, device: str, max_context: int | None, model_dir, kernels: str,
+               compile_decode: bool, need_tokenizer: str | None, ignore_eos: bool = False) -> Loaded:
+    """Parse the IR, load the tokenizer (an error when ``need_tokenizer`` names why one is needed), build the
+    engine at the chosen --max-context and warm it up."""
+    from .codegen import kernels as K
+    from .driver import model_dir_of
+    from .ir.parser import parse_file
+    from .model_files import StopIds, stop_ids
+    from .runtime.engine import DTYPES, Engine
+    from .runtime.session import Session
+    from .runtime.tokenizer import load_tokenizer
+
+    check_common(model=model, dtype=dtype, device=device, kernels=kernels)
     if kernels != "auto":
         K.set_backend(kernels)
     K.reset_fallbacks()  # the report covers this run
-    if prompt is not None and tokens is not None:
-        raise VxcError("give either --prompt or --tokens, not both")
-    if prompt is None and tokens is None:
-        raise VxcError("nothing to run: give --prompt TEXT or --tokens 1,2,3" +
-                       (" (after --resume-state: the next token(s), e.g. the last generated id)" if resume_state else ""))
-    ids = _parse_tokens(tokens) if tokens is not None else None
     m = parse_file(model)
     mdir = model_dir_of(m, Path(model), model_dir)
-    note = lambda s: print(s, file=sys.stderr)  # noqa: E731
-    if prompt is not None:  # the text needs the tokenizer: a missing or broken one is an error
+    warnings = []
+    if need_tokenizer:
         tok = load_tokenizer(mdir, m)
         if tok is None:
-            raise VxcError(f"--prompt needs {mdir}/tokenizer.json (or a GGUF file's tokenizer), which does not exist; pass token ids with --tokens")
-        ids = tok.encode(prompt).ids
-        if not ids:
-            raise VxcError(f"--prompt {prompt!r} encodes to no tokens; give some text or --tokens")
+            raise VxcError(f"{need_tokenizer} needs {mdir}/tokenizer.json (or a GGUF file's tokenizer), which does not exist; "
+                           f"pass token ids with --tokens")
     else:  # token ids in: the tokenizer only renders the output, so a broken one is named and ids are printed
         try:
             tok = load_tokenizer(mdir, m)
         except VxcError as e:
             tok = None
-            note(f"warning: {e}; output is token ids")
-        else:
-            if tok is None and not as_json:
-                note(f"note: no tokenizer.json in {mdir}: input and output are token ids only")
+            warnings.append(f"warning: {e}; output is token ids")
+    stop = StopIds() if ignore_eos else stop_ids(mdir, m, tok)
+    ctx_n, ctx_note = choose_max_context(m, mdir, dtype, device, max_context)
     t0 = time.perf_counter()
-    engine = Engine(m, mdir, dtype=DTYPES[dtype], device=device, max_context=max_context, compile_decode=compile_decode)
+    engine = Engine(m, mdir, dtype=DTYPES[dtype], device=device, max_context=ctx_n, compile_decode=compile_decode)
     load_s = time.perf_counter() - t0
+    stop.ids = [i for i in stop.ids if i < engine.vocab]
     session = Session(engine)
-    sampler = Sampler(temperature, top_k, top_p, seed, vocab=engine.vocab)
+    t1 = time.perf_counter()
+    if ctx_n >= 2:  # one short prefill, run once and discarded: the first call's one-time costs are not throughput
+        session.prefill([0, 0], last_only=True)
+        session.reset()
+    warmup_s = time.perf_counter() - t1
+    return Loaded(m, mdir, tok, engine, session, ctx_n, ctx_note, load_s, warmup_s, stop, warnings)
+
+
+@dataclass
+class Turn:
+    ids: list[int]  # generated, the stop token included when one ended it
+    text: str | None  # their text (special tokens included), the stop token and any stop string left out
+    finish_reason: str
+    seconds: float
+
+
+def generate(lm: Loaded, sampler, prompt_ids: list[int], logits, max_new_tokens: int, stop_strings: list[str],
+             write: Callable[[str], None] | None) -> Turn:
+    """Generate from the prompt's last logits, streaming text (or ids without a tokenizer) through ``write``."""
+    from .runtime.tokenizer import Detokenizer
+
+    detok = Detokenizer(lm.tok, stop_strings) if lm.tok is not None else None
+    stop_ids = set(lm.stop.ids) if lm.stop is not None else set()
+
+    def on_token(t: int) -> bool:
+        if t in stop_ids:
+            return False  # the session stops on it; it is not shown
+        if detok is None:
+            if write:
+                write(f"{t} ")
+            return False
+        piece = detok.push(t)
+        if write and piece:
+            write(piece)
+        return detok.stopped is not None
+
+    t0 = time.perf_counter()
+    s = lm.session
+    if max_new_tokens > 0:
+        out = s.generate(prompt_ids, max_new_tokens, sampler, on_token=on_token, logits=logits, stop_ids=stop_ids)
+        reason = s.finish_reason
+    else:
+        out, reason = [], "length"
+    secs = time.perf_counter() - t0
+    text = None
+    if detok is not None:
+        rest = detok.finish()
+        if write and rest:
+            write(rest)
+        text = detok.text
+    return Turn(out, text, reason, secs)
+
+
+def context_full_note(lm: Loaded) -> str:
+    return (f"context full: position {lm.session.pos} of --max-context {lm.max_context} ({lm.max_context_note}); "
+            f"generation stopped")
+
+
+def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p, top_k, seed, dtype, device, max_context,
+             model_dir, logits_out, save_state, resume_state, kernels, compile_decode, as_json,
+             kernel_report=False, ignore_eos=False, stop=(), chat=False, system=None) -> None:
+    from .codegen import kernels as K
+    from .runtime.sampling import Sampler
+
+    stop = list(stop or ())
+    resume_hint = " (after --resume-state: the next token(s), e.g. the last generated id)" if resume_state else ""
+    if prompt is not None and tokens is not None:
+        raise VxcError("give either --prompt or --tokens, not both")
+    if prompt is None and tokens is None:
+        raise VxcError("nothing to run: give --prompt TEXT or --tokens 1,2,3" + resume_hint)
+    if prompt == "":
+        raise VxcError("--prompt is empty: give the text to " + ("continue from" if resume_state else "start from")
+                       + " (or token ids with --tokens 1,2,3)" + resume_hint)
+    if any(s == "" for s in stop):
+        raise VxcError("--stop: an empty stop string would end generation at once")
+    if chat and prompt is None:
+        raise VxcError("--chat renders --prompt as the user turn: give --prompt TEXT (not --tokens)")
+    if system is not None and not chat:
+        raise VxcError("--system is the system turn of a chat: it needs --chat")
+    if chat and resume_state is not None:
+        raise VxcError("--chat renders a whole conversation from its start; it cannot continue a --resume-state "
+                       "(use `vxc chat` for a conversation that continues)")
+    ids = _parse_tokens(tokens) if tokens is not None else None
+    need = "--chat" if chat else "--prompt" if prompt is not None else "--stop" if stop else None
+    lm = load_model(model=model, dtype=dtype, device=device, max_context=max_context, model_dir=model_dir,
+                    kernels=kernels, compile_decode=compile_decode, need_tokenizer=need, ignore_eos=ignore_eos)
+    for w in lm.warnings:
+        note(w)
+    tok, session = lm.tok, lm.session
+    if tok is None and not as_json:
+        note(f"note: no tokenizer.json in {lm.model_dir}: input and output are token ids only")
+    if max_context is None and not as_json:
+        note(f"note: --max-context {lm.max_context} ({lm.max_context_note})")
+    if chat:
+        from .chat import Chat
+
+        ids = Chat(lm.model_dir, lm.module, tok, system).start(prompt)
+    elif prompt is not None:
+        ids = tok.encode(prompt).ids
+        if not ids:
+            raise VxcError(f"--prompt {prompt!r} encodes to no tokens; give some text or --tokens")
+    sampler = Sampler(temperature, top_k, top_p, seed, vocab=lm.engine.vocab)
     if resume_state is not None:
         session.load_state(resume_state, sampler)
     t1 = time.perf_counter()
@@ -100,42 +257,46 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
         from .driver import save_safetensors_atomic
 
         save_safetensors_atomic(Path(logits_out), {"logits": logits.float().contiguous().cpu()})
-    detok = Detokenizer(tok) if tok is not None else None
 
-    def stream(t: int) -> None:
-        if as_json:
-            return
-        sys.stdout.write(detok.push(t) if detok else f"{t} ")
+    def write(s: str) -> None:
+        sys.stdout.write(s)
         sys.stdout.flush()
 
-    if not as_json and detok is not None and prompt is not None:
-        sys.stdout.write(prompt)
-    t2 = time.perf_counter()
-    out = session.generate(ids, max_new_tokens, sampler, on_token=stream, logits=logits[-1]) if max_new_tokens > 0 else []
-    decode_s = time.perf_counter() - t2
-    n_decode = max(len(out) - 1, 0)  # the first new token comes from the prefill logits
+    if not as_json and tok is not None and prompt is not None and not chat:
+        write(prompt)
+    turn = generate(lm, sampler, ids, logits[-1], max_new_tokens, stop, None if as_json else write)
+    n_decode = max(len(turn.ids) - 1, 0)  # the first new token comes from the prefill logits
     if save_state is not None:
         session.save_state(save_state, sampler)
     result = {
-        "generated_ids": out,
+        "generated_ids": turn.ids,
+        "finish_reason": turn.finish_reason,
         "prompt_tokens": len(ids),
         "position": session.pos,
+        "max_context": lm.max_context,
+        "max_context_source": lm.max_context_note,
+        "stop_ids": lm.stop.ids,
         "prefill_tokens_per_s": len(ids) / prefill_s if prefill_s > 0 else None,
-        "decode_tokens_per_s": n_decode / decode_s if n_decode and decode_s > 0 else None,
-        "load_seconds": load_s,
+        "decode_tokens_per_s": n_decode / turn.seconds if n_decode and turn.seconds > 0 else None,
+        "prefill_seconds": prefill_s,
+        "decode_seconds": turn.seconds,
+        "load_seconds": lm.load_s,
+        "warmup_seconds": lm.warmup_s,
         "dtype": dtype,
         "device": device,
         "kernels": K.report(),  # the backend, the native library's status, every fallback to a torch twin
     }
-    if tok is not None:
-        result["generated_text"] = tok.decode(out)
+    if turn.text is not None:
+        result["generated_text"] = turn.text
     if as_json:
         print(json.dumps(result))
         return
-    sys.stdout.write("\n")
+    write("\n")
+    if turn.finish_reason == "context":
+        note(context_full_note(lm))
     if kernel_report:
         note(K.format_report(result["kernels"]))
     p = result["prefill_tokens_per_s"]
     d = result["decode_tokens_per_s"]
     note(f"prefill {len(ids)} tokens: {p:.1f} tok/s · decode {n_decode} tokens: " + (f"{d:.1f} tok/s" if d else "n/a")
-         + f" · load {load_s:.2f} s · position {session.pos}")
+         + f" · ended by {turn.finish_reason} · load {lm.load_s:.2f} s + warm-up {lm.warmup_s:.2f} s · position {session.pos}")

@@ -30,6 +30,7 @@ class Session:
         # session starts at position 0, so it starts from zeroed state too
         # (prefill continues from whatever the buffers hold)
         self.reset()
+        self.finish_reason: str | None = None
 
     def reset(self) -> None:
         self.engine.state.zero_()
@@ -71,16 +72,30 @@ class Session:
         return logits[0]
 
     def generate(self, prompt: list[int], max_new_tokens: int, sampler: Sampler,
-                 on_token: Callable[[int], None] | None = None, logits: torch.Tensor | None = None) -> list[int]:
-        """Prefill ``prompt`` (unless ``logits`` of the last position are given) and generate."""
+                 on_token: Callable[[int], bool | None] | None = None, logits: torch.Tensor | None = None,
+                 stop_ids: Iterable[int] = ()) -> list[int]:
+        """Prefill ``prompt`` (unless ``logits`` of the last position are given) and generate up to
+        ``max_new_tokens``. As always, the last token returned is chosen but not fed to the model (the position stays
+        before it; a resumed run continues with it). Generation ends early when a token in ``stop_ids`` is chosen,
+        when ``on_token`` returns True for a token, or when the context has no room for the next step. Why it
+        ended is left in ``finish_reason``: ``"eos"``, ``"stop"``, ``"length"`` or ``"context"``."""
         last = self.prefill(prompt, last_only=True)[-1] if logits is None else logits
+        stop_ids = frozenset(stop_ids)
         out: list[int] = []
+        self.finish_reason = "length"
         for i in range(max_new_tokens):
             tok = sampler(last)
             out.append(tok)
-            if on_token is not None:
-                on_token(tok)
+            if tok in stop_ids:
+                self.finish_reason = "eos"
+                break
+            if on_token is not None and on_token(tok):
+                self.finish_reason = "stop"
+                break
             if i + 1 < max_new_tokens:
+                if self.pos + 1 > self.engine.max_context:
+                    self.finish_reason = "context"
+                    break
                 last = self.step(tok)
         return out
 

@@ -1,22 +1,77 @@
-"""Tokenizer glue: ``tokenizer.json`` from the model directory, via the tokenizers library."""
+"""Tokenizer glue: ``tokenizer.json`` from the model directory, via the tokenizers library, and the streaming
+detokenizer that turns generated ids into text as they come."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterable
+
+REPLACEMENT = "\ufffd"  # what a decoder writes for bytes that are not (yet) a whole UTF-8 character
 
 
 class Detokenizer:
-    """Streams text: decodes the ids so far and yields only the new suffix."""
+    """Streams the text of generated ids, never repeating or garbling it: ``push`` returns only text that is final.
 
-    def __init__(self, tok):
-        self.tok, self.ids, self.text = tok, [], ""
+    Every push decodes all ids so far (special tokens included: ``skip_special_tokens=False``) and emits the part
+    of that text past what was already emitted, holding back
+
+    - a trailing U+FFFD: a multi-byte character split across tokens decodes to U+FFFD until its last byte arrives
+      (byte-level BPE and byte-fallback vocabularies both do this), and
+    - a tail that could still become one of the ``stop`` strings (it is printed once it cannot).
+
+    Once the text contains a stop string, it ends where the first one begins (``stopped`` is set); nothing from the
+    stop string on is emitted. ``finish()`` emits what was held back (a U+FFFD the ids never completed, a tail that
+    did not become a stop string). The concatenation of everything returned equals ``text``, which equals
+    ``tok.decode(ids, skip_special_tokens=False)`` cut at the first stop string."""
+
+    def __init__(self, tok, stop: Iterable[str] = ()):
+        self.tok, self.ids = tok, []
+        self.stop = [s for s in stop if s]
+        self.emitted = ""  # everything push / finish returned so far
+        self.stopped: str | None = None  # the stop string that ended the text
+        self._full = ""  # the decode of all ids (cut at a stop string once one is found)
 
     def push(self, token: int) -> str:
+        if self.stopped is not None:
+            return ""
         self.ids.append(token)
-        text = self.tok.decode(self.ids)
-        new = text[len(self.text):] if text.startswith(self.text) else text
-        self.text = text
+        text = self.tok.decode(self.ids, skip_special_tokens=False)
+        if self.stop:
+            hits = sorted((i, s) for s in self.stop if (i := text.find(s)) >= 0)
+            if hits:
+                at, self.stopped = hits[0]
+                self._full = text[:at]
+                return self._emit(self._full)
+        self._full = text
+        stable = text.rstrip(REPLACEMENT)
+        hold = max((k for s in self.stop for k in range(len(s) - 1, 0, -1) if stable.endswith(s[:k])), default=0)
+        return self._emit(stable[: len(stable) - hold])
+
+    def _emit(self, upto: str) -> str:
+        # a decoder that rewrites earlier text (none of the byte-level / byte-fallback ones do) waits until its
+        # text extends what was emitted again; finish() settles the rest
+        if len(upto) <= len(self.emitted) or not upto.startswith(self.emitted):
+            return ""
+        new = upto[len(self.emitted):]
+        self.emitted = upto
         return new
+
+    def finish(self) -> str:
+        """The rest of the text, once no more ids come."""
+        if self._full.startswith(self.emitted):
+            new = self._full[len(self.emitted):]
+        else:  # only a decoder that rewrote emitted text gets here: what was printed stands, the rest follows it
+            common = 0
+            while common < min(len(self._full), len(self.emitted)) and self._full[common] == self.emitted[common]:
+                common += 1
+            new = self._full[common:]
+        self.emitted += new
+        return new
+
+    @property
+    def text(self) -> str:
+        """The final text: what was emitted, once ``finish()`` ran."""
+        return self.emitted
 
 
 def load_tokenizer(model_dir: Path, module=None):
