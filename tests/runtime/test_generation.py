@@ -363,3 +363,17 @@ def test_load_and_warm_up_are_reported_apart_from_throughput(chatml, vxc_inproc)
     assert res["prefill_tokens_per_s"] == pytest.approx(len(PROMPT_IDS) / res["prefill_seconds"])
     s = vxc_inproc("exec", ir, "--tokens", _toks(PROMPT_IDS), "--max-new-tokens", 4)
     assert "warm-up" in s.stderr and "load" in s.stderr and "tok/s" in s.stderr
+
+
+def test_gguf_stop_ids_and_context_length_come_from_its_metadata(vxc_inproc, tmp_path):
+    """A GGUF file's tokenizer.ggml.eos_token_id (the writer's 2) and llama.context_length (512)."""
+    from tests.gguf_support import MINI_LLAMA, write_llama_gguf
+
+    path = write_llama_gguf(tmp_path / "m.gguf", encodings={}, seed=3)
+    ir = tmp_path / "m.vxir"
+    assert vxc_inproc("lower", path, "-o", ir).exit_code == 0
+    r = vxc_inproc("exec", ir, "--tokens", "5,6,7", "--max-new-tokens", 3, "--json")
+    assert r.exit_code == 0, r.output
+    res = read_json_line(r.stdout)
+    assert res["stop_ids"] == [2]
+    assert res["max_context"] == MINI_LLAMA["context"] == 512 and "context_length" in res["max_context_source"]
