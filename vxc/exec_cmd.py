@@ -131,8 +131,8 @@ def load_model(*, model: Path, dtype: str, device: str, max_context: int | None,
     if need_tokenizer:
         tok = load_tokenizer(mdir, m)
         if tok is None:
-            raise VxcError(f"{need_tokenizer} needs {mdir}/tokenizer.json (or a GGUF file's tokenizer), which does not exist; "
-                           f"pass token ids with --tokens")
+            raise VxcError(f"{need_tokenizer} needs {mdir}/tokenizer.json (or a GGUF file's tokenizer), which does not exist"
+                           + ("; pass token ids with --tokens" if need_tokenizer == "--prompt" else ""))
     else:  # token ids in: the tokenizer only renders the output, so a broken one is named and ids are printed
         try:
             tok = load_tokenizer(mdir, m)
