@@ -6,6 +6,7 @@ the encodings a Q4_K_M file mixes (q4_k, q6_k, q8_0) and the 32-value blocks (q4
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 
@@ -133,7 +134,7 @@ def test_unknown_architecture_and_tensor_types_are_refused(tmp_path, vxc_sub):
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     r = vxc_sub("lower", p, "-o", tmp_path / "x.vxir")
     assert r.exit_code != 0 and "Traceback" not in r.stderr
-    assert "GGUF architecture 'rwkv7' is not supported; supported: llama, qwen2, qwen3, mamba2" in r.stderr
+    assert "GGUF architecture 'rwkv7' is not supported; supported: llama, qwen2, qwen3, gemma3, mamba2" in r.stderr
 
     p = tmp_path / "iq.gguf"
     w = gguf.GGUFWriter(str(p), "llama")
@@ -227,7 +228,7 @@ def test_smollm2_q4_1_at_the_floor_of_transformers(smollm2_gguf, tmp_path, vxc_s
     ref.f = f
     kw = dict(gguf_file=smollm2_gguf.name, dtype=torch.float32)
     ref.m32 = transformers.AutoModelForCausalLM.from_pretrained(str(smollm2_gguf.parent), **kw).eval()
-    ref.m64 = transformers.AutoModelForCausalLM.from_pretrained(str(smollm2_gguf.parent), **kw).double().eval()
+    ref.m64 = copy.deepcopy(ref.m32).double().eval()  # the same dequantised weights, widened (one GGUF load)
     p = P.measure(f, smollm2_gguf.parent, ir, ref, n_new=16, ids=ids)
     with capsys.disabled():
         print(f"\nsmollm2: {p.row()}")

@@ -61,7 +61,29 @@ def _value(field) -> Any:
     return v
 
 
+_CACHE: dict[tuple, Container] = {}
+_CACHE_SIZE = 4
+
+
 def read(path: Path, rel: str | None = None, with_metadata: bool = True) -> Container:
+    """:func:`parse`, remembered per process for the same file (path, size, modification time): the gguf
+    package parses every metadata array element by element (a 262144-token vocabulary: ~10 s), and lowering,
+    loading and a second engine over the same file would each pay it. The result is shared: read-only."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return parse(path, rel, with_metadata)
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns, with_metadata)
+    hit = _CACHE.get(key) or (None if with_metadata else _CACHE.get(key[:-1] + (True,)))
+    if hit is None:
+        hit = parse(path, rel, with_metadata)
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = hit
+    return hit
+
+
+def parse(path: Path, rel: str | None = None, with_metadata: bool = True) -> Container:
     """Parse a GGUF file's header and check its tensor table against the file: every tensor inside the data
     region, no two sharing a byte, every type one vxc decodes (the rest refused together, by name)."""
     from gguf import GGML_QUANT_SIZES, GGUFReader
