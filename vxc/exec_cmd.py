@@ -285,6 +285,8 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
         "dtype": dtype,
         "device": device,
         "kernels": K.report(),  # the backend, the native library's status, every fallback to a torch twin
+        "decode_replay": lm.engine.replay_status(),
+        "decode_threads": lm.engine.thread_report(),  # the thread governor's count for replayed steps
     }
     if turn.text is not None:
         result["generated_text"] = turn.text

@@ -146,3 +146,84 @@ def test_prefill_last_only(lab, name):
     assert int(last[0, :f.vocab].argmax()) == int(full[-1, :f.vocab].argmax())
     assert all(torch.equal(b, state_full[k]) for k, b in eng.state.buffers.items())
     assert torch.equal(s.step(ids[0]), after_full)
+
+
+# ------------------------------------------------------------------ the thread governor
+
+
+class _Clock:
+    """A fake perf_counter: a step advances it by the cost of the thread count it ran at, under a given load."""
+
+    def __init__(self):
+        self.t, self.threads, self.loaded = 0.0, 2, False
+
+    def __call__(self) -> float:
+        return self.t
+
+    def set_threads(self, n: int) -> None:
+        self.threads = n
+
+    def run(self) -> None:
+        # quiet: 2 threads 1.0, 1 thread 1.8; one busy process beside: 2 threads 10 (barriers wait for a
+        # descheduled thread), 1 thread 2.0
+        self.t += {(2, False): 1.0, (1, False): 1.8, (2, True): 10.0, (1, True): 2.0}[self.threads, self.loaded]
+
+
+def test_thread_governor_follows_the_load(monkeypatch):
+    from vxc.runtime import replay
+
+    clock = _Clock()
+    monkeypatch.setattr(replay.time, "perf_counter", clock)
+    g = replay.ThreadGovernor(clock.set_threads, 2)
+
+    def steps(n: int) -> float:
+        t0 = clock.t
+        for _ in range(n):
+            g.step(clock.run)
+            assert clock.threads == g.n  # the governed count stays in force between steps (probes undone)
+        return clock.t - t0
+
+    quiet = steps(600)
+    assert g.n == 2 and g.switches == 0 and 600 <= quiet <= 600 * 1.02  # failed probes back off: < 2 % cost
+    clock.loaded = True
+    steps(12)
+    assert g.n == 1 and g.switches == 1  # load noticed within a few steps
+    loaded = steps(600)
+    assert loaded <= 600 * 2.0 * 1.25 and loaded < 600 * 10.0 / 4  # probes at 2 threads cost little
+    clock.loaded = False
+    steps(600)
+    assert g.n == 2 and g.switches == 2, g.report()  # back to both threads once they are free
+    assert "2 of 2 threads" in g.report()
+
+
+def test_thread_governor_off_and_refusals(monkeypatch):
+    from vxc.runtime import replay
+
+    monkeypatch.setenv("VXC_THREADS", "fixed")
+    assert replay.governor() is None
+    monkeypatch.setenv("VXC_THREADS", "sometimes")
+    with pytest.raises(ValueError, match="VXC_THREADS='sometimes': expected auto or fixed"):
+        replay.threads_mode()
+
+
+@pytest.mark.parametrize("name", ["qwen3", "mamba2attn-native"])
+@pytest.mark.native
+def test_governed_steps_stay_bit_identical(lab, name, monkeypatch):
+    """Replayed steps at one thread (the governor's choice under load) equal the graph's steps at two: no kernel's
+    result depends on the thread count."""
+    from vxc.runtime import replay
+
+    from vxc.codegen.kernels import native
+
+    monkeypatch.setattr(replay.ThreadGovernor, "_step", lambda self, run: (self.set_threads(1), run()))
+    # governed even where the suite runs the library on one thread
+    monkeypatch.setattr(replay, "governor", lambda: replay.ThreadGovernor(native.load().vxc_set_threads, 2))
+    f = P.FAMILIES[name]
+    _, ir = lab.built(name)
+    ids = P.prompt_ids(f)[:20]
+    replayed = P.engine_for(ir, max_context=64)
+    got = _steps(replayed, ids, _tokens(f))
+    assert replayed.replay.governor is not None and replayed.replay_status().startswith("replaying")
+    want = _steps(P.engine_for(ir, max_context=64, replay=False), ids, _tokens(f))
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), f"step {i}: max diff {(a - b).abs().max().item():.3e}"

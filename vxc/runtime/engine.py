@@ -77,6 +77,11 @@ class Engine:
             return self.replay(pos)
         return self.decode_fn(self.decode_ids, pos)
 
+    def thread_report(self) -> str | None:
+        """What the replayed steps' thread governor settled on (None: not replaying, or not governed)."""
+        g = self.replay.governor if self.replay is not None else None
+        return g.report() if g is not None else None
+
     def replay_status(self) -> str:
         if self.replay is None:
             return "off"

@@ -12,10 +12,16 @@ third capture must match the line the first two define. Anything else — a kern
 an aten op at graph level other than a view, an output buffer that changed — refuses the capture, with the
 reason kept in ``refused``, and the engine keeps running the graph. Replay results are bit-identical to the
 graph's: the same kernels run on the same buffers with the same arguments.
+
+Replayed steps run under a :class:`ThreadGovernor` (``VXC_THREADS=fixed`` turns it off): on a CPU shared with
+other busy processes it moves the native kernels to fewer threads when that is faster (measured, step by step),
+and back when the cores free up (``benchmarks/shared_cpu.py``).
 """
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Callable, Optional
 
 from torch import Tensor
@@ -55,6 +61,95 @@ class _Guard(TorchDispatchMode):
         return out
 
 
+class ThreadGovernor:
+    """How many threads a replayed decode step's parallel regions use, following the cores actually free.
+
+    On a CPU shared with another busy process, a parallel region on every thread waits at its barrier for a
+    descheduled thread (hundreds of regions per step: a step can take 10x longer). The governor times each step
+    and now and then runs ``PROBE_STEPS`` steps at a neighbouring thread count (a probe); when every step of a
+    probe beats the median of the recent steps at the current count by more than ``GAIN``, that count is kept. A failed probe doubles the
+    interval to the next one (up to ``MAX_INTERVAL`` steps), so a probe on the wrong side costs little; a step
+    ``JUMP`` times slower than the recent median (load just arrived) brings the next probe forward. Results do
+    not depend on the thread count (every kernel gives each output element to one thread, in a fixed order),
+    so replayed steps stay bit-identical to the graph's.
+    """
+
+    GAIN, JUMP, FIRST_INTERVAL, MAX_INTERVAL, WINDOW, PROBE_STEPS = 0.85, 3.0, 64, 512, 8, 2
+
+    def __init__(self, set_threads, max_threads: int):
+        self.set_threads, self.max = set_threads, max(1, max_threads)
+        self.n = self.max
+        self.recent: list[float] = []
+        self.interval = self.FIRST_INTERVAL
+        self.countdown = self.interval
+        self.switches = 0
+        self.probes = 0
+        self.probe: Optional[int] = None  # the thread count being tried, during a probe
+        self.probe_times: list[float] = []
+
+    def _median(self) -> float:
+        s = sorted(self.recent)
+        return s[len(s) // 2]
+
+    def step(self, run) -> None:
+        """Run one step (``run()``) at the governed thread count, timing it. The governed count stays in force
+        after the step: the native library shares torch's OpenMP runtime, and the torch ops between two steps
+        (the sampler's) would otherwise wake the idle threads again."""
+        try:
+            self._step(run)
+        finally:
+            self.set_threads(self.n)
+
+    def _step(self, run) -> None:
+        if self.max == 1:
+            return run()
+        self.countdown -= 1
+        if self.probe is None and self.countdown <= 0 and len(self.recent) >= 3:
+            up = self.n < self.max and (self.n == 1 or self.probes % 2 == 1)
+            self.probe, self.probe_times = (self.n + 1 if up else self.n - 1), []
+        n = self.probe or self.n
+        self.set_threads(n)
+        t0 = time.perf_counter()
+        run()
+        dt = time.perf_counter() - t0
+        if self.probe is None:
+            if len(self.recent) >= 3 and (dt > self.JUMP * self._median() or self.JUMP * dt < self._median()):
+                # the load changed: a new window at this count, and a probe as soon as it holds three steps
+                self.recent, self.countdown = [], 0
+            self.recent = (self.recent + [dt])[-self.WINDOW:]
+            return
+        self.probe_times.append(dt)
+        if len(self.probe_times) < self.PROBE_STEPS:
+            return
+        # a probe wins only if every one of its steps beats the recent median (one lucky step never switches)
+        self.probes += 1
+        if max(self.probe_times) < self.GAIN * self._median():
+            self.n, self.recent, self.interval = self.probe, list(self.probe_times), self.FIRST_INTERVAL
+            self.switches += 1
+        else:
+            self.interval = min(2 * self.interval, self.MAX_INTERVAL)
+        self.probe, self.countdown = None, self.interval
+
+    def report(self) -> str:
+        return f"{self.n} of {self.max} threads ({self.switches} switches, {self.probes} probes)"
+
+
+def threads_mode() -> str:
+    """``VXC_THREADS``: ``auto`` (the default: governed) or ``fixed`` (every region on all threads)."""
+    mode = os.environ.get("VXC_THREADS", "auto")
+    if mode not in ("auto", "fixed"):
+        raise ValueError(f"VXC_THREADS={mode!r}: expected auto or fixed")
+    return mode
+
+
+def governor() -> Optional[ThreadGovernor]:
+    """The thread governor for replayed steps: None under ``VXC_THREADS=fixed`` or with one thread."""
+    lib = native.load()
+    if threads_mode() == "fixed" or lib is None or native.max_threads() <= 1:
+        return None
+    return ThreadGovernor(lib.vxc_set_threads, native.max_threads())
+
+
 class DecodeReplay:
     def __init__(self, graph: Callable[[Tensor, int], Tensor], ids: Tensor):
         self.graph, self.ids = graph, ids
@@ -63,6 +158,8 @@ class DecodeReplay:
         self.program: Optional[list] = None
         self.refused: Optional[str] = None if native.available() else native.status()
         self.out: Optional[Tensor] = None
+        self.governor: Optional[ThreadGovernor] = None
+        threads_mode()  # a bad VXC_THREADS is refused before the first step, not after the captures
 
     @property
     def ready(self) -> bool:
@@ -116,8 +213,14 @@ class DecodeReplay:
                     for i, (t, v) in enumerate(zip(fn.argtypes, args))]
             program.append((fn, conv, moving))
         self.program, self.out, self.captures = program, out, []
+        self.governor = governor()
 
     def _run(self, pos: int) -> None:
+        if self.governor is None:
+            return self._calls(pos)
+        self.governor.step(lambda: self._calls(pos))
+
+    def _calls(self, pos: int) -> None:
         for fn, args, moving in self.program:
             if moving:
                 args = list(args)

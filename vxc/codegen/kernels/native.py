@@ -142,6 +142,20 @@ def load() -> Optional[ctypes.CDLL]:
     return lib
 
 
+_SET_THREADS = declare("vxc_set_threads", I)
+_MAX_THREADS = declare("vxc_max_threads")
+
+
+def max_threads() -> int:
+    """The thread count the library's parallel regions start from (OMP_NUM_THREADS, else the CPUs available)."""
+    lib = load()
+    if lib is None:
+        return 1
+    fn = lib.vxc_max_threads
+    fn.restype = ctypes.c_int
+    return int(fn())
+
+
 def available() -> bool:
     return _lib is not None if _tried else load() is not None
 

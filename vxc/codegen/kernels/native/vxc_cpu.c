@@ -88,10 +88,16 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 16
+#define VXC_ABI_VERSION 17
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
+
+/* The thread count of the calling thread's next parallel regions (the decode replay's thread governor), and the
+ * count it starts from (OMP_NUM_THREADS, else the CPUs available). No kernel's result depends on it: every
+ * parallel loop gives each output element to one thread and reduces within it, in a fixed order. */
+void vxc_set_threads(int n) { omp_set_num_threads(n > 0 ? n : 1); }
+int vxc_max_threads(void) { return omp_get_max_threads(); }
 
 int vxc_has_avx512bf16(void) {
 #if defined(__AVX512BF16__)
