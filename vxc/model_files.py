@@ -48,10 +48,10 @@ def _gguf_path(model_dir: Path, module) -> Path | None:
 def _gguf_fields(path: Path, keys: tuple[str, ...], prefix_keys: tuple[str, ...] = ()) -> dict[str, Any]:
     """The named metadata fields of a GGUF file (absent ones left out); ``prefix_keys``: ``.``-suffixes looked up
     under the file's ``general.architecture``."""
-    from gguf import GGUFReader
+    from .ir.gguf_container import reader as gguf_reader
 
     try:
-        reader = GGUFReader(str(path), "r")
+        reader = gguf_reader(path)
     except Exception as e:  # OSError, or the gguf package's ValueError / struct.error on a corrupt file
         raise ModelFileError(f"{path}: not a readable GGUF file ({type(e).__name__}: {str(e)[:200]})") from None
     out: dict[str, Any] = {}

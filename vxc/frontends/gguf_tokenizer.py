@@ -12,8 +12,12 @@ Supported ``tokenizer.ggml.model`` values:
           file, or, when it has none, rebuilt from the vocabulary and ``tokenizer.ggml.scores`` the way
           transformers' ``generate_merges`` does. ``Metaspace`` pre-tokenizer prepending ``▁`` to the first word
           (transformers ignores ``tokenizer.ggml.add_space_prefix``, so this does too).
-          Files whose ``general.architecture`` is gemma/gemma2/gemma3/phi3 are refused: transformers builds those
-          differently and this module does not reproduce it.
+          Files whose ``general.architecture`` is gemma/gemma2/gemma3 are built as transformers' ``gemma_tokenizer``
+          builds them: a token of only spaces respelled as that many ``▁``, merges (absent from these files) rebuilt
+          ranked by the token's position in the file (Gemma's scores do not follow its merge order), spaces turned
+          into ``▁`` by a normalizer with no prefix space, and GemmaTokenizer's ``<unk> <bos> <eos> <pad> <mask>``
+          as its default special names. phi3 is refused: transformers builds it differently and this module
+          does not reproduce it.
 
 Special tokens, as transformers makes them: every token typed CONTROL (3) becomes a special added token (for
 ``gpt2`` only when spelled in the byte alphabet: a CONTROL token with other characters is a llama.cpp mislabel and
@@ -37,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import tokenizers
-from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import BPE
 
 from vxc.ir.gguf_container import GGUFError
@@ -48,7 +52,8 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 SUPPORTED_MODELS = ("gpt2", "llama")
 
 # sentencepiece-vocabulary architectures transformers builds with other rules (normalizers, respelled pieces)
-_SP_ARCHITECTURES_REFUSED = ("gemma", "gemma2", "gemma3", "phi3")
+_SP_ARCHITECTURES_REFUSED = ("phi3",)
+_GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
 
 # the split regexes, by tokenizer.ggml.pre, that transformers uses (integrations/gguf/gguf_tokenizer_mapping.py)
 _LLAMA3 = (
@@ -84,7 +89,8 @@ PRE_SPLITS: dict[str, str] = {
 }
 
 # names the builders transformers hands the vocabulary to always register as special tokens
-_DEFAULT_SPECIALS = {"gpt2": ("<|endoftext|>",), "llama": ("<unk>", "<s>", "</s>")}
+_DEFAULT_SPECIALS = {"gpt2": ("<|endoftext|>",), "llama": ("<unk>", "<s>", "</s>"),
+                     "gemma": ("<unk>", "<bos>", "<eos>", "<pad>", "<mask>")}
 
 _ID_KEYS = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eos_token_id",
             "unk": "tokenizer.ggml.unknown_token_id", "pad": "tokenizer.ggml.padding_token_id"}
@@ -113,9 +119,9 @@ class _Meta:
         self.path = Path(path)
         self.name = str(path)
         try:
-            from gguf import GGUFReader
+            from ..ir.gguf_container import reader as gguf_reader
 
-            reader = GGUFReader(str(self.path), "r")
+            reader = gguf_reader(self.path)
         except OSError as e:
             raise GGUFTokenizerError(f"{self.name}: cannot read: {e.strerror or e}") from None
         except Exception as e:  # the gguf package raises ValueError / struct.error / numpy errors on a corrupt file
@@ -197,14 +203,17 @@ def _merges(meta: _Meta) -> list[tuple[str, str]]:
     return []
 
 
-def _merges_from_scores(meta: _Meta, vocab: dict[str, int], tokens: list[str]) -> list[tuple[str, str]]:
+def _merges_from_scores(meta: _Meta, vocab: dict[str, int], tokens: list[str],
+                        scores: list[float] | None = None) -> list[tuple[str, str]]:
     """transformers' ``generate_merges(vocab, scores)``: every split of a piece into two vocabulary pieces, ranked by
-    the piece's score, best first (ties: longer left piece, then longer right piece, first)."""
-    meta.require("tokenizer.ggml.scores", "a 'llama' vocabulary without merges is ranked by its scores")
-    scores = meta.typed("tokenizer.ggml.scores", float, array=True)
-    if len(scores) != len(tokens):
-        raise GGUFTokenizerError(f"{meta.name}: metadata field 'tokenizer.ggml.scores' has {len(scores)} entries "
-                                 f"for {len(tokens)} tokens")
+    the piece's score (the file's ``tokenizer.ggml.scores`` unless given), best first (ties: longer left piece, then
+    longer right piece, first)."""
+    if scores is None:
+        meta.require("tokenizer.ggml.scores", "a 'llama' vocabulary without merges is ranked by its scores")
+        scores = meta.typed("tokenizer.ggml.scores", float, array=True)
+        if len(scores) != len(tokens):
+            raise GGUFTokenizerError(f"{meta.name}: metadata field 'tokenizer.ggml.scores' has {len(scores)} entries "
+                                     f"for {len(tokens)} tokens")
     ranked = []
     for piece, score in dict(zip(tokens, scores)).items():
         local = [(piece[:i], piece[i:], score) for i in range(1, len(piece))
@@ -239,6 +248,7 @@ def tokenizer_from_gguf(path: Path) -> tokenizers.Tokenizer:
         raise GGUFTokenizerError(f"{meta.name}: metadata field 'tokenizer.ggml.token_type' has {len(types)} entries "
                                  f"for {len(tokens)} tokens")
     ids = _special_ids(meta, len(tokens))
+    raw = tokens
 
     if model == "gpt2":
         spelling = byte_alphabet()
@@ -260,6 +270,19 @@ def tokenizer_from_gguf(path: Path) -> tokenizers.Tokenizer:
         tok.decoder = decoders.ByteLevel()
         controls_ok = lambda t: set(t) <= alphabet  # noqa: E731
         add_bos_default = False
+    elif architecture in _GEMMA_ARCHITECTURES:
+        raw = tokens  # the file's spelling: what the added-token rules below read
+        tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
+        vocab = {t: i for i, t in enumerate(tokens)}
+        merges = _merges(meta) if meta.has("tokenizer.ggml.merges") else \
+            _merges_from_scores(meta, vocab, tokens, [-float(i) for i in range(len(tokens))])
+        tok = tokenizers.Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, unk_token="<unk>", byte_fallback=True,
+                                       dropout=None))
+        tok.normalizer = normalizers.Replace(" ", "▁")
+        tok.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+        controls_ok = lambda t: True  # noqa: E731
+        add_bos_default = True
     else:
         vocab = {t: i for i, t in enumerate(tokens)}
         merges = _merges(meta) if meta.has("tokenizer.ggml.merges") else \
@@ -289,10 +312,10 @@ def tokenizer_from_gguf(path: Path) -> tokenizers.Tokenizer:
             tok.add_tokens(new)
         added.update(fresh)
 
-    add(list(_DEFAULT_SPECIALS[model]), True)
+    add(list(_DEFAULT_SPECIALS["gemma" if model == "llama" and architecture in _GEMMA_ARCHITECTURES else model]), True)
     add([t for t, ty in zip(tokens, types) if ty == CONTROL and controls_ok(t)], True)
     # a USER_DEFINED token is added only when its text (not a re-spelling) is a vocabulary entry
-    add([t for t, ty in zip(tokens, types) if ty == USER_DEFINED], False)
+    add([t for t, ty in zip(raw, types) if ty == USER_DEFINED], False)
     add([tokens[i] for i in ids.values()], True)
 
     add_bos = meta.typed("tokenizer.ggml.add_bos_token", bool, add_bos_default)

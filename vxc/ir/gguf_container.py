@@ -63,6 +63,25 @@ def _value(field) -> Any:
 
 _CACHE: dict[tuple, Container] = {}
 _CACHE_SIZE = 4
+_READERS: dict[tuple, Any] = {}
+
+
+def reader(path: Path):
+    """A ``gguf.GGUFReader`` of ``path``, one per file per process (path, size, modification time): the package
+    parses every metadata array element by element (a 262144-token vocabulary: ~10 s), and the container, the
+    tokenizer and the model's stop ids / chat template / context length all read the same header. Read-only.
+    Raises what GGUFReader raises (OSError; ValueError / struct.error / numpy errors on a corrupt file)."""
+    from gguf import GGUFReader
+
+    st = Path(path).stat()
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    r = _READERS.get(key)
+    if r is None:
+        r = GGUFReader(str(path), "r")
+        if len(_READERS) >= 2:
+            _READERS.pop(next(iter(_READERS)))
+        _READERS[key] = r
+    return r
 
 
 def read(path: Path, rel: str | None = None, with_metadata: bool = True) -> Container:
@@ -86,14 +105,14 @@ def read(path: Path, rel: str | None = None, with_metadata: bool = True) -> Cont
 def parse(path: Path, rel: str | None = None, with_metadata: bool = True) -> Container:
     """Parse a GGUF file's header and check its tensor table against the file: every tensor inside the data
     region, no two sharing a byte, every type one vxc decodes (the rest refused together, by name)."""
-    from gguf import GGML_QUANT_SIZES, GGUFReader
+    from gguf import GGML_QUANT_SIZES
 
     from .ggml import ENCODINGS
 
     rel = rel or str(path)
     try:
         size = path.stat().st_size
-        reader = GGUFReader(str(path), "r")
+        reader = _reader(path)
     except OSError as e:
         raise GGUFError(f"{rel}: cannot read: {e.strerror}") from None
     except Exception as e:  # the gguf package raises ValueError / struct.error / numpy errors on a corrupt file
@@ -145,3 +164,6 @@ def parse(path: Path, rel: str | None = None, with_metadata: bool = True) -> Con
             except Exception as e:
                 raise GGUFError(f"{rel}: metadata {k!r} is unreadable ({e})") from None
     return Container(path, size, data_start, digest, metadata, entries)
+
+
+_reader = reader  # ``parse`` has a local named ``reader``
