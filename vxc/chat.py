@@ -118,6 +118,9 @@ def run_chat(*, model: Path, system, max_new_tokens, temperature, top_p, top_k, 
     for w in lm.warnings:
         note(w)
     chat = Chat(lm.model_dir, lm.module, lm.tok, system)
+    from .ir.gguf_container import forget
+
+    forget()  # every header read is done: the GGUF metadata snapshot need not stay resident
     sampler = Sampler(temperature, top_k, top_p, seed, vocab=lm.engine.vocab)
     session = lm.session
     stream = input_stream or sys.stdin

@@ -247,6 +247,9 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
         ids = tok.encode(prompt).ids
         if not ids:
             raise VxcError(f"--prompt {prompt!r} encodes to no tokens; give some text or --tokens")
+    from .ir.gguf_container import forget
+
+    forget()  # every header read is done: the GGUF metadata snapshot need not stay resident
     sampler = Sampler(temperature, top_k, top_p, seed, vocab=lm.engine.vocab)
     if resume_state is not None:
         session.load_state(resume_state, sampler)

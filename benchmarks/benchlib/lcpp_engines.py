@@ -274,6 +274,9 @@ def _engine(args, result: dict):
     result["rss_before_load"] = _peak_rss_bytes()
     t0 = time.perf_counter()
     eng = Engine(m, mdir, dtype=DTYPES[args.dtype], device="cpu", max_context=args._max_context)
+    from vxc.ir.gguf_container import forget
+
+    forget()  # as vxc exec does once the model is loaded
     result["load_s"] = time.perf_counter() - t0
     result["weight_bytes_resident"] = eng.weight_bytes()
     result["encoded_weights"] = getattr(eng, "encoded_weights", None)

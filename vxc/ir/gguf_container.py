@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from .diagnostics import VxcError
@@ -63,25 +64,76 @@ def _value(field) -> Any:
 
 _CACHE: dict[tuple, Container] = {}
 _CACHE_SIZE = 4
-_READERS: dict[tuple, Any] = {}
+_READERS: dict[tuple, "Snapshot"] = {}
 
 
-def reader(path: Path):
-    """A ``gguf.GGUFReader`` of ``path``, one per file per process (path, size, modification time): the package
-    parses every metadata array element by element (a 262144-token vocabulary: ~10 s), and the container, the
-    tokenizer and the model's stop ids / chat template / context length all read the same header. Read-only.
-    Raises what GGUFReader raises (OSError; ValueError / struct.error / numpy errors on a corrupt file)."""
+class _Field:
+    """A metadata field's value, read once (or the error reading it raised, raised again on every read)."""
+
+    __slots__ = ("_value", "_error")
+
+    def __init__(self, field):
+        self._value, self._error = None, None
+        try:
+            self._value = field.contents()
+        except Exception as e:  # a string field that is not UTF-8, a truncated array: the caller names it
+            self._error = e
+
+    def contents(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+@dataclass
+class Snapshot:
+    """What a ``gguf.GGUFReader`` read from a file's header, kept as plain values: every metadata field's contents,
+    the tensor infos and the data offset. The reader itself is dropped: for a 262144-token vocabulary it holds
+    ~720 MB of per-element numpy views, which must not stay resident beside the model."""
+
+    fields: dict[str, _Field]
+    tensors: list[SimpleNamespace]
+    data_offset: int
+
+
+def reader(path: Path) -> Snapshot:
+    """The header of ``path`` as :class:`Snapshot`, one per file per process (path, size, modification time): the
+    gguf package parses every metadata array element by element (a 262144-token vocabulary: ~10 s), and the
+    container, the tokenizer and the model's stop ids / chat template / context length all read the same header.
+    Read-only. Raises what GGUFReader raises (OSError; ValueError / struct.error / numpy errors on a corrupt file)."""
     from gguf import GGUFReader
 
     st = Path(path).stat()
     key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
-    r = _READERS.get(key)
-    if r is None:
+    snap = _READERS.get(key)
+    if snap is None:
         r = GGUFReader(str(path), "r")
+        tensors = [SimpleNamespace(name=t.name, tensor_type=t.tensor_type, shape=[int(x) for x in t.shape],
+                                   data_offset=int(t.data_offset), n_bytes=int(t.n_bytes)) for t in r.tensors]
+        snap = Snapshot({k: _Field(f) for k, f in r.fields.items()}, tensors, int(r.data_offset))
+        del r
         if len(_READERS) >= 2:
             _READERS.pop(next(iter(_READERS)))
-        _READERS[key] = r
-    return r
+        _READERS[key] = snap
+    return snap
+
+
+def forget() -> None:
+    """Drop the remembered headers (:func:`reader`, :func:`read`) once a model is loaded: a 262144-token vocabulary's
+    token, score and type lists are ~180 MB of Python objects, which need not stay beside the weights. The freed
+    heap is handed back to the OS where the C library can (glibc's ``malloc_trim``)."""
+    import ctypes
+    import gc
+
+    if not (_READERS or _CACHE):
+        return
+    _READERS.clear()
+    _CACHE.clear()
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def read(path: Path, rel: str | None = None, with_metadata: bool = True) -> Container:
