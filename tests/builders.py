@@ -751,3 +751,15 @@ def witness_header_only(name: str, out_dir) -> Path:
     hf_header_only(out_dir, cfg, "BF16", max_shard_bytes=HF_WITNESS_SHARD_BYTES)
     shutil.copyfile(src, out_dir / "config.json")
     return out_dir
+
+
+def state_dump(mdir: Path) -> str:
+    """The IR of a model directory after verify, bind, closure and state (the witnesses' golden IR)."""
+    from vxc.frontends import lower
+    from vxc.ir import print_module
+    from vxc.passes import PassManager
+    from vxc.passes.context import Context
+
+    m = lower(mdir, relative_to=Path(mdir).parent)
+    ctx = PassManager(["verify", "bind", "closure", "state"], emit=lambda s: None).run(Context(m, model_dir=mdir))
+    return print_module(ctx.module)

@@ -41,15 +41,6 @@ def witness(tmp_path_factory) -> Path:
     return B.hf_header_only(out, G270_CONFIG, "BF16", config_json=G270_CONFIG)
 
 
-def _state_dump(mdir: Path) -> str:
-    from vxc.frontends import lower
-    from vxc.ir import print_module
-    from vxc.passes import PassManager
-    from vxc.passes.context import Context
-
-    m = lower(mdir, relative_to=mdir.parent)
-    ctx = PassManager(["verify", "bind", "closure", "state"], emit=lambda s: None).run(Context(m, model_dir=mdir))
-    return print_module(ctx.module)
 
 
 def test_witness_describe(witness, describe_json):
@@ -76,7 +67,7 @@ def test_witness_golden_describe(witness, describe_json, snapshot_json):
 
 
 def test_witness_golden_ir(witness, snapshot):
-    text = _state_dump(witness)
+    text = B.state_dump(witness)
     mixers = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("mixer softmax")]
     assert len(mixers) == LAYERS
     for i, m in enumerate(mixers):

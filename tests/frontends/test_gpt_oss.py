@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
@@ -95,15 +94,6 @@ def witness(tmp_path_factory):
     return B.witness_header_only("gpt-oss-20b", root / "gpt-oss-20b")
 
 
-def _state_dump(mdir: Path) -> str:
-    from vxc.frontends import lower
-    from vxc.ir import print_module
-    from vxc.passes import PassManager
-    from vxc.passes.context import Context
-
-    m = lower(mdir, relative_to=mdir.parent)
-    ctx = PassManager(["verify", "bind", "closure", "state"], emit=lambda s: None).run(Context(m, model_dir=mdir))
-    return print_module(ctx.module)
 
 
 def test_witness_describe(witness, describe_json):
@@ -132,7 +122,7 @@ def test_witness_describe_at_context(witness, describe_json):
 
 
 def test_witness_golden_ir(witness, snapshot):
-    text = _state_dump(witness)
+    text = B.state_dump(witness)
     prog = program_lines(text)
     mixers = [line for line in prog if line.startswith("mixer ")]
     assert len(mixers) == 24
