@@ -1,8 +1,9 @@
 """Elementwise kernels between the projections: ``vxc::gated_act`` (``act(gate) · up``, the gating of a dense
 FFN whose activation is not the fused SwiGLU's SiLU) and ``vxc::scale`` (``x · s``, e.g. an embedding scale).
 
-- ``gated_act(gate, up, act)``: ``act`` is ``"silu"`` or ``"gelu_tanh"`` (``0.5 g (1 + tanh(√(2/π) (g +
-  0.044715 g³)))``, torch's ``gelu(approximate="tanh")``); computed in fp32, the result at gate's dtype.
+- ``gated_act(gate, up, act)``: ``act`` is ``"silu"``, ``"gelu_tanh"`` (``0.5 g (1 + tanh(√(2/π) (g +
+  0.044715 g³)))``, torch's ``gelu(approximate="tanh")``) or ``"none"`` (the plain product ``gate · up``, e.g. a
+  gated convolution's input and output gates); computed in fp32, the result at gate's dtype.
 - ``scale(x, s)``: ``x · s`` with ``s`` first rounded to x's dtype (a model that multiplies by a scale held as a
   tensor of its weights' dtype: at bf16 the product is bf16(x) · bf16(s), rounded once).
 
@@ -23,7 +24,7 @@ from . import native as N
 from .native import BF, I, L, P
 from .registry import NotCovered, kernel
 
-ACTS = {"silu": 1, "gelu_tanh": 3}  # the codes vxc_cpu.c's ``act`` helpers use
+ACTS = {"none": 0, "silu": 1, "gelu_tanh": 3}  # the codes vxc_cpu.c's ``act`` helpers use
 NATIVE_MAX = 65536
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -58,7 +59,7 @@ def _(x, s):
 @gated_act.impl("torch")
 def gated_act_twin(gate, up, act):
     g = gate.float()
-    a = F.silu(g) if act == "silu" else F.gelu(g, approximate="tanh")
+    a = g if act == "none" else F.silu(g) if act == "silu" else F.gelu(g, approximate="tanh")
     return (a * up.float()).to(gate.dtype)
 
 
@@ -76,7 +77,9 @@ def _gated_act_kernel(g_ptr, u_ptr, out_ptr, N, ACT: tl.constexpr, C: tl.constex
     mask = offs < N
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if ACT == 1:
+    if ACT == 0:
+        a = g
+    elif ACT == 1:
         a = g * tl.sigmoid(g)
     else:
         y = C * (g + 0.044715 * g * g * g)

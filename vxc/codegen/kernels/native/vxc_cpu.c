@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 17
+#define VXC_ABI_VERSION 18
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -675,13 +675,16 @@ static inline float gelu_tanh(float g) {
     return 0.5f * g * (2.0f - 2.0f / (1.0f + vexp(2.0f * y)));
 }
 
-/* elementwise.gated_act_twin: out = act(g) * u over n values at the activation dtype; act 1 = silu,
- * 3 = gelu (tanh approximation). */
+/* elementwise.gated_act_twin: out = act(g) * u over n values at the activation dtype; act 0 = none (the plain
+ * product), 1 = silu, 3 = gelu (tanh approximation). */
 void vxc_gated_act(const void *g, const void *u, void *out, long n, int a, int bf) {
     if (!bf) {
         const float *gf = (const float *)g, *uf = (const float *)u;
         float *of = (float *)out;
-        if (a == 1) {
+        if (a == 0) {
+#pragma omp simd
+            for (long i = 0; i < n; i++) of[i] = gf[i] * uf[i];
+        } else if (a == 1) {
 #pragma omp simd
             for (long i = 0; i < n; i++) of[i] = silu(gf[i]) * uf[i];
         } else {
@@ -692,7 +695,7 @@ void vxc_gated_act(const void *g, const void *u, void *out, long n, int a, int b
     }
     for (long i = 0; i < n; i++) {
         float v = ld(g, i, bf);
-        st(out, i, (a == 1 ? silu(v) : gelu_tanh(v)) * ld(u, i, bf), bf);
+        st(out, i, (a == 0 ? v : a == 1 ? silu(v) : gelu_tanh(v)) * ld(u, i, bf), bf);
     }
 }
 
