@@ -122,6 +122,40 @@ def test_decode_replay(built, dtype):
     assert_replay_bit_identical(built["bias"][0], prompt(VOCAB, 20, seed=3), prompt(VOCAB, 12, seed=4), dtype)
 
 
+def test_conv_history_is_the_references_conv_state(built):
+    """The short conv's one state region holds what the reference's cache holds for that layer — the last
+    L_cache gated inputs B·x, oldest first — after a prefill and after three decode steps, at the state's own
+    floor (max(2 × the reference's fp32-vs-fp64 error, 1e-5 × max|state|))."""
+    import transformers
+
+    from vxc.runtime.session import Session
+
+    mdir, ir = built["bias"]
+    ids = P.prompt_ids(BIAS)[:23]
+    m32 = transformers.AutoModelForCausalLM.from_pretrained(str(mdir), dtype=torch.float32).eval()
+    m64 = transformers.AutoModelForCausalLM.from_pretrained(str(mdir), dtype=torch.float32).double().eval()
+    eng = P.engine_for(ir, max_context=64)
+    s = Session(eng)
+    regions = [rid for rid, kind in eng.state.layout.items() if kind == "conv_history"]
+    conv_layers = [i for i, t in enumerate(B.hf_config("lfm2", {**MINI, **BIASED}).layer_types) if t == "conv"]
+    assert len(regions) == len(conv_layers) == 3 and all(eng.state.buffers[r].shape == (D, K) for r in regions)
+
+    def ref_states(m, n):  # the reference's conv state per conv layer after a prefill of ids[:n - 3] and 3 steps
+        with torch.no_grad():
+            o = m(torch.tensor([ids[:n - 3]]), use_cache=True)
+            for t in ids[n - 3:n]:
+                o = m(torch.tensor([[t]]), cache=o.cache, use_cache=True)
+        return [o.cache.get_conv_state(i, state_idx=0)[0].double() for i in conv_layers]
+
+    s.prefill(ids[:20])
+    for t in ids[20:]:
+        s.step(t)
+    for r, a, b in zip(regions, ref_states(m32, 23), ref_states(m64, 23)):
+        tol = max(2 * float((a - b).abs().max()), 1e-5 * float(b.abs().max()))
+        got = eng.state.buffers[r].double()
+        assert float(b.abs().max()) > 1.0 and float((got - b).abs().max()) <= tol, (r, float((got - b).abs().max()), tol)
+
+
 def test_save_resume(built, tmp_path):
     """Saved after 6 greedy steps, loaded by a fresh engine: the continuation is bit-identical."""
     from vxc.runtime.sampling import Sampler
@@ -206,3 +240,47 @@ def test_stripped_operand_is_a_named_refusal(built, tmp_path, vxc_sub):
     out = r.stdout + r.stderr
     assert r.exit_code != 0 and not (tmp_path / "m.vxir").exists()
     assert "layer 2 short_conv: required role ShortConvConv1d is not bound" in out, out
+
+
+_TRITON_SCRIPT = r"""
+import json, os, sys, torch
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+torch.set_num_threads(1)
+from pathlib import Path
+from tests.runtime import parity_table as P
+from vxc.codegen import kernels
+from vxc.runtime.session import Session
+ir, ids = sys.argv[1], json.loads(sys.argv[2])
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+def run():
+    s = Session(P.engine_for(Path(ir), max_context=32, device=dev))
+    return torch.cat([s.prefill(ids[:8])] + [s.step(t)[None] for t in ids[8:]]).cpu()
+a = run()
+kernels.reset_fallbacks()
+with kernels.backend("triton"):
+    b = run()
+print(json.dumps({"err": float((a - b).abs().max()), "max": float(a.abs().max()), "fallbacks": kernels.fallbacks()}))
+"""
+
+
+def test_triton_backend_matches_torch_twins(built):
+    """Prefill of 8 tokens and 3 steps on vxc's Triton kernels — the short conv's gates (gated_act, no
+    activation), its conv prefill and step, in_proj / out_proj biases — against the torch twins (CPU: Triton's
+    interpreter, fresh process)."""
+    import os
+    import subprocess
+    import sys
+
+    ir = built["bias"][1]
+    ids = P.prompt_ids(BIAS)[:11]
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(repo), OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
+    r = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, str(ir), json.dumps(ids)], cwd=repo, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    print(out)
+    assert out["max"] > 2.0 and out["err"] <= 1e-4, out
+    assert not {"gated_act", "conv1d_prefill", "conv1d_step"} & set(out["fallbacks"]), out["fallbacks"]
