@@ -33,12 +33,15 @@ FRAGMENTS = (
     "num_key_value_heads", "hidden_size", "intermediate_size", "rope_theta", "rope_parameters", "rope_scaling",
     "tie_word_embeddings", "tie_embeddings", "rms_norm_eps", "layer_norm_epsilon", "torch_dtype",
     "num_hidden_layers", "pad_vocab_size_multiple", "mamba2_num_heads", "full_attn_layers",
+    # lfm2's spellings
+    "feed_forward", "operator_norm", "embedding_norm", "q_layernorm", "k_layernorm", "full_attn_idxs",
+    "conv_L_cache", "block_ff_dim",
 )
 
 # Family / dialect names: forbidden as a whole string literal (``"llama"``), or as a
 # word inside one (``f"... llama ..."``); ``"llama3"`` (a rope scaling type) is another word.
 FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_next", "kimi_linear", "deepseek_v3", "gpt_oss", "mamba2attn",
-            "mamba_ssm", "Mamba2ForCausalLM", "LlamaForCausalLM", "transformers")
+            "mamba_ssm", "Mamba2ForCausalLM", "LlamaForCausalLM", "transformers", "lfm2", "Lfm2ForCausalLM")
 
 
 def _string_value(tok: str):
