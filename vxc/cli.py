@@ -77,6 +77,7 @@ def _guard(fn, as_json: bool = False):
 def lower(
     model_dir: Path = typer.Argument(..., help="Hugging Face model directory (config.json + safetensors)"),
     output: Path = typer.Option(..., "-o", "--output", help="where to write the .vxir"),
+    activations: Optional[str] = typer.Option(None, "--activations", help="int8_block32: the products of encoded weights quantise their input per 32-value block to int8 (declared on each operand; default: fp32 as given)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable result"),
 ):
     """Lower MODEL_DIR, run verify,bind,closure,state and write the IR only if closure holds."""
@@ -87,7 +88,7 @@ def lower(
     # lower_to_file writes a temporary file and renames it over OUTPUT only once closure holds: a refusal or
     # an error leaves whatever was at OUTPUT untouched (a user's earlier IR is never deleted)
     _check_output_path(output, "-o", as_json)
-    ctx = _guard(lambda: lower_to_file(model_dir, output), as_json)
+    ctx = _guard(lambda: lower_to_file(model_dir, output, activations=activations), as_json)
     m = ctx.module
     kinds: dict[str, int] = {}
     for layer in m.layers:
@@ -110,6 +111,7 @@ def quantize(
     scheme: str = typer.Option(..., "--scheme", help="q8_0, q4_0, q4_1 (one ggml block format) or q4_k_m (the mix)"),
     keep: List[str] = typer.Option([], "--keep", help="a role to leave unquantised (repeatable)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable result"),
+    activations: Optional[str] = typer.Option(None, "--activations", help="int8_block32: the products of encoded weights quantise their input per 32-value block to int8 (declared on each operand; default: fp32 as given)"),
 ):
     """Encode the operands whose roles are declared quantisable (projections, embedding, head) in SCHEME's
     blocks; write the weights and the IR declaring them (data preparation: nothing runs)."""
@@ -117,7 +119,7 @@ def quantize(
 
     t0 = time.perf_counter()
     _check_output_path(output, "-o", as_json)
-    rep = _guard(lambda: quantize_to_file(model, output, scheme, list(keep)), as_json)
+    rep = _guard(lambda: quantize_to_file(model, output, scheme, list(keep), activations), as_json)
     dt = time.perf_counter() - t0
     if as_json:
         print(json.dumps({"ok": True, "output": str(output), "scheme": rep.scheme, "encoded": len(rep.encoded),

@@ -55,6 +55,8 @@ def render(d: dict[str, Any], console: Console | None = None) -> None:
     parts = " · ".join(f"{enc} {e['bytes']:,} B in {e['operands']}" for enc, e in w["by_encoding"].items())
     c.print(f"weights: {w['total_bytes']:,} bytes ({_bytes(w['total_bytes'])}) as stored: {parts}")
     c.print(f"  a decode step streams {w['decode_step_bytes']:,} bytes ({_bytes(w['decode_step_bytes'])}) of weights as stored")
+    for act, n in w.get("activations", {}).items():
+        c.print(f"  {n} encoded operands declare activations {act} (their products quantise their input)")
     c.print(f"state: {s['recurrent_layers']} recurrent layers (all regions fixed) · {s['growing_layers']} growing layers "
             f"(a per-token region)")
     c.print(f"  fixed: {s['fixed_elements']:,} elements = {s['fixed_bytes']:,} bytes ({_bytes(s['fixed_bytes'])})")

@@ -79,10 +79,34 @@ def write_atomic(path: Path, text: str) -> None:
     replace_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
-def lower_to_file(model_dir: Path, out: Path, pipeline: str = "verify,bind,closure,state") -> Context:
+def declare_activations(m, activations: str | None) -> int:
+    """Declare ``activations`` (``vxc.ir.ggml.ACTIVATION_PRECISIONS``) on every ggml block-encoded operand of
+    ``m`` — the precision its products quantise their input to (a gather ignores it); returns how many. A
+    module with no such operand is refused: there is nothing the declaration could apply to."""
+    from .ir.diagnostics import VxcError
+    from .ir.ggml import ACTIVATION_PRECISIONS, ENCODINGS
+
+    if activations is None:
+        return 0
+    if activations not in ACTIVATION_PRECISIONS:
+        raise VxcError(f"unknown activation precision {activations!r} (known: {', '.join(ACTIVATION_PRECISIONS)})")
+    n = 0
+    for o in m.operands:
+        if o.encoding in ENCODINGS:
+            o.activations = activations
+            n += 1
+    if not n:
+        raise VxcError(f"--activations {activations}: {m.name} has no ggml block-encoded operand (it applies to "
+                       f"the products of encoded weights: lower a GGUF file or run vxc quantize first)")
+    return n
+
+
+def lower_to_file(model_dir: Path, out: Path, pipeline: str = "verify,bind,closure,state",
+                  activations: str | None = None) -> Context:
     from .frontends import lower
 
     m = lower(model_dir, relative_to=out.resolve().parent)
+    declare_activations(m, activations)
     ctx = run(Context(m, model_dir=model_dir_of(m, out.resolve())), pipeline, emit=lambda s: None)
     write_atomic(out, print_module(ctx.module))
     return ctx

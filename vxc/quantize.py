@@ -214,7 +214,8 @@ def quantize_module(m: Module, model_dir: Path, out_ir: Path, scheme: str, keep:
                 rep.bytes_before += t.numel() * t.element_size()
                 rep.bytes_after += t.numel() * t.element_size()
             operands.append(Operand(o.sym, o.dtype, o.shape, syms, o.role, layer=o.layer, encoding=o.encoding,
-                                    part_names=list(o.part_names), transforms=copy.deepcopy(o.transforms)))
+                                    part_names=list(o.part_names), transforms=copy.deepcopy(o.transforms),
+                                    activations=o.activations))
         else:
             t = weights.operand(o, TORCH_DTYPES[o.dtype], "cpu").contiguous()
             out_tensors[key] = t
@@ -247,14 +248,14 @@ def _evidence(s: Scheme, rep: Report, keep: list[str]) -> str:
     return text
 
 
-def quantize_to_file(src: Path, out_ir: Path, scheme: str, keep: list[str]) -> Report:
+def quantize_to_file(src: Path, out_ir: Path, scheme: str, keep: list[str], activations: str | None = None) -> Report:
     """Quantise the model at ``src`` (a .vxir, a model directory or a GGUF file) into ``out_ir`` and the
     safetensors file beside it. Both are written to temporary files and renamed into place only once the new
     module has passed verify, bind, closure and state: on any failure nothing is left behind and files already
     at those paths are untouched."""
     import os
 
-    from .driver import load, run, save_safetensors_atomic, write_atomic
+    from .driver import declare_activations, load, run, save_safetensors_atomic, write_atomic
     from .frontends.common import _read_header
     from .ir.printer import print_module
     from .passes.context import Context
@@ -267,6 +268,8 @@ def quantize_to_file(src: Path, out_ir: Path, scheme: str, keep: list[str]) -> R
     notes: list[str] = []
     tok = _tokenizer(ctx.module, Path(ctx.model_dir), out_ir.parent / "tokenizer.json", notes)
     q, tensors, rep = quantize_module(ctx.module, ctx.model_dir, out_ir, scheme, keep)
+    if activations is not None:
+        rep.notes.append(f"{declare_activations(q, activations)} encoded operands declare activations {activations}")
     rep.notes += notes
     tmp_st, tmp_ir = st.with_name(f".{st.name}.part"), out_ir.with_name(f".{out_ir.name}.part")
     tmp_tok = out_ir.with_name(".tokenizer.json.part")

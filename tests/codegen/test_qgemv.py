@@ -246,6 +246,10 @@ for name in T.NATIVE:
         blocks = torch.from_numpy(b)
         T.R.assert_kernel_at_floor(T.run_native(name, blocks, x), T.quant.qgemv_twin(name, blocks, x),
                                    T.oracle(name, b, x), name)
+        # int8_block32 activations on this build's integer path (AVX2 maddubs / plain ints)
+        from tests.codegen import test_qgemv_a8 as A
+        T.R.assert_kernel_at_floor(A.run_native(name, blocks, x), T.quant.qgemv_twin(name, blocks, x, A.A8),
+                                   A.oracle(name, b, x), name + " int8_block32")
 print("ok")
 """
 

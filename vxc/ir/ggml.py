@@ -27,7 +27,13 @@ from dataclasses import dataclass
 
 from .diagnostics import VxcError
 
-__all__ = ["ENCODINGS", "BlockEncoding", "GGMLError", "encoding", "logical_cols", "row_bytes"]
+__all__ = ["ACTIVATION_PRECISIONS", "ENCODINGS", "BlockEncoding", "GGMLError", "encoding", "logical_cols", "row_bytes"]
+
+# what a ggml-encoded operand may declare as the precision of the activations its products take (``activations``
+# in the IR; absent: x as given): "int8_block32" — each row of x quantised per 32-value block to int8 with an fp32
+# scale d = amax / 127, q = round-half-even(x / d) (0 for an all-zero block): ggml's q8_0 dot-product operand,
+# with an fp32 d
+ACTIVATION_PRECISIONS = ("int8_block32",)
 
 QK_K = 256  # values per k-quant super-block
 

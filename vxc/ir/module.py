@@ -131,6 +131,9 @@ class Operand:
     part_names: list[str] = field(default_factory=list)  # names of the encoded parts
     transforms: list[Transform] = field(default_factory=list)
     loc: Loc | None = None
+    # the precision of the activations the products reading this (ggml-encoded) operand take: None is x as
+    # given; "int8_block32" quantises each row per 32-value block to int8 (vxc.codegen.kernels.quant.ACTIVATIONS)
+    activations: str | None = None
 
 
 @dataclass

@@ -21,6 +21,7 @@ from .module import (
     DTYPES, BankPart, Fact, FileEntry, IndexEntry, Layer, Loc, Module, Op, Operand, Region,
     Source, Tensor, Transform,
 )
+from .ggml import ACTIVATION_PRECISIONS, ENCODINGS as GGML_ENCODINGS
 from .operators import GROWTHS, PRECISIONS, REGION_KINDS
 from .roles import Placement, Role
 
@@ -169,14 +170,26 @@ class _Build(Transformer):
     def layer_ref(self, c):
         return int(c[0])
 
+    def activations(self, c):
+        return c[0]
+
     def operand(self, c):
         sym, (dtype, shape, _), (enc, names, sources), *rest = c
-        role_tok = rest[-1]
-        layer = rest[-2]
-        transforms = rest[:-2]
+        act_tok = rest[-1]
+        role_tok = rest[-2]
+        layer = rest[-3]
+        transforms = rest[:-3]
+        act = None
+        if act_tok is not None:
+            act = str(act_tok)
+            if act not in ACTIVATION_PRECISIONS:
+                raise _Semantic(act_tok, f"unknown activation precision {act!r} (known: {', '.join(ACTIVATION_PRECISIONS)})")
+            if enc not in GGML_ENCODINGS:
+                raise _Semantic(act_tok, f"operand %{str(sym)[1:]} declares activations {act} but is not ggml "
+                                         f"block-encoded (only an encoded weight's products quantise their activations)")
         return ("operand", Operand(
             str(sym)[1:], dtype, shape, sources, _role(role_tok), layer=layer, encoding=enc,
-            part_names=names, transforms=list(transforms), loc=self._loc(sym),
+            part_names=names, transforms=list(transforms), loc=self._loc(sym), activations=act,
         ))
 
     # operators

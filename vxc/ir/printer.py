@@ -107,7 +107,8 @@ def fmt_operand(o: Operand) -> str:
             f"{_ident(n, 'encoded part name')} {_sym('$', s, 'tensor')}" for n, s in zip(o.part_names, o.sources)) + ")"
     xs = "".join(" " + fmt_transform(t) for t in o.transforms)
     layer = f" layer {o.layer}" if o.layer is not None else ""
-    return f"operand {_sym('%', o.sym, 'operand')} {_ident(o.dtype, 'dtype')}{fmt_shape(o.shape)} = {src}{xs}{layer} role {o.role}"
+    act = f" activations {_ident(o.activations, 'activation precision')}" if o.activations is not None else ""
+    return f"operand {_sym('%', o.sym, 'operand')} {_ident(o.dtype, 'dtype')}{fmt_shape(o.shape)} = {src}{xs}{layer} role {o.role}{act}"
 
 
 def fmt_region(r: Region) -> str:

@@ -112,6 +112,7 @@ def weight_bytes(g: nx.DiGraph) -> dict[str, Any]:
     by: dict[str, dict[str, int]] = {}
     total = step = 0
     seen: set[tuple[str, bool]] = set()
+    acts: dict[str, int] = {}
     for p in plan_ops(g):
         for role, o in p.operands.items():
             enc, nbytes, row = _operand_bytes(o)
@@ -125,7 +126,12 @@ def weight_bytes(g: nx.DiGraph) -> dict[str, Any]:
             e["operands"] += 1
             e["bytes"] += nbytes
             total += nbytes
-    return {"by_encoding": dict(sorted(by.items())), "total_bytes": total, "decode_step_bytes": step}
+            if o.activations is not None:  # the precision its products quantise their input to (declared)
+                acts[o.activations] = acts.get(o.activations, 0) + 1
+    out = {"by_encoding": dict(sorted(by.items())), "total_bytes": total, "decode_step_bytes": step}
+    if acts:  # only when some operand declares one (the default, x as given, is not listed)
+        out["activations"] = dict(sorted(acts.items()))
+    return out
 
 
 def _dot_str(s: str) -> str:

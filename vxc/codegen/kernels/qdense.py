@@ -24,45 +24,49 @@ from ...ir.ggml import logical_cols
 from ...runtime.ggml_blocks import dequantize
 from . import native as N
 from .native import I, L, P
-from .quant import ENCODING, NATIVE_ENCODINGS, qgemv_native
+from .quant import ENCODING, NATIVE_ENCODINGS, check_activations, qgemv_native
 from .registry import NotCovered, kernel
 
 
-def _q(enc: str, blocks: Tensor, x: Tensor) -> Tensor:
-    return torch.ops.vxc.qgemv(enc, blocks, x.reshape(-1, x.shape[-1]).contiguous())
+def _q(enc: str, blocks: Tensor, x: Tensor, act: str) -> Tensor:
+    return torch.ops.vxc.qgemv(enc, blocks, x.reshape(-1, x.shape[-1]).contiguous(), act)
 
 
 @kernel("qlinear")
-def qlinear(x: Tensor, encoding: str, blocks: Tensor, bias: Optional[Tensor]) -> Tensor:
-    """``x [T, cols] @ Wᵀ (+ bias)`` with W as ggml blocks ``[rows, row_bytes]``: ``[T, rows]`` fp32."""
+def qlinear(x: Tensor, encoding: str, blocks: Tensor, bias: Optional[Tensor], activations: str = "fp32") -> Tensor:
+    """``x [T, cols] @ Wᵀ (+ bias)`` with W as ggml blocks ``[rows, row_bytes]``: ``[T, rows]`` fp32 (x held as
+    int8 blocks first under ``activations`` int8_block32: see ``quant.ACTIVATIONS``)."""
+    check_activations(activations)
 
 
 @qlinear.fake
-def _(x, encoding, blocks, bias):
+def _(x, encoding, blocks, bias, activations="fp32"):
     return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
 
 
 @qlinear.impl("torch")
-def qlinear_twin(x, encoding, blocks, bias):
-    y = _q(encoding, blocks, x)
+def qlinear_twin(x, encoding, blocks, bias, activations="fp32"):
+    y = _q(encoding, blocks, x, activations)
     return y if bias is None else y + bias.to(torch.float32)
 
 
 @kernel("qswiglu")
 def qswiglu(x: Tensor, encoding_gate: str, w_gate: Tensor, encoding_up: str, w_up: Tensor, encoding_down: str,
-            w_down: Tensor) -> Tensor:
-    """``down(silu(gate(x)) * up(x))`` with each projection as ggml blocks: ``[T, d]`` fp32."""
+            w_down: Tensor, activations: str = "fp32") -> Tensor:
+    """``down(silu(gate(x)) * up(x))`` with each projection as ggml blocks: ``[T, d]`` fp32 (each projection's
+    input held as int8 blocks under ``activations`` int8_block32)."""
+    check_activations(activations)
 
 
 @qswiglu.fake
-def _(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down):
+def _(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, activations="fp32"):
     return x.new_empty(x.shape[0], w_down.shape[0], dtype=torch.float32)
 
 
 @qswiglu.impl("torch")
-def qswiglu_twin(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down):
-    h = F.silu(_q(encoding_gate, w_gate, x)) * _q(encoding_up, w_up, x)
-    return _q(encoding_down, w_down, h)
+def qswiglu_twin(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, activations="fp32"):
+    h = F.silu(_q(encoding_gate, w_gate, x, activations)) * _q(encoding_up, w_up, x, activations)
+    return _q(encoding_down, w_down, h, activations)
 
 
 @kernel("qembedding", device_arg=2)
@@ -87,35 +91,35 @@ _QSILU_MUL = N.declare("vxc_qsilu_mul", P, P, P, L)
 _QEMBEDDING = N.declare("vxc_qembedding", I, P, P, P, L, L)
 
 
-def _qn(enc: str, blocks: Tensor, x: Tensor) -> Tensor:
+def _qn(enc: str, blocks: Tensor, x: Tensor, act: str) -> Tensor:
     """One projection through ``qgemv``'s native implementation (raises NotCovered as it does)."""
     if x.dim() != 2 or not x.is_contiguous():
         raise NotCovered(N.OPERANDS)
-    return qgemv_native(enc, blocks, x)
+    return qgemv_native(enc, blocks, x, act)
 
 
 @qlinear.impl("native")
-def qlinear_native(x, encoding, blocks, bias):
+def qlinear_native(x, encoding, blocks, bias, activations="fp32"):
     if not N.ok(x, bias):
         raise NotCovered(N.OPERANDS)
-    y = _qn(encoding, blocks, x)
+    y = _qn(encoding, blocks, x, activations)
     if bias is not None:
         N.call(_QBIAS, y.data_ptr(), bias.data_ptr(), int(y.shape[0]), int(y.shape[1]), N.BF[bias.dtype])
     return y
 
 
 @qswiglu.impl("native")
-def qswiglu_native(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down):
+def qswiglu_native(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, activations="fp32"):
     if not N.ok(x):
         raise NotCovered(N.OPERANDS)
     for e in (encoding_gate, encoding_up, encoding_down):
         if e not in NATIVE_ENCODINGS:
             raise NotCovered(ENCODING)
-    g = _qn(encoding_gate, w_gate, x)
-    u = _qn(encoding_up, w_up, x)
+    g = _qn(encoding_gate, w_gate, x, activations)
+    u = _qn(encoding_up, w_up, x, activations)
     h = N.empty(*g.shape, dtype=torch.float32)
     N.call(_QSILU_MUL, g.data_ptr(), u.data_ptr(), h.data_ptr(), g.numel())
-    return _qn(encoding_down, w_down, h)
+    return _qn(encoding_down, w_down, h, activations)
 
 
 @qembedding.impl("native")
@@ -176,19 +180,20 @@ def qembedding_triton(ids, encoding, table):
     return out
 
 
-def _qt(enc: str, blocks: Tensor, x: Tensor) -> Tensor:
-    return qgemv_triton(enc, blocks, x.reshape(-1, x.shape[-1]))
+def _qt(enc: str, blocks: Tensor, x: Tensor, act: str) -> Tensor:
+    return qgemv_triton(enc, blocks, x.reshape(-1, x.shape[-1]), act)
 
 
 @qlinear.impl("triton")
-def qlinear_triton(x, encoding, blocks, bias):
-    y = _qt(encoding, blocks, x)
+def qlinear_triton(x, encoding, blocks, bias, activations="fp32"):
+    y = _qt(encoding, blocks, x, activations)
     return y if bias is None else y + bias.to(torch.float32)
 
 
 @qswiglu.impl("triton")
-def qswiglu_triton(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down):
+def qswiglu_triton(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, activations="fp32"):
     for e in (encoding_gate, encoding_up, encoding_down):
         if e not in TRITON_ENCODINGS:
             raise NotCovered(TRITON_ENCODING)
-    return _qt(encoding_down, w_down, F.silu(_qt(encoding_gate, w_gate, x)) * _qt(encoding_up, w_up, x))
+    a = activations
+    return _qt(encoding_down, w_down, F.silu(_qt(encoding_gate, w_gate, x, a)) * _qt(encoding_up, w_up, x, a), a)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...ir.ggml import GGMLError, encoding, logical_cols
+from ...ir.ggml import ACTIVATION_PRECISIONS, GGMLError, encoding, logical_cols
 from ...runtime.ggml_blocks import dequantize
 from . import native as N
 from .native import I, L, P
@@ -39,10 +39,40 @@ NATIVE_ENCODINGS = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q4_k": 3, "q6_k": 4, "q5_0
 ENCODING = f"an encoding without a native decoder (native: {' '.join(NATIVE_ENCODINGS)})"
 
 
+# the activation precisions of qgemv: "fp32" — x as given (an operand declaring none); the ones an encoded operand
+# may declare (``activations`` in the IR, ``vxc.ir.ggml.ACTIVATION_PRECISIONS``): "int8_block32" — each row of x
+# quantised per 32-value block to int8 with an fp32 scale (d = amax / 127, q = round-half-even(x / d), 0 where
+# amax = 0), the products summed exactly in integers per block (native: AVX-512 VNNI / AVX2 / scalar)
+ACTIVATIONS = ("fp32", *ACTIVATION_PRECISIONS)
+
+
 @kernel("qgemv", device_arg=1)
-def qgemv(encoding_name: str, blocks: Tensor, x: Tensor) -> Tensor:
-    """``y [B, rows] fp32 = x [B, cols] @ W[rows, cols]ᵀ`` with W given as ggml blocks ``[rows, row_bytes]``."""
+def qgemv(encoding_name: str, blocks: Tensor, x: Tensor, activations: str = "fp32") -> Tensor:
+    """``y [B, rows] fp32 = x [B, cols] @ W[rows, cols]ᵀ`` with W given as ggml blocks ``[rows, row_bytes]``
+    (x first quantised per block when ``activations`` is ``int8_block32``)."""
     check(encoding_name, blocks, x)
+    check_activations(activations)
+
+
+def check_activations(activations: str) -> None:
+    if activations not in ACTIVATIONS:
+        raise GGMLError(f"unknown activation precision {activations!r} (known: {', '.join(ACTIVATIONS)})")
+
+
+def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``x [B, cols]`` (cols a multiple of 32) as ``int8_block32`` holds it: int8 ``q [B, cols]`` and fp32 ``d
+    [B, cols / 32]`` (``d = amax / 127``; ``q = round(x / d)``, half to even; 0 where the block is all 0)."""
+    x = x.to(torch.float32)
+    g = x.reshape(x.shape[0], -1, 32)
+    d = g.abs().amax(-1, keepdim=True) / 127.0
+    q = torch.where(d == 0, torch.zeros_like(g), torch.round(g / torch.where(d == 0, torch.ones_like(d), d)))
+    return q.to(torch.int8).reshape(x.shape), d.squeeze(-1)
+
+
+def dequantize_activations(x: Tensor) -> Tensor:
+    """The fp32 values ``d q`` of ``x`` held as ``int8_block32``: the twin's activation operand."""
+    q, d = quantize_activations(x)
+    return (q.reshape(q.shape[0], -1, 32).to(torch.float32) * d.unsqueeze(-1)).reshape(q.shape)
 
 
 def check(encoding_name: str, blocks: Tensor, x: Tensor) -> int:
@@ -64,7 +94,7 @@ def check(encoding_name: str, blocks: Tensor, x: Tensor) -> int:
 
 
 @qgemv.fake
-def _(encoding_name, blocks, x):
+def _(encoding_name, blocks, x, activations="fp32"):
     return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
 
 
@@ -72,10 +102,12 @@ def _(encoding_name, blocks, x):
 
 
 @qgemv.impl("torch")
-def qgemv_twin(encoding_name, blocks, x):
-    """The weight decoded to fp32 (``ggml_blocks.dequantize``), then ``x Wᵀ`` in fp32."""
+def qgemv_twin(encoding_name, blocks, x, activations="fp32"):
+    """The weight decoded to fp32 (``ggml_blocks.dequantize``), then ``x Wᵀ`` in fp32 (x as its int8 blocks'
+    values ``d q`` under ``int8_block32``)."""
     w = dequantize(encoding_name, blocks, torch.float32)
-    return x.to(torch.float32) @ w.T
+    x = dequantize_activations(x) if activations == "int8_block32" else x.to(torch.float32)
+    return x @ w.T
 
 
 # ------------------------------------------------------------------------------------------------ native
@@ -83,6 +115,22 @@ def qgemv_twin(encoding_name, blocks, x):
 # vxc_qgemv(enc, W, x, y, rows, cols, B, bf); vxc_qdequant(enc, W, out, r0, r1, cols)
 _QGEMV = N.declare("vxc_qgemv", I, P, P, P, L, L, L, I)
 _QDEQUANT = N.declare("vxc_qdequant", I, P, P, L, L, L)
+# vxc_qgemv_a8(enc, W, x, y, rows, cols, B, bf): int8_block32 activations
+_QGEMV_A8 = N.declare("vxc_qgemv_a8", I, P, P, P, L, L, L, I)
+_QUANTIZE_A8 = N.declare("vxc_quantize_a8", P, P, P, L, L)
+
+
+def quantize_activations_native(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``quantize_activations`` by the C library (what ``vxc_qgemv_a8`` multiplies by): for tests and tools."""
+    if not N.available():
+        raise RuntimeError(f"the native library is not loaded: {N.status()}")
+    x = x.to(torch.float32).contiguous()
+    B, cols = int(x.shape[0]), int(x.shape[1])
+    q = torch.empty(B, cols, dtype=torch.int8)
+    d = torch.empty(B, cols // 32, dtype=torch.float32)
+    if B and cols:
+        N.call(_QUANTIZE_A8, x.data_ptr(), q.data_ptr(), d.data_ptr(), B, cols)
+    return q, d
 
 # bf16 / fp16 rows of x from which a prefill runs as decoded tiles into torch's half-precision GEMM
 # (``qgemm_tiled``) rather than in registers: measured with /tmp-style sweeps of 4096 x 4096 q4_0 on Zen 4
@@ -95,7 +143,7 @@ TILE_BYTES = 1 << 22
 
 
 @qgemv.impl("native")
-def qgemv_native(encoding_name, blocks, x):
+def qgemv_native(encoding_name, blocks, x, activations="fp32"):
     code = NATIVE_ENCODINGS.get(encoding_name)
     if code is None:
         raise NotCovered(ENCODING)
@@ -103,11 +151,13 @@ def qgemv_native(encoding_name, blocks, x):
         raise NotCovered(N.OPERANDS)
     rows, cols = int(blocks.shape[0]), int(x.shape[1])
     B = int(x.shape[0])
-    if B >= TILED_FROM and x.dtype != torch.float32:
+    a8 = activations == "int8_block32"  # the integer path at every B (its own GEMM: ~1.7-1.9x the fp32 path at B 4-16)
+    if B >= TILED_FROM and x.dtype != torch.float32 and not a8:
         return qgemm_tiled(code, blocks, x)
     y = N.empty(B, rows, dtype=torch.float32)
     if rows and B:
-        N.call(_QGEMV, code, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), rows, cols, B, N.BF[x.dtype])
+        N.call(_QGEMV_A8 if a8 else _QGEMV, code, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), rows, cols, B,
+               N.BF[x.dtype])
     return y
 
 
@@ -259,10 +309,12 @@ def _qgemm_kernel(w_ptr, x_ptr, y_ptr, rows, cols, row_bytes, B, ENC: tl.constex
 
 
 @qgemv.impl("triton")
-def qgemv_triton(encoding_name, blocks, x):
+def qgemv_triton(encoding_name, blocks, x, activations="fp32"):
     code = TRITON_ENCODINGS.get(encoding_name)
     if code is None:
         raise NotCovered(TRITON_ENCODING)
+    if activations == "int8_block32":  # x as its int8 blocks' values d q (torch, on x's device), then the fp32 GEMV
+        x = dequantize_activations(x)
     blocks, x = blocks.contiguous(), x.contiguous()
     rows, cols, B = int(blocks.shape[0]), int(x.shape[1]), int(x.shape[0])
     y = torch.empty(B, rows, dtype=torch.float32, device=x.device)

@@ -121,19 +121,28 @@ class Emitter:
 
         form, positions = ENCODED_FORMS[kernel]
         by_sym = {o.sym: o for o in p.operands.values()}
-        encs = []
+        encs, acts = [], set()
         for i in positions:
             w = args[i]
             o = by_sym.get(w.sym) if isinstance(w, Weight) else None
             if o is None or o.encoding not in _ggml() or o.transforms:
                 return kernel, args, note
             encs.append(o.encoding)
+            acts.add(o.activations)
         out: list = []
         for i, a in enumerate(args):
             if i in positions:
                 out += [encs[positions.index(i)], Weight(a.sym, encoded=True)]
             else:
                 out.append(a)
+        if form != "qembedding":  # a gather takes no activations; the products take what their weights declare
+            if len(acts) > 1:
+                raise ValueError(f"{p.id}: the weights of one {kernel} declare different activation precisions "
+                                 f"({', '.join(sorted(a or 'fp32' for a in acts))}); they share their input")
+            act = acts.pop()
+            if act is not None:
+                out.append(act)
+                return form, out, f"{note} ({', '.join(encs)} blocks, {act} activations)"
         return form, out, f"{note} ({', '.join(encs)} blocks)"
 
     def glue(self, p: PlanOp, method: str, args: list, nouts: int = 1, hint: str = "g") -> list[Val]:

@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 18
+#define VXC_ABI_VERSION 20
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -1474,4 +1474,404 @@ void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, 
         }
     }
     free(s);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * int8 activations (an operand declaring ``activations int8_block32``): vxc_qgemv_a8.
+ *
+ * Each row of x is quantised per 32-value block as ggml's q8_0 does, with an fp32 scale: d = amax / 127,
+ * q = nearbyint(x / d) (round half to even; all 0 when amax = 0), |q| <= 127. A weight group's integers times
+ * its x block are summed exactly in int32 (AVX-512 VNNI vpdpbusd on the weights as unsigned bytes — the
+ * formats' offsets -8 / -16 / -32 folded in by starting each lane at offset * (its four x bytes' sum), q8_0's
+ * signed bytes by |w| against x with w's sign — or maddubs + madd on AVX2, plain ints otherwise), and
+ * y = sum_g d_g (s_g sum_i q_i x_i + mn_g sum_i x_i): one fp32 scale per group (per 16 values for q6_k) times
+ * an exact integer, the mins of q4_1 / q4_k through the block sums of x. The result is the fp32 product of
+ * the dequantised weights with the dequantised activations d q, up to summation order (the torch twin's
+ * definition). */
+
+#if defined(__AVX512BW__) && defined(__AVX512F__)
+#define A8_UNIT 64 /* values per vector unit */
+#define A8_QG 4
+#elif defined(__AVX2__) && defined(__FMA__)
+#define A8_UNIT 32
+#define A8_QG 2
+#else
+#define A8_UNIT 32
+#define A8_QG 4
+#endif
+#define A8_LANES (A8_UNIT / 4)
+
+/* the offset taken off the stored integer (the bias the unsigned bytes carry) */
+static inline int a8_off(int enc) { return enc == Q4_0 ? -8 : enc == Q5_0 ? -16 : enc == Q6_K ? -32 : 0; }
+static inline int a8_has_min(int enc) { return enc == Q4_1 || enc == Q4_K; }
+/* the 4-bit 32-value formats whose unit of 64 puts both blocks' low nibbles before their high ones */
+static inline int a8_split(int enc) { return A8_UNIT == 64 && (enc == Q4_0 || enc == Q4_1 || enc == Q5_0); }
+
+/* one row of x (fp32, cols a multiple of 32) quantised: q in natural order, d per block of 32 */
+static void a8_quantize_row(const float *x, long cols, int8_t *q, float *d) {
+    for (long g = 0; g < cols / 32; g++) {
+        const float *v = x + 32 * g;
+        int8_t *o = q + 32 * g;
+#if defined(__AVX512F__)
+        __m512 a0 = _mm512_loadu_ps(v), a1 = _mm512_loadu_ps(v + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a0), _mm512_abs_ps(a1)));
+        float dg = amax / 127.0f;
+        d[g] = dg;
+        if (amax == 0.0f) {
+            memset(o, 0, 32);
+            continue;
+        }
+        __m512 dv = _mm512_set1_ps(dg);
+        _mm_storeu_si128((__m128i *)o, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_div_ps(a0, dv))));
+        _mm_storeu_si128((__m128i *)(o + 16), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_div_ps(a1, dv))));
+#else
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            float a = fabsf(v[i]);
+            amax = a > amax ? a : amax;
+        }
+        float dg = amax / 127.0f;
+        d[g] = dg;
+        for (int i = 0; i < 32; i++) o[i] = amax == 0.0f ? 0 : (int8_t)nearbyintf(v[i] / dg);
+#endif
+    }
+}
+
+/* the quantised rows of x as the vector loop reads them */
+typedef struct {
+    int8_t *q;   /* [B, cols]: natural order, each split unit's middle 16-byte chunks swapped */
+    int32_t *ox; /* [B, nu * A8_LANES]: offset times the sum of each lane's four x bytes (formats with an offset) */
+    float *xc;   /* [B, cols / 32]: d_g times the sum of block g (formats with a min) */
+    float *d;    /* [B, cols / 32] */
+    long nu, nl, ng;
+} a8_x;
+
+static void a8_prepare(int enc, const float *x, long cols, long B, a8_x *X) {
+    long ng = cols / 32, nu = cols / A8_UNIT, nl = nu * A8_LANES;
+    X->nu = nu;
+    X->ng = ng;
+    X->nl = nl;
+    X->q = (int8_t *)malloc((size_t)(B * cols + 64));
+    X->d = (float *)malloc((size_t)(B * ng + 4) * sizeof(float));
+    X->ox = (int32_t *)malloc((size_t)(B * nl + 1) * sizeof(int32_t));
+    X->xc = (float *)malloc((size_t)(B * ng + 1) * sizeof(float));
+    int off = a8_off(enc);
+#pragma omp parallel for schedule(static) if (B * cols >= 65536)
+    for (long b = 0; b < B; b++) {
+        int8_t *q = X->q + b * cols;
+        float *d = X->d + b * ng;
+        a8_quantize_row(x + b * cols, cols, q, d);
+        for (long g = 0; g < ng; g++) {
+            int s = 0;
+            for (int i = 0; i < 32; i++) s += q[32 * g + i];
+            X->xc[b * ng + g] = d[g] * (float)s;
+        }
+        for (long u = 0; u < nu; u++) {
+            if (a8_split(enc)) { /* [lo g | hi g | lo g+1 | hi g+1] -> [lo g | lo g+1 | hi g | hi g+1] */
+                int8_t t[16];
+                memcpy(t, q + 64 * u + 16, 16);
+                memcpy(q + 64 * u + 16, q + 64 * u + 32, 16);
+                memcpy(q + 64 * u + 32, t, 16);
+            }
+            for (int l = 0; l < A8_LANES; l++) {
+                const int8_t *p = q + A8_UNIT * u + 4 * l;
+                X->ox[b * nl + A8_LANES * u + l] = off * (p[0] + p[1] + p[2] + p[3]);
+            }
+        }
+    }
+}
+
+static void a8_free(a8_x *X) {
+    free(X->q);
+    free(X->d);
+    free(X->ox);
+    free(X->xc);
+}
+
+/* group g's contribution for one row of x, in plain integers (the scalar path, and the vector paths' last
+ * group when the 32-value blocks are odd in number): d (s sum q x + mn sum x), q with its offset taken off */
+static inline float a8_group_scalar(int enc, const uint8_t *row, long g, const int8_t *xq, float xd, const float *s,
+                                    const float *mn) {
+    int8_t q[32];
+    q_group_ints(enc, row, g, q);
+    if (enc == Q6_K) {
+        int i0 = 0, i1 = 0;
+        for (int i = 0; i < 16; i++) i0 += q[i] * xq[i];
+        for (int i = 16; i < 32; i++) i1 += q[i] * xq[i];
+        return xd * (s[2 * g] * (float)i0 + s[2 * g + 1] * (float)i1);
+    }
+    int is = 0, xs = 0;
+    for (int i = 0; i < 32; i++) {
+        is += q[i] * xq[i];
+        xs += xq[i];
+    }
+    float r = s[g] * (float)is;
+    if (a8_has_min(enc)) r += mn[g] * (float)xs;
+    return xd * r;
+}
+
+#if A8_UNIT == 64
+/* unit u of a row (64 values) as unsigned bytes in the order of the quantised x (q8_0: its signed bytes) */
+static inline __attribute__((always_inline)) __m512i a8_w512(int enc, const uint8_t *row, long u) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+    if (enc == Q8_0) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(row + 68 * u + 2));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(row + 68 * u + 36));
+        return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+    } else if (enc == Q4_0 || enc == Q4_1 || enc == Q5_0) {
+        long T = Q_TSIZE[enc], o = enc == Q4_0 ? 2 : enc == Q4_1 ? 4 : 6;
+        const uint8_t *p = row + 2 * u * T;
+        __m256i a = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + o))),
+                                            _mm_loadu_si128((const __m128i *)(p + T + o)), 1);
+        __m512i w = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(a), _mm256_srli_epi16(a, 4), 1), m4);
+        if (enc == Q5_0) {
+            uint32_t h0, h1;
+            memcpy(&h0, p + 2, 4);
+            memcpy(&h1, p + T + 2, 4);
+            uint64_t m = (uint64_t)(h0 & 0xffffu) | (uint64_t)(h1 & 0xffffu) << 16 | (uint64_t)(h0 >> 16) << 32 |
+                         (uint64_t)(h1 >> 16) << 48;
+            w = _mm512_or_si512(w, _mm512_maskz_mov_epi8((__mmask64)m, _mm512_set1_epi8(16)));
+        }
+        return w;
+    } else if (enc == Q4_K) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(row + 144 * (u >> 2) + 16 + 32 * (u & 3)));
+        return _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(a), _mm256_srli_epi16(a, 4), 1), m4);
+    } else { /* q6_k: groups 2j, 2j + 1 of a super-block (j = u & 3): ql's 64 bytes, qh's 32 twice */
+        long j = u & 3, h = j >> 1, k = 2 * (j & 1);
+        const uint8_t *bl = row + 210 * (u >> 2);
+        __m512i l = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512((const void *)(bl + 64 * h)), 2 * (int)k), m4);
+        __m256i hh = _mm256_loadu_si256((const __m256i *)(bl + 128 + 32 * h));
+        __m512i hv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi16(hh, 2 * (int)k)),
+                                        _mm256_srli_epi16(hh, 2 * (int)k + 2), 1);
+        return _mm512_or_si512(l, _mm512_slli_epi16(_mm512_and_si512(hv, _mm512_set1_epi8(3)), 4));
+    }
+}
+
+static inline __attribute__((always_inline)) void a8_tile(int enc, const uint8_t *W, long rb, int R, const a8_x *X,
+                                                           long b0, int NB, long cols, const float *s, long ns,
+                                                           float out[4][A8_QG]) {
+    __m512 acc[4][A8_QG];
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < NB; b++) acc[r][b] = _mm512_setzero_ps();
+    const int off = a8_off(enc);
+    /* lane -> the scale it takes from 4 consecutive floats at the unit's first scale / x block */
+    const __m512i nat = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i spl = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+    const __m512i six = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i xidx = a8_split(enc) ? spl : nat, sidx = enc == Q6_K ? six : xidx;
+    for (long u = 0; u < X->nu; u++) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *row = W + r * rb;
+            if (R == 4) _mm_prefetch((const char *)(row + 4 * rb + u * Q_TSIZE[enc] * 64 / Q_BLOCK[enc]), _MM_HINT_T0);
+            __m512i w = a8_w512(enc, row, u);
+            __mmask64 neg = 0;
+            if (enc == Q8_0) {
+                neg = _mm512_movepi8_mask(w);
+                w = _mm512_abs_epi8(w);
+            }
+            __m512 sr = _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(_mm_loadu_ps(s + r * ns + (enc == Q6_K ? 4 : 2) * u)));
+#pragma GCC unroll 4
+            for (int b = 0; b < NB; b++) {
+                __m512i xv = _mm512_loadu_si512((const void *)(X->q + (b0 + b) * cols + 64 * u));
+                if (enc == Q8_0) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+                __m512i p0 = off ? _mm512_loadu_si512((const void *)(X->ox + (b0 + b) * X->nl + 16 * u)) : _mm512_setzero_si512();
+#if defined(__AVX512VNNI__)
+                __m512i p = _mm512_dpbusd_epi32(p0, w, xv);
+#else
+                __m512i p = _mm512_add_epi32(p0, _mm512_madd_epi16(_mm512_maddubs_epi16(w, xv), _mm512_set1_epi16(1)));
+#endif
+                __m512 xs = _mm512_permutexvar_ps(xidx, _mm512_castps128_ps512(_mm_loadu_ps(X->d + (b0 + b) * X->ng + 2 * u)));
+                acc[r][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sr, xs), acc[r][b]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < NB; b++) out[r][b] = _mm512_reduce_add_ps(acc[r][b]);
+}
+
+/* sum_k a[k] b[k] in fp32 */
+static inline float a8_dot(const float *a, const float *b, long n) {
+    __m512 acc = _mm512_setzero_ps();
+    long k = 0;
+    for (; k + 16 <= n; k += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), acc);
+    if (k < n) {
+        __mmask16 m = (__mmask16)((1u << (n - k)) - 1u);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + k), _mm512_maskz_loadu_ps(m, b + k), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+#elif A8_UNIT == 32 && defined(__AVX2__) && defined(__FMA__)
+/* group g of a row as unsigned bytes in natural order (q8_0: its signed bytes) */
+static inline __attribute__((always_inline)) __m256i a8_w256(int enc, const uint8_t *row, long g) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    if (enc == Q8_0) return _mm256_loadu_si256((const __m256i *)(row + 34 * g + 2));
+    if (enc == Q4_0 || enc == Q4_1 || enc == Q5_0) {
+        long T = Q_TSIZE[enc], o = enc == Q4_0 ? 2 : enc == Q4_1 ? 4 : 6;
+        const uint8_t *p = row + g * T;
+        __m128i a = _mm_loadu_si128((const __m128i *)(p + o));
+        __m256i w = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(a), _mm_srli_epi16(a, 4), 1), m4);
+        if (enc == Q5_0) { /* bit i of qh -> byte i: 16 or 0 */
+            uint32_t qh;
+            memcpy(&qh, p + 2, 4);
+            __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                                            _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                                              0x0101010101010101LL, 0));
+            const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+            v = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bits), bits), _mm256_set1_epi8(16));
+            w = _mm256_or_si256(w, v);
+        }
+        return w;
+    }
+    if (enc == Q4_K) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(row + 144 * (g >> 3) + 16 + 32 * ((g & 7) >> 1)));
+        return _mm256_and_si256(_mm256_srl_epi16(a, _mm_cvtsi32_si128(4 * (int)(g & 1))), m4);
+    }
+    long j = g & 7, h = j >> 2, k = j & 3;
+    const uint8_t *bl = row + 210 * (g >> 3);
+    __m256i l = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(bl + 64 * h + 32 * (k & 1))),
+                                                  _mm_cvtsi32_si128(4 * (int)(k >> 1))), m4);
+    __m256i hh = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(bl + 128 + 32 * h)),
+                                                   _mm_cvtsi32_si128(2 * (int)k)), _mm256_set1_epi8(3));
+    return _mm256_or_si256(l, _mm256_slli_epi16(hh, 4));
+}
+
+static inline __attribute__((always_inline)) void a8_tile(int enc, const uint8_t *W, long rb, int R, const a8_x *X,
+                                                           long b0, int NB, long cols, const float *s, long ns,
+                                                           float out[4][A8_QG]) {
+    __m256 acc[4][A8_QG];
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < NB; b++) acc[r][b] = _mm256_setzero_ps();
+    const int off = a8_off(enc);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (long u = 0; u < X->nu; u++) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *row = W + r * rb;
+            if (R == 4) _mm_prefetch((const char *)(row + 4 * rb + u * Q_TSIZE[enc] * 32 / Q_BLOCK[enc]), _MM_HINT_T0);
+            __m256i w = a8_w256(enc, row, u), wsign = w;
+            if (enc == Q8_0) w = _mm256_abs_epi8(w);
+            __m256 sr = enc == Q6_K ? _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s[r * ns + 2 * u])),
+                                                           _mm_set1_ps(s[r * ns + 2 * u + 1]), 1)
+                                    : _mm256_set1_ps(s[r * ns + u]);
+#pragma GCC unroll 2
+            for (int b = 0; b < NB; b++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(X->q + (b0 + b) * cols + 32 * u));
+                if (enc == Q8_0) xv = _mm256_sign_epi8(xv, wsign);
+                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), ones);
+                if (off) p = _mm256_add_epi32(p, _mm256_loadu_si256((const __m256i *)(X->ox + (b0 + b) * X->nl + 8 * u)));
+                __m256 xs = _mm256_set1_ps(X->d[(b0 + b) * X->ng + u]);
+                acc[r][b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(sr, xs), acc[r][b]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < NB; b++) {
+            __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[r][b]), _mm256_extractf128_ps(acc[r][b], 1));
+            v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+            v = _mm_add_ss(v, _mm_movehdup_ps(v));
+            out[r][b] = _mm_cvtss_f32(v);
+        }
+}
+
+static inline float a8_dot(const float *a, const float *b, long n) {
+    __m256 acc = _mm256_setzero_ps();
+    long k = 0;
+    for (; k + 8 <= n; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
+    float t[8];
+    _mm256_storeu_ps(t, acc);
+    float s = ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+    for (; k < n; k++) s += a[k] * b[k];
+    return s;
+}
+#define A8_VECTOR 1
+#else
+#define A8_SCALAR 1
+#endif
+#if A8_UNIT == 64
+#define A8_VECTOR 1
+#endif
+
+/* one tile of R <= 4 rows from r0 against all B rows of x; s, mn: scratch for the tile's scales */
+static inline __attribute__((always_inline)) void a8_rows_tile(int enc, const uint8_t *W, const a8_x *X, float *y,
+                                                                long rows, long cols, long B, long r0, float *s,
+                                                                float *mn) {
+    long rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], ng = cols / 32, ns = enc == Q6_K ? cols / 16 : ng;
+    long R = rows - r0 < 4 ? rows - r0 : 4;
+    const uint8_t *Wt = W + r0 * rb;
+    for (long r = 0; r < R; r++) q_row_scales(enc, Wt + r * rb, cols / Q_BLOCK[enc], s + r * ns, mn + r * ng);
+#if defined(A8_VECTOR)
+    long gv = X->nu * A8_UNIT / 32; /* blocks of 32 the vector loop covers */
+    for (long b0 = 0; b0 < B; b0 += A8_QG) {
+        int nb = (int)(B - b0 < A8_QG ? B - b0 : A8_QG);
+        float out[4][A8_QG];
+        if (R == 4) {
+            if (nb == 1) a8_tile(enc, Wt, rb, 4, X, b0, 1, cols, s, ns, out);
+#if A8_QG == 4
+            else if (nb == 2) a8_tile(enc, Wt, rb, 4, X, b0, 2, cols, s, ns, out);
+            else if (nb == 3) a8_tile(enc, Wt, rb, 4, X, b0, 3, cols, s, ns, out);
+#endif
+            else a8_tile(enc, Wt, rb, 4, X, b0, A8_QG, cols, s, ns, out);
+        } else {
+            for (long r = 0; r < R; r++)
+                for (int b = 0; b < nb; b++) {
+                    float o1[4][A8_QG];
+                    a8_tile(enc, Wt + r * rb, rb, 1, X, b0 + b, 1, cols, s + r * ns, ns, o1);
+                    out[r][b] = o1[0][0];
+                }
+        }
+        for (long r = 0; r < R; r++)
+            for (int b = 0; b < nb; b++) {
+                long bb = b0 + b;
+                float v = out[r][b];
+                if (a8_has_min(enc)) v += a8_dot(mn + r * ng, X->xc + bb * ng, gv);
+                for (long g = gv; g < ng; g++) /* the last block of an odd count */
+                    v += a8_group_scalar(enc, Wt + r * rb, g, X->q + bb * cols + 32 * g, X->d[bb * ng + g], s + r * ns, mn + r * ng);
+                y[bb * rows + r0 + r] = v;
+            }
+    }
+#else
+        for (long r = 0; r < R; r++)
+        for (long b = 0; b < B; b++) {
+            float v = 0.0f;
+            for (long g = 0; g < ng; g++)
+                v += a8_group_scalar(enc, Wt + r * rb, g, X->q + b * cols + 32 * g, X->d[b * ng + g], s + r * ns, mn + r * ng);
+            y[b * rows + r0 + r] = v;
+        }
+#endif
+}
+
+/* y [B, rows] fp32 = x [B, cols] (bf16 when bf, else fp32), quantised per 32-value block to int8 (above), times
+ * W [rows, cols] of encoding enc: as vxc_qgemv, with int8 activations. cols a multiple of the block. */
+void vxc_qgemv_a8(int enc, const void *W, const void *x, float *y, long rows, long cols, long B, int bf) {
+    if (enc < 0 || enc >= Q_COUNT || rows <= 0 || B <= 0) return;
+    long ng = cols / 32, ns = enc == Q6_K ? cols / 16 : ng;
+    float *xf = bf ? (float *)malloc((size_t)(B * cols) * sizeof(float)) : NULL;
+    if (bf) load_row(x, 0, B * cols, 1, xf);
+    a8_x X;
+    a8_prepare(enc, bf ? xf : (const float *)x, cols, B, &X);
+    free(xf);
+#pragma omp parallel
+    {
+        float *s = (float *)malloc((size_t)(4 * (ns + ng) + 4) * sizeof(float)), *mn = s + 4 * ns;
+        const uint8_t *Wb = (const uint8_t *)W;
+#pragma omp for schedule(static)
+        for (long r0 = 0; r0 < rows; r0 += 4) {
+            switch (enc) {
+            case Q8_0: a8_rows_tile(Q8_0, Wb, &X, y, rows, cols, B, r0, s, mn); break;
+            case Q4_0: a8_rows_tile(Q4_0, Wb, &X, y, rows, cols, B, r0, s, mn); break;
+            case Q4_1: a8_rows_tile(Q4_1, Wb, &X, y, rows, cols, B, r0, s, mn); break;
+            case Q4_K: a8_rows_tile(Q4_K, Wb, &X, y, rows, cols, B, r0, s, mn); break;
+            case Q5_0: a8_rows_tile(Q5_0, Wb, &X, y, rows, cols, B, r0, s, mn); break;
+            default: a8_rows_tile(Q6_K, Wb, &X, y, rows, cols, B, r0, s, mn); break;
+            }
+        }
+        free(s);
+    }
+    a8_free(&X);
+}
+
+/* x [B, cols] fp32 quantised as vxc_qgemv_a8 quantises it: q [B, cols] int8, d [B, cols / 32] (for tests) */
+void vxc_quantize_a8(const float *x, int8_t *q, float *d, long B, long cols) {
+    for (long b = 0; b < B; b++) a8_quantize_row(x + b * cols, cols, q + b * cols, d + b * (cols / 32));
 }

@@ -1,0 +1,144 @@
+"""``int8_block32`` activations (issue 12): an encoded operand may declare that the products reading it quantise
+their input per 32-value block to int8 (``activations int8_block32`` in the IR), as llama.cpp's q8_0 dot products
+do. ``vxc_qgemv_a8`` sums each weight group times its x block exactly in integers (AVX-512 VNNI, AVX2
+maddubs, or plain ints) and scales once per group.
+
+The oracle here is written from the definition, independently of vxc: x quantised with numpy (d = amax / 127
+in fp32, q = round-half-even(x / d), 0 for an all-zero block), the weights decoded by gguf-py's own
+``gguf.quants.dequantize``, the product of the two dequantised operands in fp64. The native kernel and the torch
+twin (``dequantize_activations`` then the fp32 matmul) are held at the kernel floor of that oracle; the
+activation precision is shown to matter (the fp32-activation product is far outside that floor).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+from tests import references as R
+from tests.codegen.test_qgemv import NATIVE, make_blocks, qtype
+from vxc.codegen.kernels import native as N
+from vxc.codegen.kernels import qdense, quant
+from vxc.ir.ggml import ENCODINGS, GGMLError
+
+A8 = "int8_block32"
+
+
+def np_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    g = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+    amax = np.abs(g).max(-1, keepdims=True)
+    d = (amax / np.float32(127.0)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(amax == 0, np.float32(0), np.round(g / d))
+    return q.astype(np.int8).reshape(x.shape), d[..., 0]
+
+
+def oracle(name: str, blocks: np.ndarray, x: torch.Tensor) -> torch.Tensor:
+    """fp64 (d q) Wᵀ: x quantised by numpy, W decoded by gguf-py."""
+    from gguf import quants as gq
+
+    q, d = np_quantize(x.float().numpy())
+    xd = torch.from_numpy(q.reshape(q.shape[0], -1, 32).astype(np.float64) * d[..., None].astype(np.float64))
+    w = torch.from_numpy(np.ascontiguousarray(gq.dequantize(blocks, qtype(name)))).double()
+    return xd.reshape(q.shape) @ w.T
+
+
+def run_native(name, blocks, x):
+    assert N.available(), N.status()
+    rec = N.Recorder()
+    with N.recording(rec):
+        y = quant.qgemv_native(name, blocks, x, A8)
+    assert rec.failed is None, rec.failed
+    assert [c for c, _ in rec.calls] == ["vxc_qgemv_a8"], rec.calls
+    return y
+
+
+def test_twin_quantisation_is_the_definition():
+    """``quantize_activations`` gives numpy's integers and scales bit for bit, incl. an all-zero block, a
+    block with one non-zero value, ties at .5 and huge / tiny magnitudes."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 96)).astype(np.float32)
+    x[0, :32] = 0.0
+    x[1, 32:64] = 0.0
+    x[1, 40] = -3.0
+    x[2, :32] = np.arange(32, dtype=np.float32) - 16.5  # amax 16.5: x / d hits many .5 ties? (d = 16.5 / 127)
+    x[3] *= 1e30
+    x[4] *= 1e-30
+    q, d = quant.quantize_activations(torch.from_numpy(x))
+    qn, dn = np_quantize(x)
+    assert q.dtype == torch.int8 and d.dtype == torch.float32
+    assert np.array_equal(q.numpy(), qn) and np.array_equal(d.numpy(), dn)
+    assert int(q.abs().max()) == 127 and q[0, :32].eq(0).all() and int(q[1, 40]) == -127
+    if N.available():  # the C library's quantisation, what vxc_qgemv_a8 multiplies by: the same bits
+        qc, dc = quant.quantize_activations_native(torch.from_numpy(x))
+        assert np.array_equal(qc.numpy(), qn) and np.array_equal(dc.numpy(), dn)
+
+
+SHAPES = [(37, 1), (131, 3), (8, 2), (3, 5), (64, 8)]  # (rows, blocks per row): odd 32-value block counts too
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("B", [1, 3, 9])
+@pytest.mark.parametrize("rows, nblk", SHAPES)
+@pytest.mark.parametrize("name", NATIVE)
+def test_native_at_the_floor(name, rows, nblk, B):
+    rng = np.random.default_rng(zlib.crc32(f"a8 {name} {rows} {nblk} {B}".encode()))
+    b = make_blocks(name, rows, nblk, rng)
+    blocks = torch.from_numpy(b)
+    x = torch.from_numpy(rng.standard_normal((B, nblk * ENCODINGS[name].block_size)).astype(np.float32))
+    if x.shape[1] > 32:
+        x[0, :32] = 0.0  # an all-zero block
+    got = run_native(name, blocks, x)
+    twin = quant.qgemv_twin(name, blocks, x, A8)
+    assert got.dtype == twin.dtype == torch.float32 and got.shape == twin.shape == (B, rows)
+    exact = oracle(name, b, x)
+    R.assert_kernel_at_floor(got, twin, exact, f"{name} {rows}x{nblk} blocks B={B} int8 activations")
+    # the declaration matters: the fp32-activation product is far outside that floor
+    fl = R.kernel_floor_and_tolerance(twin, exact)
+    assert (quant.qgemv_twin(name, blocks, x).double() - exact).abs().max() > 20 * fl["tol"], name
+    # rows of x never interact
+    if B > 1:
+        assert torch.equal(run_native(name, blocks, x[1:2].contiguous())[0], got[1])
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("name", NATIVE)
+def test_bf16_x_is_quantised_from_its_exact_fp32_values(name):
+    rng = np.random.default_rng(5)
+    blocks = torch.from_numpy(make_blocks(name, 37, 3, rng))
+    x = torch.randn(3, 3 * ENCODINGS[name].block_size).to(torch.bfloat16)
+    assert torch.equal(run_native(name, blocks, x), run_native(name, blocks, x.float()))
+
+
+@pytest.mark.native
+def test_qlinear_and_qswiglu_take_the_declared_activations():
+    """The composite forms pass the precision to each projection (native == twin at the floor; the
+    fp32-activation result differs)."""
+    rng = np.random.default_rng(9)
+    d, f = 96, 160
+    wg, wu = (torch.from_numpy(make_blocks("q4_0", f, d // 32, rng)) for _ in range(2))
+    wd = torch.from_numpy(make_blocks("q8_0", d, f // 32, rng))
+    x = torch.randn(3, d)
+    bias = torch.randn(f)
+    args = (x, "q4_0", wg, "q4_0", wu, "q8_0", wd)
+    y = qdense.qswiglu_native(*args, A8)
+    R.assert_kernel_at_floor(y, qdense.qswiglu_twin(*args, A8), qdense.qswiglu_twin(*args, A8).double(), "qswiglu")
+    assert (y - qdense.qswiglu_twin(*args)).abs().max() > 1e-4
+    yl = qdense.qlinear_native(x, "q4_0", wg, bias, A8)
+    ref = oracle("q4_0", wg.numpy(), x) + bias.double()
+    R.assert_kernel_at_floor(yl, qdense.qlinear_twin(x, "q4_0", wg, bias, A8), ref, "qlinear")
+    with pytest.raises(GGMLError, match="unknown activation precision 'int4'"):
+        torch.ops.vxc.qlinear(x, "q4_0", wg, bias, "int4")
+
+
+def test_opcheck_with_activations():
+    from torch.library import opcheck
+
+    blocks = torch.from_numpy(make_blocks("q4_k", 6, 1, np.random.default_rng(0)))
+    x = torch.randn(2, 256)
+    opcheck(torch.ops.vxc.qgemv.default, ("q4_k", blocks, x, A8), test_utils=("test_schema", "test_faketensor"))
+    with pytest.raises(GGMLError, match="unknown activation precision"):
+        torch.ops.vxc.qgemv("q4_k", blocks, x, "fp8")
