@@ -58,6 +58,12 @@ def test_triton_qgemv_at_the_floor():
             assert got.dtype == torch.float32 and got.shape == (B, rows)
             R.assert_kernel_at_floor(got, quant.qgemv_twin(name, blocks, x), oracle(name, b, x),
                                      f"triton {name} {rows}x{nblk} blocks B={B}")
+            # int8_block32 activations: x as its int8 blocks' values, against the oracle from the definition
+            from tests.codegen.test_qgemv_a8 import A8, oracle as oracle_a8
+
+            got = quant.qgemv_triton(name, blocks.to(DEV), x.to(DEV), A8).cpu()
+            R.assert_kernel_at_floor(got, quant.qgemv_twin(name, blocks, x, A8), oracle_a8(name, b, x),
+                                     f"triton {name} {rows}x{nblk} blocks B={B} {A8}")
         # bf16 x is widened exactly on load: the fp32 call's bits, on both paths
         for B in (3, 17):
             xb = _x(rng, B, 2 * ENCODINGS[name].block_size).to(torch.bfloat16).to(DEV)
