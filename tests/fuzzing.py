@@ -64,7 +64,7 @@ def shrink(m, limit: int = 4):
     operands of dropped layers, the tensors no operand names and the files no tensor names dropped."""
     kinds, sigs, keep = set(), set(), []
     for layer in m.layers:
-        k = (layer.mixer.kind, layer.ffn.kind if layer.ffn else None, layer.placement)
+        k = (layer.mixer.kind if layer.mixer else None, layer.ffn.kind if layer.ffn else None, layer.placement)
         if k not in kinds:
             kinds.add(k)
             sigs.add((_op_sig(layer.mixer), _op_sig(layer.ffn)))
@@ -181,7 +181,7 @@ BAD_UTF8 = (b"\xff", b"\xfe", b"\xc3", b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\
 ATTR_NAMES = ("state", "layer", "role", "mixer", "true", "nan", "inf", "x", "_", "experts", "bank", "evidence",
               "default", "window", "compute", "A" * 300)
 WORDS = ("true", "false", "nan", "inf", "fp32", "compute", "bf16", "f32", "f16", "i64", "bool", "u8", "PreOnly",
-         "PrePost", "PreMixer", "fixed", "per_token", "recurrent", "kv_rows", "latent_rows", "conv_history",
+         "PrePost", "PreMixer", "PreFfn", "fixed", "per_token", "recurrent", "kv_rows", "latent_rows", "conv_history",
          "silu", "gelu", "mxfp4", "layer", "state", "role", "bank", "experts", "slice", "gather", "none", "x",
          "q4_0", "q4_1", "q5_0", "q8_0", "q2_k", "q4_k", "q6_k", "blocks", "scales", "format", "gguf", "safetensors")
 

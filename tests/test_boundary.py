@@ -41,7 +41,8 @@ FRAGMENTS = (
 # Family / dialect names: forbidden as a whole string literal (``"llama"``), or as a
 # word inside one (``f"... llama ..."``); ``"llama3"`` (a rope scaling type) is another word.
 FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_next", "kimi_linear", "deepseek_v3", "gpt_oss", "mamba2attn",
-            "mamba_ssm", "Mamba2ForCausalLM", "LlamaForCausalLM", "transformers", "lfm2", "Lfm2ForCausalLM")
+            "mamba_ssm", "Mamba2ForCausalLM", "LlamaForCausalLM", "transformers", "lfm2", "Lfm2ForCausalLM",
+            "nemotron_h", "NemotronHForCausalLM")
 
 
 def _string_value(tok: str):

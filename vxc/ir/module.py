@@ -170,13 +170,17 @@ class Layer:
     residual: str  # "fp32" | "compute"
     placement: Placement
     norms: list[Op]
-    mixer: Op
+    mixer: Op | None  # None: an FFN-only layer (placement PreFfn)
     ffn: Op | None = None
     regions: list[Region] | None = None  # None until the state pass ran
     loc: Loc | None = None
 
     def ops(self) -> list[Op]:
-        return [*self.norms, self.mixer, *([self.ffn] if self.ffn else [])]
+        return [*self.norms, *([self.mixer] if self.mixer else []), *([self.ffn] if self.ffn else [])]
+
+    def main_kind(self) -> str:
+        """The kind of the layer's mixer, or of its FFN when it has none (for messages and summaries)."""
+        return (self.mixer or self.ffn).kind
 
 
 @dataclass

@@ -256,7 +256,8 @@ class _Build(Transformer):
                 if fields[tag] is not None:
                     raise _Semantic(idx_tok, f"layer {idx_tok}: {tag} given twice")
                 fields[tag] = val
-        for tag in ("residual", "placement", "mixer"):
+        # PreFfn is the one placement without a mixer sub-block (verify checks the layer's structure)
+        for tag in ("residual", "placement") + (() if fields["placement"] == Placement.PreFfn else ("mixer",)):
             if fields[tag] is None:
                 raise _Semantic(idx_tok, f"layer {idx_tok}: missing {tag}")
         return ("layer", Layer(int(idx_tok), fields["residual"], fields["placement"], norms, fields["mixer"],

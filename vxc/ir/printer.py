@@ -130,7 +130,8 @@ def fmt_layer(layer: Layer, ind: str) -> list[str]:
     out.append(f"{i2}placement {layer.placement}")
     for n in layer.norms:
         out.append(i2 + _op_line("norm", n))
-    out.append(i2 + _op_line("mixer", layer.mixer))
+    if layer.mixer is not None:
+        out.append(i2 + _op_line("mixer", layer.mixer))
     if layer.ffn is not None:
         out.append(i2 + _op_line("ffn", layer.ffn))
     for r in layer.regions or []:

@@ -36,6 +36,7 @@ class Placement(str, enum.Enum):
     PreOnly = "PreOnly"  # norm before the mixer and before the FFN
     PrePost = "PrePost"  # norm before and after each sub-block
     PreMixer = "PreMixer"  # a single norm before the mixer; no FFN sub-block
+    PreFfn = "PreFfn"  # a single norm before the FFN; no mixer sub-block (an FFN-only layer)
 
     def __str__(self) -> str:
         return self.value
@@ -45,6 +46,7 @@ class Placement(str, enum.Enum):
 # sub-block they belong to (mixer side, FFN side).
 PLACEMENT_NORMS: dict[Placement, tuple[tuple[Role, ...], tuple[Role, ...]]] = {
     Placement.PreMixer: ((Role.Mamba2PreMixerNorm,), ()),
+    Placement.PreFfn: ((), (Role.PreFfnNorm,)),
     Placement.PreOnly: ((Role.PreAttentionNorm,), (Role.PreFfnNorm,)),
     Placement.PrePost: (
         (Role.PreAttentionNorm, Role.PostAttentionNorm),

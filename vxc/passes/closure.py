@@ -31,7 +31,7 @@ class Closure:
         for scope in scopes:
             ops = layer_ops(m, scope)
             table = declared_roles(ops)
-            mixer = m.layers[scope].mixer.kind if scope is not None else None
+            mixer = m.layers[scope].main_kind() if scope is not None else None
             bound = Counter(o.role for o in by_scope[scope])
             for role, slot in table.items():
                 if slot.required and bound[role] == 0:

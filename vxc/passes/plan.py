@@ -88,7 +88,7 @@ def build_plan(m: Module) -> nx.DiGraph:
         lb = bound(layer.index)
         norms = {n.role: n for n in layer.norms}
         pre, post = PLACEMENT_NORMS[layer.placement]
-        blocks = [(layer.mixer, "mixer", pre)]
+        blocks = [(layer.mixer, "mixer", pre)] if layer.mixer is not None else []
         if layer.ffn is not None:
             blocks.append((layer.ffn, "ffn", post))
         for op, slot, block_norms in blocks:

@@ -47,5 +47,5 @@ class State:
                 out.append(Finding(
                     "state-mismatch",
                     f"declared state [{'; '.join(map(_txt, got))}] differs from what its operators require [{'; '.join(map(_txt, want))}]",
-                    layer.index, layer.mixer.kind, expected=[_txt(r) for r in want], actual=[_txt(r) for r in got]))
+                    layer.index, layer.main_kind(), expected=[_txt(r) for r in want], actual=[_txt(r) for r in got]))
         return out

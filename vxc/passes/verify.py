@@ -100,7 +100,12 @@ def verify_structure(m: Module) -> list[Finding]:
     if m.final_norm.role != Role.FinalNorm:
         out.append(Finding("bad-norm-role", f"the final norm must bind FinalNorm, not {m.final_norm.role}", operator=m.final_norm.kind))
     for layer in m.layers:
-        _check_op(layer.mixer, "mixer", layer.index, out)
+        if layer.mixer is not None:
+            _check_op(layer.mixer, "mixer", layer.index, out)
+        elif layer.placement.value != "PreFfn":
+            out.append(Finding("bad-placement", f"placement {layer.placement} needs a mixer; only PreFfn declares none", layer.index))
+        if layer.placement.value == "PreFfn" and (layer.mixer is not None or layer.ffn is None):
+            out.append(Finding("bad-placement", "placement PreFfn is an FFN-only layer: an FFN and no mixer", layer.index))
         if layer.ffn is not None:
             _check_op(layer.ffn, "ffn", layer.index, out)
         pre, post = PLACEMENT_NORMS[layer.placement]

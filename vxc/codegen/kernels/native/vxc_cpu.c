@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 20
+#define VXC_ABI_VERSION 21
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -936,6 +936,29 @@ void vxc_moe_ffn_step(const void *x, const int64_t *experts, const float *weight
     for (long i = 0; i < d; i++) st(out, i, acc[i], bf);
     free(acc);
     free(h);
+}
+
+/* --------------------------------------------------------------------------- activation (activation.py) */
+
+/* activation.activation_twin: out = act(x) over n values at the activation dtype; kind 0 = relu², max(x, 0)²
+ * (the square of a value of the activation dtype is exact in fp32: one rounding, as the reference's). */
+void vxc_activation(const void *x, void *out, long n, int kind, int bf) {
+    (void)kind; /* relu² is the only kind */
+    if (!bf) {
+        const float *xf = (const float *)x;
+        float *of = (float *)out;
+#pragma omp simd
+        for (long i = 0; i < n; i++) {
+            float r = xf[i] > 0.0f ? xf[i] : 0.0f;
+            of[i] = r * r;
+        }
+        return;
+    }
+    for (long i = 0; i < n; i++) {
+        float v = ld(x, i, bf);
+        float r = v > 0.0f ? v : 0.0f;
+        st(out, i, r * r, bf);
+    }
 }
 
 /* ----------------------------------------------------------------------------------------- quant (quant.py) */
