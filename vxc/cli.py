@@ -92,7 +92,8 @@ def lower(
     m = ctx.module
     kinds: dict[str, int] = {}
     for layer in m.layers:
-        kinds[layer.mixer.kind] = kinds.get(layer.mixer.kind, 0) + 1
+        if layer.mixer is not None:
+            kinds[layer.mixer.kind] = kinds.get(layer.mixer.kind, 0) + 1
     dt = time.perf_counter() - t0
     if as_json:
         print(json.dumps({"ok": True, "output": str(output), "layers": len(m.layers), "mixers": kinds,
@@ -110,8 +111,8 @@ def quantize(
     output: Path = typer.Option(..., "-o", "--output", help="the .vxir to write (its weights: OUTPUT.safetensors)"),
     scheme: str = typer.Option(..., "--scheme", help="q8_0, q4_0, q4_1 (one ggml block format) or q4_k_m (the mix)"),
     keep: List[str] = typer.Option([], "--keep", help="a role to leave unquantised (repeatable)"),
-    as_json: bool = typer.Option(False, "--json", help="machine-readable result"),
     activations: Optional[str] = typer.Option(None, "--activations", help="int8_block32: the products of encoded weights quantise their input per 32-value block to int8 (declared on each operand; default: fp32 as given)"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable result"),
 ):
     """Encode the operands whose roles are declared quantisable (projections, embedding, head) in SCHEME's
     blocks; write the weights and the IR declaring them (data preparation: nothing runs)."""

@@ -313,3 +313,12 @@ def test_stripped_operand_is_a_named_refusal(built, tmp_path, cli):
     assert "layer 4 mlp: required role FfnUp is not bound" in r.output, r.output
     assert "layer 3 mamba2: required role Mamba2D is not bound" in r.output, r.output
 
+
+
+def test_cli_lower_counts_the_mixers(built, tmp_path, cli):
+    """``vxc lower --json`` on the miniature: 6 layers, mixers counted on the 4 layers that have one (the MLP-only
+    layers have none)."""
+    r = cli("lower", built[0], "-o", tmp_path / "m.vxir", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["layers"] == len(TYPES) and out["mixers"] == {"mamba2": 3, "softmax": 1}, out
