@@ -98,6 +98,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--background-load", default="0",
                     help="comma-separated counts of busy processes (a Python spin loop each) running during the "
                          "timing; one table per count (e.g. 0,1)")
+    ap.add_argument("--vxc-activations", default=None, choices=("int8_block32",),
+                    help="lower the quantised files with this activation precision (vxc lower --activations): "
+                         "int8 blocks of 32 as llama.cpp's q8_0 / q8_1 / q8_K dot products take them")
     ap.add_argument("--small", action="store_true", help="tiny geometries (smoke run, < 3 minutes)")
     ap.add_argument("--agreement", action="store_true", help="the agreement mode (perplexity, top-1, greedy)")
     ap.add_argument("--ppl-ctx", type=int, default=256, help="--agreement: llama-perplexity -c (halved until it fits)")
@@ -191,8 +194,11 @@ def files_for(args, models: list[str], precisions: list[str], workdir: Path, lla
 def prepare_vxc(args, e: dict, workdir: Path) -> None:
     """Lower the entry's file for vxc (or record the refusal) and the bytes a decode step reads."""
     g: Path = e["gguf"]
-    lw = vxc_lower(g, workdir / "vxir" / f"{g.stem}.vxir", child_env(args), args.timeout)
-    e["vxir"] = str(workdir / "vxir" / f"{g.stem}.vxir")
+    act = args.vxc_activations if e["precision"] in QUANTISED else None  # declared on encoded operands only
+    name = f"{g.stem}.{act}.vxir" if act else f"{g.stem}.vxir"
+    lw = vxc_lower(g, workdir / "vxir" / name, child_env(args), args.timeout, act)
+    e["vxir"] = str(workdir / "vxir" / name)
+    e["vxc_activations"] = act or "fp32"
     facts = gguf_facts(g)
     e["gguf_facts"] = facts
     e["file_bytes"] = facts["file_bytes"]

@@ -209,10 +209,12 @@ def vxc_exe() -> list[str]:
     return [str(exe)] if exe.is_file() else [sys.executable, "-c", "from vxc.cli import main; main()"]
 
 
-def vxc_lower(gguf: Path, vxir: Path, env: dict, timeout: float) -> dict:
-    """``vxc lower F.gguf -o m.vxir`` (always re-lowered: the IR follows the current vxc); a refusal's message."""
+def vxc_lower(gguf: Path, vxir: Path, env: dict, timeout: float, activations: str | None = None) -> dict:
+    """``vxc lower F.gguf -o m.vxir [--activations A]`` (always re-lowered: the IR follows the current vxc); a
+    refusal's message."""
     vxir.parent.mkdir(parents=True, exist_ok=True)
-    r = run_measured(vxc_exe() + ["lower", str(gguf), "-o", str(vxir)], env, timeout)
+    act = ["--activations", activations] if activations else []
+    r = run_measured(vxc_exe() + ["lower", str(gguf), "-o", str(vxir)] + act, env, timeout)
     if r.get("error"):
         msg = (r["stdout"] + "\n" + r["stderr"]).strip()
         lines = [ln for ln in msg.splitlines() if ln.strip() and not ln.startswith("Traceback")]

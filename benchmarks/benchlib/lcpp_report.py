@@ -73,7 +73,8 @@ def timing_table(rows: list[dict], prefill: list[int], decode: int, bandwidth: f
                 vxs = f"failed: {_short(vx.get('error', ''), 50)}"
             res = vx.get("weight_bytes_resident")
             wts = (f"{vx.get('dtype', r.get('vxc_dtype'))}, " + ("ggml blocks resident" if vx.get("encoded_weights")
-                   else "decoded at load") + (f" ({res / 1e6:.0f} MB)" if res else ""))
+                   else "decoded at load") + (f" ({res / 1e6:.0f} MB)" if res else "")
+                   + (f", {r['vxc_activations']} activations" if r.get("vxc_activations", "fp32") != "fp32" else ""))
         lpf, vpf = lc.get("prefill_tps", {}), vx.get("prefill_tps", {}) if not r.get("vxc_refusal") else {}
         pf_ratio = " / ".join(_ratio(vpf.get(str(n)), lpf.get(str(n))) for n in prefill)
         dec_ratio = _ratio(vx.get("decode_tps"), lc.get("decode_tps")) if not r.get("vxc_refusal") else "—"
