@@ -46,13 +46,33 @@ def oracle(name: str, blocks: np.ndarray, x: torch.Tensor) -> torch.Tensor:
     return xd.reshape(q.shape) @ w.T
 
 
-def run_native(name, blocks, x):
+PACKED = {"q8_0", "q4_0", "q4_1", "q4_k"}  # the encodings with a 16-row packed form (AVX-512 builds)
+
+
+def has_packed(name: str) -> bool:
+    if name not in PACKED or not N.available():
+        return False
+    lib = N.load()
+    fn = lib.vxc_qpack_tile_bytes
+    fn.argtypes, fn.restype = [N.I, N.L], N.L
+    return fn(quant.NATIVE_ENCODINGS[name], 256) > 0
+
+
+def run_native(name, blocks, x, packed: bool | None = None):
+    """The native int8_block32 product, asserting the kernel it ran: the packed one where the build has it
+    (``packed=False``: the row kernel, quant.PACK off)."""
     assert N.available(), N.status()
     rec = N.Recorder()
-    with N.recording(rec):
-        y = quant.qgemv_native(name, blocks, x, A8)
+    prev = quant.PACK
+    quant.PACK = packed is not False
+    try:
+        with N.recording(rec):
+            y = quant.qgemv_native(name, blocks, x, A8)
+    finally:
+        quant.PACK = prev
     assert rec.failed is None, rec.failed
-    assert [c for c, _ in rec.calls] == ["vxc_qgemv_a8"], rec.calls
+    want = "vxc_qgemv_a8p" if packed is not False and has_packed(name) else "vxc_qgemv_a8"
+    assert [c for c, _ in rec.calls] == [want], rec.calls
     return y
 
 
@@ -96,6 +116,8 @@ def test_native_at_the_floor(name, rows, nblk, B):
     assert got.dtype == twin.dtype == torch.float32 and got.shape == twin.shape == (B, rows)
     exact = oracle(name, b, x)
     R.assert_kernel_at_floor(got, twin, exact, f"{name} {rows}x{nblk} blocks B={B} int8 activations")
+    if has_packed(name):  # the row kernel too (what the other encodings and non-AVX-512 builds run)
+        R.assert_kernel_at_floor(run_native(name, blocks, x, packed=False), twin, exact, f"{name} row kernel")
     # the declaration matters: the fp32-activation product is far outside that floor
     fl = R.kernel_floor_and_tolerance(twin, exact)
     assert (quant.qgemv_twin(name, blocks, x).double() - exact).abs().max() > 20 * fl["tol"], name
@@ -111,6 +133,27 @@ def test_bf16_x_is_quantised_from_its_exact_fp32_values(name):
     blocks = torch.from_numpy(make_blocks(name, 37, 3, rng))
     x = torch.randn(3, 3 * ENCODINGS[name].block_size).to(torch.bfloat16)
     assert torch.equal(run_native(name, blocks, x), run_native(name, blocks, x.float()))
+    assert torch.equal(run_native(name, blocks, x, packed=False), run_native(name, blocks, x.float(), packed=False))
+
+
+@pytest.mark.native
+def test_packed_copy_is_made_once_and_dropped_with_its_blocks():
+    import gc
+
+    if not has_packed("q4_0"):
+        pytest.skip("this build has no packed layout (AVX-512 only)")
+    rng = np.random.default_rng(3)
+    blocks = torch.from_numpy(make_blocks("q4_0", 37, 4, rng))
+    x = torch.randn(2, 128)
+    before = quant.packed_bytes()
+    y1 = run_native("q4_0", blocks, x)
+    # 3 tiles of 16 rows (37 padded to 48) x 4 groups x (32 B of f16 scales + 256 B of nibbles)
+    assert quant.packed_bytes() - before == 3 * 4 * 288
+    y2 = run_native("q4_0", blocks, x)
+    assert torch.equal(y1, y2) and quant.packed_bytes() - before == 3 * 4 * 288
+    del blocks
+    gc.collect()
+    assert quant.packed_bytes() == before
 
 
 @pytest.mark.native

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ...ir.ggml import ACTIVATION_PRECISIONS, GGMLError, encoding, logical_cols
 from ...runtime.ggml_blocks import dequantize
@@ -118,6 +119,37 @@ _QDEQUANT = N.declare("vxc_qdequant", I, P, P, L, L, L)
 # vxc_qgemv_a8(enc, W, x, y, rows, cols, B, bf): int8_block32 activations
 _QGEMV_A8 = N.declare("vxc_qgemv_a8", I, P, P, P, L, L, L, I)
 _QUANTIZE_A8 = N.declare("vxc_quantize_a8", P, P, P, L, L)
+# the 16-row packed layout of q8_0 / q4_0 / q4_1 / q4_k for int8_block32 products (AVX-512 builds; see the C source)
+_QPACK = N.declare("vxc_qpack", I, P, P, L, L)
+_QGEMV_A8P = N.declare("vxc_qgemv_a8p", I, P, P, P, L, L, L, I)
+
+PACK = True  # int8_block32 products on the packed layout where the build has one (tests turn it off: the row kernel)
+
+# blocks tensor -> its packed copy (made at its first int8_block32 product, kept while the blocks live: the
+# engine's resident weights are packed once, at the first prefill; the copy is counted by ``packed_bytes``)
+_PACKED = WeakIdKeyDictionary()  # by identity (a tensor's == is elementwise)
+
+
+def packed_bytes() -> int:
+    """Bytes held by the packed copies of live weights."""
+    return sum(int(t.numel()) for t in list(_PACKED.values()))
+
+
+def _packed(code: int, blocks: Tensor, rows: int, cols: int) -> Tensor | None:
+    """The packed copy of ``blocks`` (made now if new), or None where this build has no packed form."""
+    got = _PACKED.get(blocks)
+    if got is not None:
+        return got
+    lib = N.load()
+    tb = lib.vxc_qpack_tile_bytes  # a query returning long (bound by hand, as vxc_max_threads)
+    tb.argtypes, tb.restype = [I, L], L
+    tile = int(tb(code, cols))
+    if tile <= 0:
+        return None
+    out = torch.empty(((rows + 15) // 16) * tile, dtype=torch.uint8)
+    getattr(lib, _QPACK)(code, blocks.data_ptr(), out.data_ptr(), rows, cols)  # data preparation: never recorded
+    _PACKED[blocks] = out
+    return out
 
 
 def quantize_activations_native(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -156,8 +188,12 @@ def qgemv_native(encoding_name, blocks, x, activations="fp32"):
         return qgemm_tiled(code, blocks, x)
     y = N.empty(B, rows, dtype=torch.float32)
     if rows and B:
-        N.call(_QGEMV_A8 if a8 else _QGEMV, code, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), rows, cols, B,
-               N.BF[x.dtype])
+        pk = _packed(code, blocks, rows, cols) if a8 and PACK else None
+        if pk is not None:
+            N.call(_QGEMV_A8P, code, pk.data_ptr(), x.data_ptr(), y.data_ptr(), rows, cols, B, N.BF[x.dtype])
+        else:
+            N.call(_QGEMV_A8 if a8 else _QGEMV, code, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), rows, cols, B,
+                   N.BF[x.dtype])
     return y
 
 

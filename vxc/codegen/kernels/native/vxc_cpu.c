@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 21
+#define VXC_ABI_VERSION 22
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -1565,11 +1565,13 @@ typedef struct {
     int8_t *q;   /* [B, cols]: natural order, each split unit's middle 16-byte chunks swapped */
     int32_t *ox; /* [B, nu * A8_LANES]: offset times the sum of each lane's four x bytes (formats with an offset) */
     float *xc;   /* [B, cols / 32]: d_g times the sum of block g (formats with a min) */
+    int32_t *xs; /* [B, cols / 32]: the sum of block g */
     float *d;    /* [B, cols / 32] */
     long nu, nl, ng;
 } a8_x;
 
-static void a8_prepare(int enc, const float *x, long cols, long B, a8_x *X) {
+/* natural: keep every unit in value order (the packed kernels' reading), else swap as a8_split says */
+static void a8_prepare(int enc, const float *x, long cols, long B, a8_x *X, int natural) {
     long ng = cols / 32, nu = cols / A8_UNIT, nl = nu * A8_LANES;
     X->nu = nu;
     X->ng = ng;
@@ -1578,6 +1580,7 @@ static void a8_prepare(int enc, const float *x, long cols, long B, a8_x *X) {
     X->d = (float *)malloc((size_t)(B * ng + 4) * sizeof(float));
     X->ox = (int32_t *)malloc((size_t)(B * nl + 1) * sizeof(int32_t));
     X->xc = (float *)malloc((size_t)(B * ng + 1) * sizeof(float));
+    X->xs = (int32_t *)malloc((size_t)(B * ng + 1) * sizeof(int32_t));
     int off = a8_off(enc);
 #pragma omp parallel for schedule(static) if (B * cols >= 65536)
     for (long b = 0; b < B; b++) {
@@ -1588,9 +1591,10 @@ static void a8_prepare(int enc, const float *x, long cols, long B, a8_x *X) {
             int s = 0;
             for (int i = 0; i < 32; i++) s += q[32 * g + i];
             X->xc[b * ng + g] = d[g] * (float)s;
+            X->xs[b * ng + g] = s;
         }
         for (long u = 0; u < nu; u++) {
-            if (a8_split(enc)) { /* [lo g | hi g | lo g+1 | hi g+1] -> [lo g | lo g+1 | hi g | hi g+1] */
+            if (a8_split(enc) && !natural) { /* [lo g | hi g | lo g+1 | hi g+1] -> [lo g | lo g+1 | hi g | hi g+1] */
                 int8_t t[16];
                 memcpy(t, q + 64 * u + 16, 16);
                 memcpy(q + 64 * u + 16, q + 64 * u + 32, 16);
@@ -1609,6 +1613,7 @@ static void a8_free(a8_x *X) {
     free(X->d);
     free(X->ox);
     free(X->xc);
+    free(X->xs);
 }
 
 /* group g's contribution for one row of x, in plain integers (the scalar path, and the vector paths' last
@@ -1872,7 +1877,7 @@ void vxc_qgemv_a8(int enc, const void *W, const void *x, float *y, long rows, lo
     float *xf = bf ? (float *)malloc((size_t)(B * cols) * sizeof(float)) : NULL;
     if (bf) load_row(x, 0, B * cols, 1, xf);
     a8_x X;
-    a8_prepare(enc, bf ? xf : (const float *)x, cols, B, &X);
+    a8_prepare(enc, bf ? xf : (const float *)x, cols, B, &X, 0);
     free(xf);
 #pragma omp parallel
     {
@@ -1897,4 +1902,209 @@ void vxc_qgemv_a8(int enc, const void *W, const void *x, float *y, long rows, lo
 /* x [B, cols] fp32 quantised as vxc_qgemv_a8 quantises it: q [B, cols] int8, d [B, cols / 32] (for tests) */
 void vxc_quantize_a8(const float *x, int8_t *q, float *d, long B, long cols) {
     for (long b = 0; b < B; b++) a8_quantize_row(x + b * cols, cols, q + b * cols, d + b * (cols / 32));
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * int8_block32 activations on repacked weights (AVX-512): vxc_qpack, vxc_qgemv_a8p.
+ *
+ * vxc_qpack copies a q8_0 / q4_0 / q4_1 / q4_k matrix into tiles of 16 rows (zero rows pad the last tile) in
+ * which, per 32-value group, the 16 rows' fields sit side by side: their f16 scales (and mins) as one vector,
+ * then the values as chunks of 16 rows x 4 bytes — so one 64-byte load holds 4 consecutive values (4 bytes,
+ * or 8 values as two nibbles) of every row, one vpdpbusd against those 4 x bytes broadcast sums them into 16
+ * per-row lanes, and a group's scales apply to all 16 rows at once: no per-row horizontal sums, one scale
+ * multiply per 16 rows x 32 values. Tile layouts, per group (per 256-value super-block for q4_k):
+ *   q4_0: d[16] f16 | qs chunks c = 0..3: row r's bytes 4c..4c+3 (low nibbles: values 4c.., high: 16 + 4c..)
+ *   q4_1: d[16] f16 | m[16] f16 | qs as q4_0
+ *   q8_0: d[16] f16 | q chunks c = 0..7: row r's values 4c..4c+3 as unsigned bytes q + 128
+ *   q4_k: d[16] f16 | dmin[16] f16 | sc[8][16] u8 | m[8][16] u8 | qs pairs p = 0..3, chunks c = 0..7: row r's
+ *         bytes 32p + 4c.. (low nibbles: group 2p values 4c.., high: group 2p + 1)
+ * The integers and scales are the stored ones, unchanged: the products are vxc_qgemv_a8's (same sums, in
+ * another order). Other encodings, and builds without AVX-512, keep the row layout (vxc_qgemv_a8). */
+
+static inline long p_group_bytes(int enc) { return enc == Q4_0 ? 288 : enc == Q4_1 ? 320 : enc == Q8_0 ? 544 : enc == Q4_K ? 2368 : 0; }
+
+/* bytes of one tile of 16 rows (0: this encoding / build has no packed form) */
+long vxc_qpack_tile_bytes(int enc, long cols) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    long gb = p_group_bytes(enc);
+#if !defined(__AVX512VNNI__)
+    if (enc == Q8_0) return 0; /* maddubs would saturate on q8_0's biased bytes (up to 255 x 127 x 2) */
+#endif
+    return gb ? gb * (cols / (enc == Q4_K ? 256 : 32)) : 0;
+#else
+    (void)enc;
+    (void)cols;
+    return 0;
+#endif
+}
+
+void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
+    long TB = vxc_qpack_tile_bytes(enc, cols);
+    if (TB <= 0) return;
+    long nt = (rows + 15) / 16, rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], nb = cols / Q_BLOCK[enc], GB = p_group_bytes(enc);
+    memset(out, 0, (size_t)(nt * TB));
+    const uint8_t *Wb = (const uint8_t *)W;
+#pragma omp parallel for schedule(static)
+    for (long t = 0; t < nt; t++) {
+        for (long r = 0; r < 16 && 16 * t + r < rows; r++) {
+            const uint8_t *row = Wb + (16 * t + r) * rb;
+            for (long g = 0; g < nb; g++) {
+                const uint8_t *b = row + g * Q_TSIZE[enc];
+                uint8_t *o = out + t * TB + g * GB;
+                if (enc == Q4_0 || enc == Q4_1 || enc == Q8_0) {
+                    memcpy(o + 2 * r, b, 2);
+                    if (enc == Q4_1) memcpy(o + 32 + 2 * r, b + 2, 2);
+                    const uint8_t *q = b + (enc == Q4_1 ? 4 : 2);
+                    uint8_t *qo = o + (enc == Q4_1 ? 64 : 32);
+                    int nc = enc == Q8_0 ? 8 : 4;
+                    for (int c = 0; c < nc; c++)
+                        for (int k = 0; k < 4; k++) qo[64 * c + 4 * r + k] = enc == Q8_0 ? (uint8_t)(q[4 * c + k] ^ 0x80) : q[4 * c + k];
+                } else { /* q4_k super-block */
+                    memcpy(o + 2 * r, b, 2);
+                    memcpy(o + 32 + 2 * r, b + 2, 2);
+                    uint64_t sc, m;
+                    q4k_scale_min_words(b + 4, &sc, &m);
+                    for (int j = 0; j < 8; j++) {
+                        o[64 + 16 * j + r] = (uint8_t)(sc >> (8 * j));
+                        o[192 + 16 * j + r] = (uint8_t)(m >> (8 * j));
+                    }
+                    const uint8_t *q = b + 16;
+                    for (int p = 0; p < 4; p++)
+                        for (int c = 0; c < 8; c++)
+                            for (int k = 0; k < 4; k++) o[320 + (8 * p + c) * 64 + 4 * r + k] = q[32 * p + 4 * c + k];
+                }
+            }
+        }
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(__AVX512VNNI__)
+#define P_DOT(acc, u, s) _mm512_dpbusd_epi32((acc), (u), (s))
+#else
+#define P_DOT(acc, u, s) _mm512_add_epi32((acc), _mm512_madd_epi16(_mm512_maddubs_epi16((u), (s)), _mm512_set1_epi16(1)))
+#endif
+#define P_X4(p) _mm512_set1_epi32(*(const int32_t *)(const void *)(p)) /* 4 x bytes in every lane */
+
+/* one tile of 16 rows against NB (1..4) rows of x from b0: out[b] = the 16 rows' results */
+static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t *T, const a8_x *X, long cols, long b0,
+                                                          int NB, __m512 out[4]) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+    long ng = cols / 32;
+    __m512 acc[4];
+    for (int b = 0; b < NB; b++) acc[b] = _mm512_setzero_ps();
+    if (enc == Q4_K) {
+        for (long sb = 0; sb < cols / 256; sb++) {
+            const uint8_t *o = T + sb * 2368;
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+            __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32)));
+            for (int p = 0; p < 4; p++) {
+                __m512i pl[4], ph[4];
+                for (int b = 0; b < NB; b++) pl[b] = ph[b] = _mm512_setzero_si512();
+                const uint8_t *qs = o + 320 + 512 * p;
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) {
+                    __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * c));
+                    __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    for (int b = 0; b < NB; b++) {
+                        const int8_t *xg = X->q + (b0 + b) * cols + 256 * sb + 64 * p + 4 * c;
+                        pl[b] = P_DOT(pl[b], lo, P_X4(xg));
+                        ph[b] = P_DOT(ph[b], hi, P_X4(xg + 32));
+                    }
+                }
+                for (int h = 0; h < 2; h++) {
+                    int j = 2 * p + h;
+                    __m512 s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + 64 + 16 * j)))));
+                    __m512 mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + 192 + 16 * j)))));
+                    for (int b = 0; b < NB; b++) {
+                        long g = 8 * sb + j, bb = b0 + b;
+                        acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h ? ph[b] : pl[b]),
+                                                 _mm512_mul_ps(s, _mm512_set1_ps(X->d[bb * ng + g])), acc[b]);
+                        acc[b] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(X->xc[bb * ng + g]), acc[b]);
+                    }
+                }
+            }
+        }
+    } else {
+        const long GB = p_group_bytes(enc), qoff = enc == Q4_1 ? 64 : 32;
+        const int off = enc == Q4_0 ? -8 : enc == Q8_0 ? -128 : 0;
+        for (long g = 0; g < ng; g++) {
+            const uint8_t *o = T + g * GB;
+            __m512i p[4];
+            for (int b = 0; b < NB; b++)
+                p[b] = off ? _mm512_set1_epi32(off * X->xs[(b0 + b) * ng + g]) : _mm512_setzero_si512();
+            if (enc == Q8_0) {
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) {
+                    __m512i v = _mm512_loadu_si512((const void *)(o + qoff + 64 * c));
+                    for (int b = 0; b < NB; b++) p[b] = P_DOT(p[b], v, P_X4(X->q + (b0 + b) * cols + 32 * g + 4 * c));
+                }
+            } else {
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    __m512i v = _mm512_loadu_si512((const void *)(o + qoff + 64 * c));
+                    __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    for (int b = 0; b < NB; b++) {
+                        const int8_t *xg = X->q + (b0 + b) * cols + 32 * g + 4 * c;
+                        p[b] = P_DOT(p[b], lo, P_X4(xg));
+                        p[b] = P_DOT(p[b], hi, P_X4(xg + 16));
+                    }
+                }
+            }
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+            for (int b = 0; b < NB; b++) {
+                long bb = b0 + b;
+                acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[b]), _mm512_mul_ps(d, _mm512_set1_ps(X->d[bb * ng + g])), acc[b]);
+                if (enc == Q4_1)
+                    acc[b] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32))),
+                                             _mm512_set1_ps(X->xc[bb * ng + g]), acc[b]);
+            }
+        }
+    }
+    for (int b = 0; b < NB; b++) out[b] = acc[b];
+}
+
+static inline __attribute__((always_inline)) void p_rows(int enc, const uint8_t *P, const a8_x *X, float *y, long rows,
+                                                          long cols, long B, long t, long TB) {
+    const uint8_t *T = P + t * TB;
+    long r0 = 16 * t, nr = rows - r0 < 16 ? rows - r0 : 16;
+    __mmask16 m = (__mmask16)((1u << nr) - 1u);
+    for (long b0 = 0; b0 < B; b0 += 4) {
+        int nb = (int)(B - b0 < 4 ? B - b0 : 4);
+        __m512 out[4];
+        if (nb == 1) p_tile(enc, T, X, cols, b0, 1, out);
+        else if (nb == 2) p_tile(enc, T, X, cols, b0, 2, out);
+        else if (nb == 3) p_tile(enc, T, X, cols, b0, 3, out);
+        else p_tile(enc, T, X, cols, b0, 4, out);
+        for (int b = 0; b < nb; b++) _mm512_mask_storeu_ps(y + (b0 + b) * rows + r0, m, out[b]);
+    }
+}
+#endif
+
+/* y [B, rows] fp32 = x [B, cols] (bf16 when bf) at int8_block32 times the packed matrix P (vxc_qpack): as
+ * vxc_qgemv_a8. Only where vxc_qpack_tile_bytes is non-zero. */
+void vxc_qgemv_a8p(int enc, const void *P, const void *x, float *y, long rows, long cols, long B, int bf) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    long TB = vxc_qpack_tile_bytes(enc, cols);
+    if (TB <= 0 || rows <= 0 || B <= 0) return;
+    float *xf = bf ? (float *)malloc((size_t)(B * cols) * sizeof(float)) : NULL;
+    if (bf) load_row(x, 0, B * cols, 1, xf);
+    a8_x X;
+    a8_prepare(enc, bf ? xf : (const float *)x, cols, B, &X, 1);
+    free(xf);
+    const uint8_t *Pb = (const uint8_t *)P;
+    long nt = (rows + 15) / 16;
+#pragma omp parallel for schedule(static)
+    for (long t = 0; t < nt; t++) {
+        switch (enc) {
+        case Q8_0: p_rows(Q8_0, Pb, &X, y, rows, cols, B, t, TB); break;
+        case Q4_0: p_rows(Q4_0, Pb, &X, y, rows, cols, B, t, TB); break;
+        case Q4_1: p_rows(Q4_1, Pb, &X, y, rows, cols, B, t, TB); break;
+        default: p_rows(Q4_K, Pb, &X, y, rows, cols, B, t, TB); break;
+        }
+    }
+    a8_free(&X);
+#else
+    (void)enc; (void)P; (void)x; (void)y; (void)rows; (void)cols; (void)B; (void)bf;
+#endif
 }
