@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 22
+#define VXC_ABI_VERSION 23
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -1907,7 +1907,7 @@ void vxc_quantize_a8(const float *x, int8_t *q, float *d, long B, long cols) {
 /* ---------------------------------------------------------------------------------------------------------
  * int8_block32 activations on repacked weights (AVX-512): vxc_qpack, vxc_qgemv_a8p.
  *
- * vxc_qpack copies a q8_0 / q4_0 / q4_1 / q4_k matrix into tiles of 16 rows (zero rows pad the last tile) in
+ * vxc_qpack copies a q8_0 / q4_0 / q4_1 / q4_k / q5_0 matrix into tiles of 16 rows (zero rows pad the last tile) in
  * which, per 32-value group, the 16 rows' fields sit side by side: their f16 scales (and mins) as one vector,
  * then the values as chunks of 16 rows x 4 bytes — so one 64-byte load holds 4 consecutive values (4 bytes,
  * or 8 values as two nibbles) of every row, one vpdpbusd against those 4 x bytes broadcast sums them into 16
@@ -1918,10 +1918,14 @@ void vxc_quantize_a8(const float *x, int8_t *q, float *d, long B, long cols) {
  *   q8_0: d[16] f16 | q chunks c = 0..7: row r's values 4c..4c+3 as unsigned bytes q + 128
  *   q4_k: d[16] f16 | dmin[16] f16 | sc[8][16] u8 | m[8][16] u8 | qs pairs p = 0..3, chunks c = 0..7: row r's
  *         bytes 32p + 4c.. (low nibbles: group 2p values 4c.., high: group 2p + 1)
+ *   q5_0: d[16] f16 | hb[16][4] u8 | qs as q4_0; hb byte k of row r holds the fifth bits of values 4c + k (bit 2c)
+ *         and 16 + 4c + k (bit 2c + 1) for the four chunks c: the same 22 bytes per 32 values as stored
  * The integers and scales are the stored ones, unchanged: the products are vxc_qgemv_a8's (same sums, in
- * another order). Other encodings, and builds without AVX-512, keep the row layout (vxc_qgemv_a8). */
+ * another order). q6_k, and builds without AVX-512, keep the row layout (vxc_qgemv_a8). */
 
-static inline long p_group_bytes(int enc) { return enc == Q4_0 ? 288 : enc == Q4_1 ? 320 : enc == Q8_0 ? 544 : enc == Q4_K ? 2368 : 0; }
+static inline long p_group_bytes(int enc) {
+    return enc == Q4_0 ? 288 : enc == Q4_1 ? 320 : enc == Q8_0 ? 544 : enc == Q4_K ? 2368 : enc == Q5_0 ? 352 : 0;
+}
 
 /* bytes of one tile of 16 rows (0: this encoding / build has no packed form) */
 long vxc_qpack_tile_bytes(int enc, long cols) {
@@ -1951,7 +1955,19 @@ void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
             for (long g = 0; g < nb; g++) {
                 const uint8_t *b = row + g * Q_TSIZE[enc];
                 uint8_t *o = out + t * TB + g * GB;
-                if (enc == Q4_0 || enc == Q4_1 || enc == Q8_0) {
+                if (enc == Q5_0) {
+                    memcpy(o + 2 * r, b, 2);
+                    uint32_t qh;
+                    memcpy(&qh, b + 2, 4);
+                    for (int k = 0; k < 4; k++) {
+                        uint8_t hb = 0;
+                        for (int c = 0; c < 4; c++)
+                            hb |= (uint8_t)((((qh >> (4 * c + k)) & 1u) << (2 * c)) | (((qh >> (16 + 4 * c + k)) & 1u) << (2 * c + 1)));
+                        o[32 + 4 * r + k] = hb;
+                    }
+                    for (int c = 0; c < 4; c++)
+                        for (int k = 0; k < 4; k++) o[96 + 64 * c + 4 * r + k] = b[6 + 4 * c + k];
+                } else if (enc == Q4_0 || enc == Q4_1 || enc == Q8_0) {
                     memcpy(o + 2 * r, b, 2);
                     if (enc == Q4_1) memcpy(o + 32 + 2 * r, b + 2, 2);
                     const uint8_t *q = b + (enc == Q4_1 ? 4 : 2);
@@ -2026,8 +2042,8 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
             }
         }
     } else {
-        const long GB = p_group_bytes(enc), qoff = enc == Q4_1 ? 64 : 32;
-        const int off = enc == Q4_0 ? -8 : enc == Q8_0 ? -128 : 0;
+        const long GB = p_group_bytes(enc), qoff = enc == Q4_1 ? 64 : enc == Q5_0 ? 96 : 32;
+        const int off = enc == Q4_0 ? -8 : enc == Q8_0 ? -128 : enc == Q5_0 ? -16 : 0;
         for (long g = 0; g < ng; g++) {
             const uint8_t *o = T + g * GB;
             __m512i p[4];
@@ -2044,6 +2060,14 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
                 for (int c = 0; c < 4; c++) {
                     __m512i v = _mm512_loadu_si512((const void *)(o + qoff + 64 * c));
                     __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    if (enc == Q5_0) { /* bit 2c (2c + 1) of each hb byte to bit 4 of the low (high) value's byte */
+                        const __m512i b4 = _mm512_set1_epi8(16);
+                        __m512i hb = _mm512_loadu_si512((const void *)(o + 32));
+                        __m512i l5 = c == 0 ? _mm512_slli_epi16(hb, 4) : c == 1 ? _mm512_slli_epi16(hb, 2) : c == 2 ? hb : _mm512_srli_epi16(hb, 2);
+                        __m512i h5 = c == 0 ? _mm512_slli_epi16(hb, 3) : c == 1 ? _mm512_slli_epi16(hb, 1) : c == 2 ? _mm512_srli_epi16(hb, 1) : _mm512_srli_epi16(hb, 3);
+                        lo = _mm512_or_si512(lo, _mm512_and_si512(l5, b4));
+                        hi = _mm512_or_si512(hi, _mm512_and_si512(h5, b4));
+                    }
                     for (int b = 0; b < NB; b++) {
                         const int8_t *xg = X->q + (b0 + b) * cols + 32 * g + 4 * c;
                         p[b] = P_DOT(p[b], lo, P_X4(xg));
@@ -2100,6 +2124,7 @@ void vxc_qgemv_a8p(int enc, const void *P, const void *x, float *y, long rows, l
         case Q8_0: p_rows(Q8_0, Pb, &X, y, rows, cols, B, t, TB); break;
         case Q4_0: p_rows(Q4_0, Pb, &X, y, rows, cols, B, t, TB); break;
         case Q4_1: p_rows(Q4_1, Pb, &X, y, rows, cols, B, t, TB); break;
+        case Q5_0: p_rows(Q5_0, Pb, &X, y, rows, cols, B, t, TB); break;
         default: p_rows(Q4_K, Pb, &X, y, rows, cols, B, t, TB); break;
         }
     }
