@@ -119,7 +119,7 @@ _QDEQUANT = N.declare("vxc_qdequant", I, P, P, L, L, L)
 # vxc_qgemv_a8(enc, W, x, y, rows, cols, B, bf): int8_block32 activations
 _QGEMV_A8 = N.declare("vxc_qgemv_a8", I, P, P, P, L, L, L, I)
 _QUANTIZE_A8 = N.declare("vxc_quantize_a8", P, P, P, L, L)
-# the 16-row packed layout of q8_0 / q4_0 / q4_1 / q4_k / q5_0 for int8_block32 products (AVX-512 builds; see the C source)
+# the 16-row packed layout of every native encoding for int8_block32 products (AVX-512 builds; see the C source)
 _QPACK = N.declare("vxc_qpack", I, P, P, L, L)
 _QGEMV_A8P = N.declare("vxc_qgemv_a8p", I, P, P, P, L, L, L, I)
 

@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 23
+#define VXC_ABI_VERSION 24
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -1566,6 +1566,7 @@ typedef struct {
     int32_t *ox; /* [B, nu * A8_LANES]: offset times the sum of each lane's four x bytes (formats with an offset) */
     float *xc;   /* [B, cols / 32]: d_g times the sum of block g (formats with a min) */
     int32_t *xs; /* [B, cols / 32]: the sum of block g */
+    int32_t *xs16; /* [B, cols / 16]: the sum of each 16 values (q6_k's scale blocks) */
     float *d;    /* [B, cols / 32] */
     long nu, nl, ng;
 } a8_x;
@@ -1581,6 +1582,7 @@ static void a8_prepare(int enc, const float *x, long cols, long B, a8_x *X, int 
     X->ox = (int32_t *)malloc((size_t)(B * nl + 1) * sizeof(int32_t));
     X->xc = (float *)malloc((size_t)(B * ng + 1) * sizeof(float));
     X->xs = (int32_t *)malloc((size_t)(B * ng + 1) * sizeof(int32_t));
+    X->xs16 = (int32_t *)malloc((size_t)(2 * B * ng + 1) * sizeof(int32_t));
     int off = a8_off(enc);
 #pragma omp parallel for schedule(static) if (B * cols >= 65536)
     for (long b = 0; b < B; b++) {
@@ -1592,6 +1594,10 @@ static void a8_prepare(int enc, const float *x, long cols, long B, a8_x *X, int 
             for (int i = 0; i < 32; i++) s += q[32 * g + i];
             X->xc[b * ng + g] = d[g] * (float)s;
             X->xs[b * ng + g] = s;
+            int s16 = 0;
+            for (int i = 0; i < 16; i++) s16 += q[32 * g + i];
+            X->xs16[2 * (b * ng + g)] = s16;
+            X->xs16[2 * (b * ng + g) + 1] = s - s16;
         }
         for (long u = 0; u < nu; u++) {
             if (a8_split(enc) && !natural) { /* [lo g | hi g | lo g+1 | hi g+1] -> [lo g | lo g+1 | hi g | hi g+1] */
@@ -1614,6 +1620,7 @@ static void a8_free(a8_x *X) {
     free(X->ox);
     free(X->xc);
     free(X->xs);
+    free(X->xs16);
 }
 
 /* group g's contribution for one row of x, in plain integers (the scalar path, and the vector paths' last
@@ -1907,7 +1914,7 @@ void vxc_quantize_a8(const float *x, int8_t *q, float *d, long B, long cols) {
 /* ---------------------------------------------------------------------------------------------------------
  * int8_block32 activations on repacked weights (AVX-512): vxc_qpack, vxc_qgemv_a8p.
  *
- * vxc_qpack copies a q8_0 / q4_0 / q4_1 / q4_k / q5_0 matrix into tiles of 16 rows (zero rows pad the last tile) in
+ * vxc_qpack copies a q8_0 / q4_0 / q4_1 / q4_k / q5_0 / q6_k matrix into tiles of 16 rows (zero rows pad the last tile) in
  * which, per 32-value group, the 16 rows' fields sit side by side: their f16 scales (and mins) as one vector,
  * then the values as chunks of 16 rows x 4 bytes — so one 64-byte load holds 4 consecutive values (4 bytes,
  * or 8 values as two nibbles) of every row, one vpdpbusd against those 4 x bytes broadcast sums them into 16
@@ -1920,11 +1927,15 @@ void vxc_quantize_a8(const float *x, int8_t *q, float *d, long B, long cols) {
  *         bytes 32p + 4c.. (low nibbles: group 2p values 4c.., high: group 2p + 1)
  *   q5_0: d[16] f16 | hb[16][4] u8 | qs as q4_0; hb byte k of row r holds the fifth bits of values 4c + k (bit 2c)
  *         and 16 + 4c + k (bit 2c + 1) for the four chunks c: the same 22 bytes per 32 values as stored
+ *   q6_k: d[16] f16 | sc[16][16] i8 | per half h = 0, 1: chunks c = 0..7 of row r's ql bytes 64h + 4c.., of its
+ *         ql bytes 64h + 32 + 4c.., of its qh bytes 32h + 4c.. (each byte pair gives values 128h + 32t + 4c + k,
+ *         t = 0..3, as ggml assembles them): 3360 bytes per 16 x 256 values, as stored
  * The integers and scales are the stored ones, unchanged: the products are vxc_qgemv_a8's (same sums, in
- * another order). q6_k, and builds without AVX-512, keep the row layout (vxc_qgemv_a8). */
+ * another order). Builds without AVX-512 (and q8_0 without VNNI) keep the row layout (vxc_qgemv_a8). */
 
 static inline long p_group_bytes(int enc) {
-    return enc == Q4_0 ? 288 : enc == Q4_1 ? 320 : enc == Q8_0 ? 544 : enc == Q4_K ? 2368 : enc == Q5_0 ? 352 : 0;
+    return enc == Q4_0 ? 288 : enc == Q4_1 ? 320 : enc == Q8_0 ? 544 : enc == Q4_K ? 2368 : enc == Q5_0 ? 352
+         : enc == Q6_K ? 3360 : 0;
 }
 
 /* bytes of one tile of 16 rows (0: this encoding / build has no packed form) */
@@ -1934,7 +1945,7 @@ long vxc_qpack_tile_bytes(int enc, long cols) {
 #if !defined(__AVX512VNNI__)
     if (enc == Q8_0) return 0; /* maddubs would saturate on q8_0's biased bytes (up to 255 x 127 x 2) */
 #endif
-    return gb ? gb * (cols / (enc == Q4_K ? 256 : 32)) : 0;
+    return gb ? gb * (cols / (enc == Q4_K || enc == Q6_K ? 256 : 32)) : 0;
 #else
     (void)enc;
     (void)cols;
@@ -1955,7 +1966,18 @@ void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
             for (long g = 0; g < nb; g++) {
                 const uint8_t *b = row + g * Q_TSIZE[enc];
                 uint8_t *o = out + t * TB + g * GB;
-                if (enc == Q5_0) {
+                if (enc == Q6_K) {
+                    memcpy(o + 2 * r, b + 208, 2);
+                    for (int j = 0; j < 16; j++) o[32 + 16 * j + r] = b[192 + j];
+                    for (int h = 0; h < 2; h++)
+                        for (int c = 0; c < 8; c++)
+                            for (int k = 0; k < 4; k++) {
+                                uint8_t *oh = o + 288 + 1536 * h + 64 * c + 4 * r + k;
+                                oh[0] = b[64 * h + 4 * c + k];
+                                oh[512] = b[64 * h + 32 + 4 * c + k];
+                                oh[1024] = b[128 + 32 * h + 4 * c + k];
+                            }
+                } else if (enc == Q5_0) {
                     memcpy(o + 2 * r, b, 2);
                     uint32_t qh;
                     memcpy(&qh, b + 2, 4);
@@ -2009,7 +2031,43 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
     long ng = cols / 32;
     __m512 acc[4];
     for (int b = 0; b < NB; b++) acc[b] = _mm512_setzero_ps();
-    if (enc == Q4_K) {
+    if (enc == Q6_K) {
+        const __m512i m30 = _mm512_set1_epi8(0x30);
+        for (long sb = 0; sb < cols / 256; sb++) {
+            const uint8_t *o = T + sb * 3360;
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+            for (int h = 0; h < 2; h++)
+                for (int cq = 0; cq < 2; cq++) { /* chunks 4cq..4cq+3: values of sub-blocks 8h + 2t + cq */
+                    __m512i p[4][4];
+                    for (int b = 0; b < NB; b++)
+                        for (int t = 0; t < 4; t++)
+                            p[b][t] = _mm512_set1_epi32(-32 * X->xs16[(b0 + b) * (cols / 16) + 16 * sb + 8 * h + 2 * t + cq]);
+                    const uint8_t *oh = o + 288 + 1536 * h;
+#pragma GCC unroll 4
+                    for (int c = 4 * cq; c < 4 * cq + 4; c++) {
+                        __m512i a = _mm512_loadu_si512((const void *)(oh + 64 * c));
+                        __m512i bq = _mm512_loadu_si512((const void *)(oh + 512 + 64 * c));
+                        __m512i hh = _mm512_loadu_si512((const void *)(oh + 1024 + 64 * c));
+                        __m512i v[4];
+                        v[0] = _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_and_si512(_mm512_slli_epi16(hh, 4), m30));
+                        v[1] = _mm512_or_si512(_mm512_and_si512(bq, m4), _mm512_and_si512(_mm512_slli_epi16(hh, 2), m30));
+                        v[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), _mm512_and_si512(hh, m30));
+                        v[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(bq, 4), m4), _mm512_and_si512(_mm512_srli_epi16(hh, 2), m30));
+                        for (int b = 0; b < NB; b++) {
+                            const int8_t *xg = X->q + (b0 + b) * cols + 256 * sb + 128 * h + 4 * c;
+                            for (int t = 0; t < 4; t++) p[b][t] = P_DOT(p[b][t], v[t], P_X4(xg + 32 * t));
+                        }
+                    }
+                    for (int t = 0; t < 4; t++) {
+                        __m512 sc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                         _mm_loadu_si128((const __m128i *)(o + 32 + 16 * (8 * h + 2 * t + cq))))));
+                        for (int b = 0; b < NB; b++)
+                            acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[b][t]),
+                                                     _mm512_mul_ps(sc, _mm512_set1_ps(X->d[(b0 + b) * ng + 8 * sb + 4 * h + t])), acc[b]);
+                    }
+                }
+        }
+    } else if (enc == Q4_K) {
         for (long sb = 0; sb < cols / 256; sb++) {
             const uint8_t *o = T + sb * 2368;
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
@@ -2125,6 +2183,7 @@ void vxc_qgemv_a8p(int enc, const void *P, const void *x, float *y, long rows, l
         case Q4_0: p_rows(Q4_0, Pb, &X, y, rows, cols, B, t, TB); break;
         case Q4_1: p_rows(Q4_1, Pb, &X, y, rows, cols, B, t, TB); break;
         case Q5_0: p_rows(Q5_0, Pb, &X, y, rows, cols, B, t, TB); break;
+        case Q6_K: p_rows(Q6_K, Pb, &X, y, rows, cols, B, t, TB); break;
         default: p_rows(Q4_K, Pb, &X, y, rows, cols, B, t, TB); break;
         }
     }
