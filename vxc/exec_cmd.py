@@ -290,6 +290,7 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
         "kernels": K.report(),  # the backend, the native library's status, every fallback to a torch twin
         "decode_replay": lm.engine.replay_status(),
         "decode_threads": lm.engine.thread_report(),  # the thread governor's count for replayed steps
+        "packed_weight_bytes": _packed_bytes(),  # the 16-row packed copies int8_block32 products read (AVX-512)
     }
     if turn.text is not None:
         result["generated_text"] = turn.text
@@ -305,3 +306,9 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
     d = result["decode_tokens_per_s"]
     note(f"prefill {len(ids)} tokens: {p:.1f} tok/s · decode {n_decode} tokens: " + (f"{d:.1f} tok/s" if d else "n/a")
          + f" · ended by {turn.finish_reason} · load {lm.load_s:.2f} s + warm-up {lm.warmup_s:.2f} s · position {session.pos}")
+
+
+def _packed_bytes() -> int:
+    from .codegen.kernels.quant import packed_bytes
+
+    return packed_bytes()
