@@ -185,3 +185,46 @@ def test_opcheck_with_activations():
     opcheck(torch.ops.vxc.qgemv.default, ("q4_k", blocks, x, A8), test_utils=("test_schema", "test_faketensor"))
     with pytest.raises(GGMLError, match="unknown activation precision"):
         torch.ops.vxc.qgemv("q4_k", blocks, x, "fp8")
+
+
+def _rss_of_range(lo: int, hi: int) -> int:
+    """Resident bytes of [lo, hi) in this process (/proc/self/pagemap: bit 63 = present)."""
+    import struct
+
+    n = 0
+    with open("/proc/self/pagemap", "rb") as f:
+        for page in range(lo // 4096, (hi + 4095) // 4096):
+            f.seek(8 * page)
+            (e,) = struct.unpack("<Q", f.read(8))
+            n += 4096 if e >> 63 else 0
+    return n
+
+
+def test_drop_pages_releases_only_a_file_mappings_pages(tmp_path):
+    """After packing, the source blocks' pages leave RSS when they are a view of a weights file's mapping (and
+    read back identical from the file); an ordinary tensor is never touched."""
+    import hashlib
+    import json
+    import struct
+
+    from safetensors.torch import save_file
+
+    from vxc.runtime.weights import MappedFile, drop_pages
+
+    t = torch.randint(0, 256, (64, 4096), dtype=torch.uint8)
+    p = tmp_path / "w.safetensors"
+    save_file({"w": t}, str(p))
+    raw = p.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    f = MappedFile(p, len(raw), hashlib.sha256(raw[8:8 + n]).hexdigest(), "w0")
+    view = f.tensor("w")
+    assert torch.equal(view, t)  # every page faulted in
+    lo, hi = view.data_ptr(), view.data_ptr() + view.numel()
+    before = _rss_of_range(lo, hi)
+    assert before >= 60 * 4096
+    released = drop_pages(view)
+    assert released >= 62 * 4096 and _rss_of_range(lo, hi) <= before - released + 4096
+    assert torch.equal(view, t)  # read again from the file
+    other = t.clone()
+    assert drop_pages(other) == 0 and torch.equal(other, t)
+    assert json.loads(raw[8:8 + n])["w"]["shape"] == [64, 4096]

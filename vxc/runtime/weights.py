@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import struct
+import weakref
 from pathlib import Path
 
 import torch
@@ -28,6 +29,33 @@ TORCH_DTYPES = {
 
 class WeightError(VxcError):
     pass
+
+
+# the address ranges of the live read-only private file mappings (MappedFile), for drop_pages
+_MAPPED: dict[int, tuple[int, int]] = {}
+_PAGE = 4096
+
+
+def drop_pages(t: torch.Tensor) -> int:
+    """Release the resident pages under ``t`` when it is a view of a weights file's mapping (never written:
+    ``madvise(MADV_DONTNEED)`` drops them, a later read faults them in again from the file); anything else is
+    left alone. For a matrix whose only reader now is a packed copy (``quant``'s int8 kernels): its bytes stop
+    counting twice. Returns the bytes released."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux") or t.numel() == 0:
+        return 0
+    a = t.data_ptr()
+    b = a + t.numel() * t.element_size()
+    if not any(lo <= a and b <= hi for lo, hi in list(_MAPPED.values())):
+        return 0
+    lo, hi = (a + _PAGE - 1) // _PAGE * _PAGE, b // _PAGE * _PAGE  # whole pages inside the tensor only
+    if hi <= lo:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return hi - lo if libc.madvise(lo, hi - lo, 4) == 0 else 0  # 4: MADV_DONTNEED
 
 
 class MappedFile:
@@ -65,6 +93,8 @@ class MappedFile:
             raise WeightError(f"weights file {path}: header sha256 differs from the IR's; refusing to run on a different checkpoint")
         self.path = path
         self.bytes = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)  # private mmap, paged lazily
+        _MAPPED[id(self)] = (self.bytes.data_ptr(), self.bytes.data_ptr() + size)
+        weakref.finalize(self, _MAPPED.pop, id(self), None)
 
     def _entry(self, key: str):
         e = self.entries.get(key)
