@@ -243,3 +243,28 @@ def test_refusals_leave_nothing_behind(src, cli, vxc_sub, tmp_path):
     r = cli("quantize", src / "hf_k.vxir", "-o", other / "q.vxir", "--scheme", "q8_0")
     assert r.exit_code != 0 and "holds a different tokenizer" in r.stderr, r.output
     assert [p.name for p in other.iterdir()] == ["tokenizer.json"]
+
+
+def test_quantize_with_int8_activations_and_lower_refuses_them_on_plain_weights(src, cli, tmp_path):
+    """--activations int8_block32 declares the precision on every encoded operand (and on none else); the
+    model runs, its logits within the int8 path's stated bound of the same file's fp32-activation run. On a
+    model with nothing encoded, the declaration is refused and no IR is written."""
+    from vxc.runtime.session import Session
+
+    out = tmp_path / "a8" / "q.vxir"
+    r = cli("quantize", src / "hf.vxir", "-o", out, "--scheme", "q4_0", "--activations", "int8_block32", "--json")
+    assert r.exit_code == 0, r.output
+    ops = [l for l in out.read_text().splitlines() if l.startswith("  operand ")]
+    enc = [l for l in ops if "q4_0(blocks" in l]
+    assert len(enc) == QUANTISED and all(l.endswith(" activations int8_block32") for l in enc)
+    assert not any("activations" in l for l in ops if l not in enc)
+    plain = tmp_path / "fp" / "q.vxir"
+    assert cli("quantize", src / "hf.vxir", "-o", plain, "--scheme", "q4_0").exit_code == 0
+    ids = list(range(3, 40))
+    a8 = Session(P.engine_for(out, max_context=64)).prefill(ids)
+    fp = Session(P.engine_for(plain, max_context=64)).prefill(ids)
+    err = float((a8 - fp).abs().max())
+    assert 1e-4 < err <= 0.1 * float(fp.abs().max()), err
+    r = cli("lower", src / "hf", "-o", tmp_path / "x.vxir", "--activations", "int8_block32")
+    assert r.exit_code != 0 and "has no ggml block-encoded operand" in r.stderr, r.output
+    assert not (tmp_path / "x.vxir").exists()
