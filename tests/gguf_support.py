@@ -67,6 +67,11 @@ def write_llama_gguf(path: Path, cfg: dict = MINI_LLAMA, *, encodings: dict[str,
     w.add_layer_norm_rms_eps(cfg["eps"])
     w.add_vocab_size(V)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    moe = arch == "qwen3moe"
+    if moe:  # what convert_hf_to_gguf's Qwen3MoeModel writes
+        w.add_expert_count(cfg["experts"])
+        w.add_expert_used_count(cfg["top_k"])
+        w.add_expert_feed_forward_length(cfg["moe_ffn"])
 
     def add(name: str, arr: np.ndarray, kind: str | None) -> None:
         arr = arr.astype(np.float32)
@@ -74,7 +79,8 @@ def write_llama_gguf(path: Path, cfg: dict = MINI_LLAMA, *, encodings: dict[str,
             w.add_tensor(name, arr)
             return
         qtype = gguf.GGMLQuantizationType[kind]
-        q = _quantized(arr, qtype, rng)
+        q = _quantized(arr.reshape(-1, arr.shape[-1]), qtype, rng)  # an expert bank: its rows, expert after expert
+        q = q.reshape(*arr.shape[:-1], q.shape[-1])
         w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
 
     def mat(rows: int, cols: int) -> np.ndarray:
@@ -93,11 +99,18 @@ def write_llama_gguf(path: Path, cfg: dict = MINI_LLAMA, *, encodings: dict[str,
         if arch == "qwen2":  # q/k/v biases
             for n, rows in (("attn_q", H * hd), ("attn_k", Hk * hd), ("attn_v", Hk * hd)):
                 add(p + n + ".bias", 0.1 * rng.standard_normal(rows), None)
-        if arch == "qwen3":  # per-head q/k RMSNorms
+        if arch in ("qwen3", "qwen3moe"):  # per-head q/k RMSNorms
             add(p + "attn_q_norm.weight", 1 + 0.1 * rng.standard_normal(hd), None)
             add(p + "attn_k_norm.weight", 1 + 0.1 * rng.standard_normal(hd), None)
         add(p + "attn_output.weight", mat(d, H * hd), enc.get("attn_output"))
         add(p + "ffn_norm.weight", 1 + 0.1 * rng.standard_normal(d), None)
+        if moe:  # the router (f32, as the converter keeps it) and the three expert banks [E, rows, cols]
+            E, I = cfg["experts"], cfg["moe_ffn"]
+            add(p + "ffn_gate_inp.weight", mat(E, d) * 4, None)
+            add(p + "ffn_gate_exps.weight", rng.standard_normal((E, I, d)) * scale, enc.get("ffn_gate_exps"))
+            add(p + "ffn_up_exps.weight", rng.standard_normal((E, I, d)) * scale, enc.get("ffn_up_exps"))
+            add(p + "ffn_down_exps.weight", rng.standard_normal((E, d, I)) * scale, enc.get("ffn_down_exps"))
+            continue
         add(p + "ffn_gate.weight", mat(f, d), enc.get("ffn_gate"))
         add(p + "ffn_up.weight", mat(f, d), enc.get("ffn_up"))
         add(p + "ffn_down.weight", mat(d, f), enc.get("ffn_down"))

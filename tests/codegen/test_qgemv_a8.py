@@ -228,3 +228,46 @@ def test_drop_pages_releases_only_a_file_mappings_pages(tmp_path):
     other = t.clone()
     assert drop_pages(other) == 0 and torch.equal(other, t)
     assert json.loads(raw[8:8 + n])["w"]["shape"] == [64, 4096]
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("act", ["fp32", A8])
+def test_qmoe_experts_native_matches_its_twin(act):
+    """Routed SwiGLU experts over encoded banks [E, rows, row_bytes] (qdense.qmoe_experts): native (tokens
+    gathered per expert, one block GEMV each) against the twin (each selected expert decoded), 3 tokens, top-2
+    of 5, an expert chosen twice and one never; and the twin against an fp64 evaluation from gguf-py's decoding."""
+    from gguf import quants as gq
+
+    assert N.available(), N.status()
+    rng = np.random.default_rng(11)
+    E, d, I_ = 5, 64, 96
+    banks = {"gate": ("q4_0", (E, I_, d)), "up": ("q8_0", (E, I_, d)), "down": ("q5_0", (E, d, I_))}
+    blocks = {}
+    for k, (enc, (e, r, c)) in banks.items():
+        blocks[k] = torch.from_numpy(make_blocks(enc, e * r, c // 32, rng).reshape(e, r, -1))
+    x = torch.randn(3, d)
+    experts = torch.tensor([[0, 3], [3, 1], [4, 0]], dtype=torch.int64)
+    weights = torch.tensor([[0.7, 0.3], [0.6, 0.4], [0.9, 0.1]], dtype=torch.float32)
+    args = (x, weights, experts, "q4_0", blocks["gate"], "q8_0", blocks["up"], "q5_0", blocks["down"], None, None,
+            "separate", "silu", None, None, act)
+    rec = N.Recorder()
+    with N.recording(rec):
+        got = qdense.qmoe_experts_native(*args)
+    assert [c for c, _ in rec.calls] == ["vxc_qmoe"] and rec.failed is None
+    twin = qdense.qmoe_experts_twin(*args)
+    # fp64 from the definition (fp32 activations only: the int8 path's twin is its definition)
+    if act == "fp32":
+        def dq(k, e):
+            enc = banks[k][0]
+            return torch.from_numpy(np.ascontiguousarray(gq.dequantize(blocks[k][e].numpy(), qtype(enc)))).double()
+
+        exact = torch.zeros(3, d, dtype=torch.float64)
+        for t in range(3):
+            for j in range(2):
+                e = int(experts[t, j])
+                h = torch.nn.functional.silu(x[t].double() @ dq("gate", e).T) * (x[t].double() @ dq("up", e).T)
+                exact[t] += float(weights[t, j]) * (h @ dq("down", e).T)
+        R.assert_kernel_at_floor(got, twin, exact, "qmoe fp32")
+    else:
+        R.assert_kernel_at_floor(got, twin, twin.double(), "qmoe int8_block32")
+        assert (got - qdense.qmoe_experts_twin(*args[:-1])).abs().max() > 1e-4  # the precision is honoured

@@ -133,7 +133,7 @@ def test_unknown_architecture_and_tensor_types_are_refused(tmp_path, vxc_sub):
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     r = vxc_sub("lower", p, "-o", tmp_path / "x.vxir")
     assert r.exit_code != 0 and "Traceback" not in r.stderr
-    assert "GGUF architecture 'rwkv7' is not supported; supported: llama, qwen2, qwen3, gemma3, mamba2" in r.stderr
+    assert "GGUF architecture 'rwkv7' is not supported; supported: llama, qwen2, qwen3, qwen3moe, gemma3, mamba2" in r.stderr
 
     p = tmp_path / "iq.gguf"
     w = gguf.GGUFWriter(str(p), "llama")
@@ -324,4 +324,83 @@ def test_int8_activation_decode_is_replayed_bit_identically(lowered_a8, monkeypa
     got = steps(rep)
     assert rep.replay_status().startswith("replaying"), rep.replay_status()
     want = steps(P.engine_for(lowered_a8, max_context=64, replay=False))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+# ---------------------------------------------------------------- qwen3moe: encoded expert banks
+
+MOE_CFG = dict(MINI_LLAMA, heads=2, kv_heads=1, head_dim=128, experts=5, top_k=2, moe_ffn=96)
+MOE_ENC = {"token_embd": "Q8_0", "attn_q": "Q4_K", "attn_k": "Q4_0", "attn_v": "Q6_K", "attn_output": "Q4_1",
+           "ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q8_0", "ffn_down_exps": "Q4_0", "output": "Q6_K"}
+
+
+@pytest.fixture(scope="module")
+def lowered_moe(tmp_path_factory, vxc_sub):
+    d = tmp_path_factory.mktemp("gguf-qwen3moe")
+    write_llama_gguf(d / "m.gguf", MOE_CFG, encodings=MOE_ENC, arch="qwen3moe", seed=5)
+    r = vxc_sub("lower", d / "m.gguf", "-o", d / "m.vxir")
+    assert r.exit_code == 0, r.stderr
+    return d
+
+
+def _moe_reference(d: Path, f: P.Family) -> P.Reference:
+    """transformers on the same file. Its GGUF config mapping drops expert_feed_forward_length (5.24 keeps
+    Qwen3MoeConfig's default 768), so the width is passed; norm_topk_prob it sets true as llama.cpp does. The
+    experts' eager loop: the grouped matmul refuses fp64."""
+    import transformers
+
+    ref = P.Reference.__new__(P.Reference)
+    ref.f = f
+    kw = dict(gguf_file="m.gguf", dtype=torch.float32, moe_intermediate_size=MOE_CFG["moe_ffn"])
+    ref.m32 = transformers.AutoModelForCausalLM.from_pretrained(str(d), **kw).eval()
+    ref.m64 = transformers.AutoModelForCausalLM.from_pretrained(str(d), **kw).double().eval()
+    assert ref.m32.config.norm_topk_prob and ref.m32.config.num_experts == MOE_CFG["experts"]
+    for m in (ref.m32, ref.m64):
+        m.set_experts_implementation("eager")
+    return ref
+
+
+@pytest.mark.parametrize("resident", ["encoded", "decoded"])
+def test_qwen3moe_at_the_floor_with_encoded_banks(lowered_moe, resident, capsys, monkeypatch):
+    """A qwen3moe file (q/k-normed attention, every FFN 5 experts top-2 renormalised, the three banks q4_k /
+    q8_0 / q4_0 as ggml stores them [E, rows, cols]): at the fp32 floor of transformers loading the same file.
+    ``encoded``: the banks stay resident as the file's blocks (``qmoe_experts``: each selected expert's matrices
+    read in place, no decoded copy); ``decoded``: decoded at load."""
+    monkeypatch.setenv("VXC_ENCODED", "1" if resident == "encoded" else "0")
+    text = (lowered_moe / "m.vxir").read_text()
+    assert text.count("ffn moe ") == MOE_CFG["layers"] and "norm_topk_prob=true (default)" in text
+    assert re.search(r'tensor \$t\d+ u8\[5,96,144\] @w0 "blk\.0\.ffn_gate_exps\.weight"', text)
+    assert "fact moe_renormalise true" in text
+    V = MINI_LLAMA["vocab"]
+    f = P.Family("gguf-qwen3moe", build=None, reference="hf", vocab=V, padded_vocab=V)
+    p = P.measure(f, lowered_moe, lowered_moe / "m.vxir", _moe_reference(lowered_moe, f))
+    with capsys.disabled():
+        print(f"\nqwen3moe ({resident}): {p.row()}")
+    assert p.err <= p.tol and p.err64 <= p.tol and p.err_step <= p.tol, p.row()
+    assert p.argmax == 1.0 and p.excluded < p.positions // 4, p.row()
+    assert p.greedy_match and p.distinct >= P.MIN_DISTINCT and p.deterministic, (p.greedy_vxc, p.greedy_ref)
+    if resident == "encoded":
+        eng = P.engine_for(lowered_moe / "m.vxir", max_context=64)
+        kernels = {c.kernel for c in eng.lowered["decode"].groups()}
+        assert "qmoe_experts" in kernels and "moe_experts" not in kernels
+        banks = {n: b for n, b in eng.root.named_buffers() if b.dim() == 3}
+        assert len(banks) == 3 * MOE_CFG["layers"] and all(b.dtype == torch.uint8 for b in banks.values()), banks.keys()
+
+
+@pytest.mark.native
+def test_qwen3moe_encoded_decode_is_replayed_bit_identically(lowered_moe, monkeypatch):
+    from vxc.runtime.session import Session
+
+    monkeypatch.setenv("VXC_ENCODED", "1")
+    ids = list(range(3, 21))
+
+    def steps(engine):
+        s = Session(engine)
+        s.prefill(ids[:9])
+        return [s.step(t) for t in ids[9:]]
+
+    rep = P.engine_for(lowered_moe / "m.vxir", max_context=64)
+    got = steps(rep)
+    assert rep.replay_status().startswith("replaying"), rep.replay_status()
+    want = steps(P.engine_for(lowered_moe / "m.vxir", max_context=64, replay=False))
     assert all(torch.equal(a, b) for a, b in zip(got, want))

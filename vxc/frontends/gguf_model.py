@@ -8,7 +8,9 @@ block-quantised tensor becomes an encoded operand (``q4_1(blocks $t)``), decoded
 
 Families: ``llama`` (llama.cpp's converter permutes the rows of Q and K so that its rotary rotates adjacent
 pairs: the attention is declared ``rotary_layout=interleaved`` over the weights as stored — no permutation is
-undone), ``qwen2`` (q/k/v biases; rotary on halves, unpermuted), ``qwen3`` (q/k RMSNorms; halves), ``mamba2``
+undone), ``qwen2`` (q/k/v biases; rotary on halves, unpermuted), ``qwen3`` (q/k RMSNorms; halves),
+``qwen3moe`` (qwen3's attention; every FFN routed experts, softmax top-k renormalised as llama.cpp's graph
+does, the three expert banks ``ffn_{gate,up,down}_exps`` [E, rows, cols] bound encoded), ``mamba2``
 (pure Mamba2 stack, :func:`_lower_mamba2`: the converter's ``Mamba2Model`` stores ``ssm_a = -exp(A_log)`` —
 read back through the ``log_neg`` view — and reshapes D, A to ``[heads, 1]``, the gated norm to
 ``[groups, d_inner / groups]`` and squeezes the conv to ``[conv_dim, kernel]``; reshape views undo those).
@@ -38,6 +40,7 @@ FAMILIES = {
     "llama": (False, False, "interleaved"),
     "qwen2": (True, False, "half"),
     "qwen3": (False, True, "half"),
+    "qwen3moe": (False, True, "half"),  # qwen3's attention; every layer's FFN an MoE (_moe_ffn)
 }
 SSM_FAMILIES = ("mamba2",)
 OTHER_FAMILIES = ("gemma3",)
@@ -129,6 +132,7 @@ def _lower_decoder(path: Path, c: Container, arch: str, relative_to: Path | None
         raise FrontendError(f"{A.where}: vocab_size={declared} but token_embd.weight has {vocab} rows")
 
     bind = _binder(b, c)
+    moe = _moe_ffn(A, b, d) if arch == "qwen3moe" else None
 
     layers = []
     for i in range(n_layer):
@@ -138,7 +142,10 @@ def _lower_decoder(path: Path, c: Container, arch: str, relative_to: Path | None
                            ("attn_k.bias", Role.AttnKBias), ("attn_v.bias", Role.AttnVBias),
                            ("attn_q_norm.weight", Role.AttnQNorm), ("attn_k_norm.weight", Role.AttnKNorm),
                            ("attn_norm.weight", Role.PreAttentionNorm), ("ffn_norm.weight", Role.PreFfnNorm),
-                           ("ffn_gate.weight", Role.FfnGate), ("ffn_up.weight", Role.FfnUp), ("ffn_down.weight", Role.FfnDown)):
+                           ("ffn_gate.weight", Role.FfnGate), ("ffn_up.weight", Role.FfnUp), ("ffn_down.weight", Role.FfnDown),
+                           # qwen3moe: the router and the expert banks (ggml's [E, rows, cols] tensors, each encoded)
+                           ("ffn_gate_inp.weight", Role.MoeRouterWeight), ("ffn_gate_exps.weight", Role.PerExpertGate),
+                           ("ffn_up_exps.weight", Role.PerExpertUp), ("ffn_down_exps.weight", Role.PerExpertDown)):
             bind(p + name, role, i)
         attrs = {"d_model": d, "heads": heads, "kv_heads": kv, "head_dim": hd, "q_bias": qkv_bias, "k_bias": qkv_bias,
                  "v_bias": qkv_bias, "o_bias": False, "qk_norm": qk_norm}
@@ -150,8 +157,29 @@ def _lower_decoder(path: Path, c: Container, arch: str, relative_to: Path | None
         ad |= {"sinks", "output_gate", "window", "scale"}
         attrs.update(rope)
         ad |= rope_defaults
-        layers.append(two_norm_layer(i, d, (eps, False), op("softmax", attrs, ad), swiglu_op(d, inter, {"act"})))
+        ffn = op("moe", dict(moe.attrs), set(moe.defaults)) if moe is not None else swiglu_op(d, inter, {"act"})
+        layers.append(two_norm_layer(i, d, (eps, False), op("softmax", attrs, ad), ffn))
     return _finish(b, c, bind, path.stem, vocab, d, eps, layers)
+
+
+def _moe_ffn(A: Attrs, b: Builder, d: int):
+    """qwen3moe's FFN (llama.cpp src/models/qwen3moe.cpp: build_moe_ffn with LLM_FFN_SILU, norm_w = true, softmax
+    gating): softmax over all experts -> top-k -> renormalised; SwiGLU experts of expert_feed_forward_length; no
+    shared expert. Every layer is MoE (the architecture has no dense layers)."""
+    E = A.need("expert_count", kind=int, min=1)
+    k = A.need("expert_used_count", kind=int, min=1)
+    inter = A.need("expert_feed_forward_length", kind=int, min=1)
+    if k > E:
+        raise FrontendError(f"{A.where}: expert_used_count={k} exceeds expert_count={E}")
+    b.fact("moe_renormalise", True, "llama.cpp's qwen3moe graph renormalises the top-k weights (build_moe_ffn "
+                                    "norm_w = true); the file does not store it")
+    attrs = {"d_model": d, "experts": E, "top_k": k, "intermediate": inter, "router": "softmax_topk",
+             "norm_topk_prob": True, "routed_scaling": 1.0, "n_group": 1, "topk_group": 1, "router_bias": False,
+             "selection_bias": False, "expert_layout": "separate", "expert_bias": False, "act": "silu",
+             "shared_experts": False, "shared_intermediate": 0, "shared_gate": False}
+    defaults = {"router", "norm_topk_prob", "routed_scaling", "n_group", "topk_group", "router_bias", "selection_bias",
+                "expert_layout", "expert_bias", "act", "shared_experts", "shared_intermediate", "shared_gate"}
+    return op("moe", attrs, defaults)
 
 
 def _finish(b: Builder, c: Container, bind, name: str, vocab: int, d: int, eps: float, layers: list,

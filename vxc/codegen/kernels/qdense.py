@@ -197,3 +197,88 @@ def qswiglu_triton(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w
             raise NotCovered(TRITON_ENCODING)
     a = activations
     return _qt(encoding_down, w_down, F.silu(_qt(encoding_gate, w_gate, x, a)) * _qt(encoding_up, w_up, x, a), a)
+
+
+# ------------------------------------------------------------------------------------------------ qmoe_experts
+# The routed experts of an MoE FFN whose banks are ggml-encoded ([E, rows, row_bytes] as stored: a GGUF's
+# ffn_{gate,up,down}_exps), read in place — no decoded copy of a bank. Separate gate / up banks (the layout an
+# encoded GGUF bank has); the twin decodes only the selected experts' matrices, per call.
+
+from typing import Optional as _Opt  # noqa: E402
+
+from .moe import _gated  # noqa: E402
+from .quant import _QGEMV_A8  # noqa: E402,F401  (declared with qgemv)
+
+
+@kernel("qmoe_experts")
+def qmoe_experts(x: Tensor, weights: Tensor, experts: Tensor, encoding_in: str, w_in: Tensor, encoding_up: str,
+                 w_up: Tensor, encoding_down: str, w_down: Tensor, b_in: _Opt[Tensor], b_down: _Opt[Tensor],
+                 layout: str, act: str, alpha: _Opt[float], limit: _Opt[float], activations: str = "fp32") -> Tensor:
+    """``moe_experts`` over encoded banks: ``[T, d]`` fp32."""
+    check_activations(activations)
+    if layout != "separate":
+        raise ValueError(f"encoded expert banks take the separate layout, not {layout!r}")
+
+
+@qmoe_experts.fake
+def _(x, weights, experts, encoding_in, w_in, encoding_up, w_up, encoding_down, w_down, b_in, b_down, layout, act,
+      alpha, limit, activations="fp32"):
+    return x.new_empty(x.shape[0], w_down.shape[1], dtype=torch.float32)
+
+
+@qmoe_experts.impl("torch")
+def qmoe_experts_twin(x, weights, experts, encoding_in, w_in, encoding_up, w_up, encoding_down, w_down, b_in, b_down,
+                      layout, act, alpha, limit, activations="fp32"):
+    out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float32, device=x.device)
+    for e in torch.unique(experts).tolist():  # ascending, as the references visit them
+        tok, slot = torch.where(experts == e)
+        h = x[tok].float()
+        g, u = _q(encoding_in, w_in[e], h, activations), _q(encoding_up, w_up[e], h, activations)
+        y = _q(encoding_down, w_down[e], _gated(g, u, act, alpha, limit), activations)
+        if b_down is not None:
+            y = y + b_down[e].float()
+        out.index_add_(0, tok, y * weights[tok, slot, None].float())
+    return out
+
+
+_QMOE = N.declare("vxc_qmoe", I, P, I, P, I, P, P, P, P, P, L, L, L, L, L, I)
+
+
+@qmoe_experts.impl("native")
+def qmoe_experts_native(x, weights, experts, encoding_in, w_in, encoding_up, w_up, encoding_down, w_down, b_in, b_down,
+                        layout, act, alpha, limit, activations="fp32"):
+    codes = [NATIVE_ENCODINGS.get(e) for e in (encoding_in, encoding_up, encoding_down)]
+    if None in codes:
+        raise NotCovered(ENCODING)
+    banks = (w_in, w_up, w_down)
+    if not (x.dtype == torch.float32 and N.ok(x) and x.dim() == 2 and act == "silu" and b_in is None and b_down is None
+            and all(b.device.type == "cpu" and b.dtype == torch.uint8 and b.dim() == 3 and b.is_contiguous() for b in banks)
+            and weights.dtype == torch.float32 and weights.is_contiguous() and experts.dtype == torch.int64
+            and experts.is_contiguous() and weights.shape == experts.shape):
+        raise NotCovered(N.OPERANDS)
+    T, d = int(x.shape[0]), int(x.shape[1])
+    E, I_ = int(w_in.shape[0]), int(w_in.shape[1])
+    out = N.empty(T, d, dtype=torch.float32)
+    N.call(_QMOE, codes[0], w_in.data_ptr(), codes[1], w_up.data_ptr(), codes[2], w_down.data_ptr(), x.data_ptr(),
+           experts.data_ptr(), weights.data_ptr(), out.data_ptr(), T, int(experts.shape[1]), E, d, I_,
+           int(activations == "int8_block32"))
+    return out
+
+
+@qmoe_experts.impl("triton")
+def qmoe_experts_triton(x, weights, experts, encoding_in, w_in, encoding_up, w_up, encoding_down, w_down, b_in, b_down,
+                        layout, act, alpha, limit, activations="fp32"):
+    """Each selected expert's three products through qgemv's Triton implementation (on x's device)."""
+    for e in (encoding_in, encoding_up, encoding_down):
+        if e not in TRITON_ENCODINGS:
+            raise NotCovered(TRITON_ENCODING)
+    out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float32, device=x.device)
+    for e in torch.unique(experts).tolist():
+        tok, slot = torch.where(experts == e)
+        h = x[tok].float()
+        g, u = _qt(encoding_in, w_in[e], h, activations), _qt(encoding_up, w_up[e], h, activations)
+        y = _qt(encoding_down, w_down[e], _gated(g, u, act, alpha, limit), activations)
+        if b_down is not None:
+            y = y + b_down[e].float()
+        out.index_add_(0, tok, y * weights[tok, slot, None].float())
+    return out

@@ -92,7 +92,8 @@ ROPE_KEYS = ("rotary_dim", "rotary_base", "rope_type", "rope_factor", "rope_low_
 
 
 # plain kernel -> its form over ggml block-encoded weights, and which arguments are weights
-ENCODED_FORMS = {"linear": ("qlinear", (1,)), "swiglu": ("qswiglu", (1, 2, 3)), "embedding": ("qembedding", (1,))}
+ENCODED_FORMS = {"linear": ("qlinear", (1,)), "swiglu": ("qswiglu", (1, 2, 3)), "embedding": ("qembedding", (1,)),
+                 "moe_experts": ("qmoe_experts", (3, 4, 5))}
 
 
 class Emitter:

@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 24
+#define VXC_ABI_VERSION 25
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -2191,4 +2191,53 @@ void vxc_qgemv_a8p(int enc, const void *P, const void *x, float *y, long rows, l
 #else
     (void)enc; (void)P; (void)x; (void)y; (void)rows; (void)cols; (void)B; (void)bf;
 #endif
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Routed SwiGLU experts over ggml-encoded banks (qdense.qmoe_experts' native form): no decoded copy of a bank.
+ * Banks [E, rows, row_bytes] as stored: gate / up of rows I over cols d, down of rows d over cols I. For each
+ * expert some token selected, the tokens routed to it are gathered, their gate / up / down products run as one
+ * block GEMV each (vxc_qgemv, or vxc_qgemv_a8 with int8_block32 activations), h = silu(g) u, and the results
+ * are added to out weighted by the router — experts in ascending order, as the torch twin visits them. The
+ * expert ids and weights are read from memory (the router's outputs: a replayed step's buffers); an id outside
+ * 0..E-1 selects nothing. x, out fp32 [T, d]. */
+void vxc_qmoe(int enc_in, const void *Win, int enc_up, const void *Wup, int enc_down, const void *Wdown,
+              const float *x, const int64_t *experts, const float *weights, float *out, long T, long k, long E,
+              long d, long I, int a8) {
+    if (T <= 0) return;
+    memset(out, 0, (size_t)(T * d) * sizeof(float));
+    long s_in = I * (d / Q_BLOCK[enc_in] * Q_TSIZE[enc_in]), s_up = I * (d / Q_BLOCK[enc_up] * Q_TSIZE[enc_up]);
+    long s_down = d * (I / Q_BLOCK[enc_down] * Q_TSIZE[enc_down]);
+    long *sel = (long *)malloc((size_t)(T * k) * sizeof(long));
+    float *X = (float *)malloc((size_t)(T * k * d) * sizeof(float)), *G = (float *)malloc((size_t)(T * k * I) * sizeof(float));
+    float *U = (float *)malloc((size_t)(T * k * I) * sizeof(float)), *Y = (float *)malloc((size_t)(T * k * d) * sizeof(float));
+    for (long e = 0; e < E; e++) {
+        long n = 0;
+        for (long i = 0; i < T * k; i++)
+            if (experts[i] == e) sel[n++] = i;
+        if (!n) continue;
+        for (long j = 0; j < n; j++) memcpy(X + j * d, x + (sel[j] / k) * d, (size_t)d * sizeof(float));
+        const uint8_t *wi = (const uint8_t *)Win + e * s_in, *wu = (const uint8_t *)Wup + e * s_up;
+        const uint8_t *wd = (const uint8_t *)Wdown + e * s_down;
+        if (a8) {
+            vxc_qgemv_a8(enc_in, wi, X, G, I, d, n, 0);
+            vxc_qgemv_a8(enc_up, wu, X, U, I, d, n, 0);
+        } else {
+            vxc_qgemv(enc_in, wi, X, G, I, d, n, 0);
+            vxc_qgemv(enc_up, wu, X, U, I, d, n, 0);
+        }
+        for (long i = 0; i < n * I; i++) G[i] = silu(G[i]) * U[i];
+        if (a8) vxc_qgemv_a8(enc_down, wd, G, Y, d, I, n, 0);
+        else vxc_qgemv(enc_down, wd, G, Y, d, I, n, 0);
+        for (long j = 0; j < n; j++) {
+            float w = weights[sel[j]];
+            float *o = out + (sel[j] / k) * d;
+            for (long c = 0; c < d; c++) o[c] += w * Y[j * d + c];
+        }
+    }
+    free(sel);
+    free(X);
+    free(G);
+    free(U);
+    free(Y);
 }
