@@ -92,8 +92,8 @@ def lower(
     m = ctx.module
     kinds: dict[str, int] = {}
     for layer in m.layers:
-        if layer.mixer is not None:
-            kinds[layer.mixer.kind] = kinds.get(layer.mixer.kind, 0) + 1
+        for mixer in layer.mixers():  # none (FFN-only), one, or two side by side (Parallel)
+            kinds[mixer.kind] = kinds.get(mixer.kind, 0) + 1
     dt = time.perf_counter() - t0
     if as_json:
         print(json.dumps({"ok": True, "output": str(output), "layers": len(m.layers), "mixers": kinds,

@@ -174,9 +174,15 @@ class Layer:
     ffn: Op | None = None
     regions: list[Region] | None = None  # None until the state pass ran
     loc: Loc | None = None
+    # placement Parallel: a second mixer beside ``mixer``, reading the same normed input; the two outputs are
+    # summed (mixer's + this one's) before the residual add. None on every other placement.
+    parallel: Op | None = None
+
+    def mixers(self) -> list[Op]:
+        return [*([self.mixer] if self.mixer else []), *([self.parallel] if self.parallel else [])]
 
     def ops(self) -> list[Op]:
-        return [*self.norms, *([self.mixer] if self.mixer else []), *([self.ffn] if self.ffn else [])]
+        return [*self.norms, *self.mixers(), *([self.ffn] if self.ffn else [])]
 
     def main_kind(self) -> str:
         """The kind of the layer's mixer, or of its FFN when it has none (for messages and summaries)."""

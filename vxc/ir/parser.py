@@ -246,22 +246,27 @@ class _Build(Transformer):
     def layer(self, c):
         idx_tok, *items = c
         fields = {"residual": None, "placement": None, "mixer": None, "ffn": None}
-        norms, regions = [], []
+        norms, regions, parallel = [], [], None
         for tag, val in items:
             if tag == "norm":
                 norms.append(val)
             elif tag == "region":
                 regions.append(val)
             else:
+                if tag == "mixer" and fields["mixer"] is not None and parallel is None:
+                    parallel = val  # a second mixer line: only placement Parallel declares one (checked below)
+                    continue
                 if fields[tag] is not None:
-                    raise _Semantic(idx_tok, f"layer {idx_tok}: {tag} given twice")
+                    raise _Semantic(idx_tok, f"layer {idx_tok}: {tag} given {'three times' if tag == 'mixer' else 'twice'}")
                 fields[tag] = val
+        if parallel is not None and fields["placement"] != Placement.Parallel:
+            raise _Semantic(idx_tok, f"layer {idx_tok}: mixer given twice (only placement Parallel declares two mixers)")
         # PreFfn is the one placement without a mixer sub-block (verify checks the layer's structure)
         for tag in ("residual", "placement") + (() if fields["placement"] == Placement.PreFfn else ("mixer",)):
             if fields[tag] is None:
                 raise _Semantic(idx_tok, f"layer {idx_tok}: missing {tag}")
         return ("layer", Layer(int(idx_tok), fields["residual"], fields["placement"], norms, fields["mixer"],
-                               fields["ffn"], regions if regions else None, loc=self._loc(idx_tok)))
+                               fields["ffn"], regions if regions else None, loc=self._loc(idx_tok), parallel=parallel))
 
     def module(self, c):
         name_tok, *items = c

@@ -132,6 +132,8 @@ def fmt_layer(layer: Layer, ind: str) -> list[str]:
         out.append(i2 + _op_line("norm", n))
     if layer.mixer is not None:
         out.append(i2 + _op_line("mixer", layer.mixer))
+    if layer.parallel is not None:  # placement Parallel: the second mixer, its own line in order
+        out.append(i2 + _op_line("mixer", layer.parallel))
     if layer.ffn is not None:
         out.append(i2 + _op_line("ffn", layer.ffn))
     for r in layer.regions or []:

@@ -37,6 +37,9 @@ class Placement(str, enum.Enum):
     PrePost = "PrePost"  # norm before and after each sub-block
     PreMixer = "PreMixer"  # a single norm before the mixer; no FFN sub-block
     PreFfn = "PreFfn"  # a single norm before the FFN; no mixer sub-block (an FFN-only layer)
+    # two mixers side by side: both read the one pre-mixer norm's output, their outputs are summed into the
+    # residual; then a norm before the FFN (the layer's second ``mixer`` line is ``Layer.parallel``)
+    Parallel = "Parallel"
 
     def __str__(self) -> str:
         return self.value
@@ -48,6 +51,7 @@ PLACEMENT_NORMS: dict[Placement, tuple[tuple[Role, ...], tuple[Role, ...]]] = {
     Placement.PreMixer: ((Role.Mamba2PreMixerNorm,), ()),
     Placement.PreFfn: ((), (Role.PreFfnNorm,)),
     Placement.PreOnly: ((Role.PreAttentionNorm,), (Role.PreFfnNorm,)),
+    Placement.Parallel: ((Role.PreAttentionNorm,), (Role.PreFfnNorm,)),
     Placement.PrePost: (
         (Role.PreAttentionNorm, Role.PostAttentionNorm),
         (Role.PreFfnNorm, Role.PostFfnNorm),

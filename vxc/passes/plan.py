@@ -46,6 +46,9 @@ class PlanOp:
     slot: str = ""  # "embedding" | "norm" | "mixer" | "ffn" | "residual" | "head"
     residual: str = "compute"  # the layer's residual policy (norm ops)
     role: Role | None = None  # norms: the norm role
+    # a mixer of a Parallel layer after the first: it reads the input of the op before it (the same normed
+    # hidden) and its output is added to that op's output
+    parallel: bool = False
 
     @property
     def derived(self) -> dict[str, int]:
@@ -89,9 +92,16 @@ def build_plan(m: Module) -> nx.DiGraph:
         norms = {n.role: n for n in layer.norms}
         pre, post = PLACEMENT_NORMS[layer.placement]
         blocks = [(layer.mixer, "mixer", pre)] if layer.mixer is not None else []
+        if layer.parallel is not None:
+            blocks.append((layer.parallel, "mixer", ()))  # beside the mixer: no norm of its own
         if layer.ffn is not None:
             blocks.append((layer.ffn, "ffn", post))
         for op, slot, block_norms in blocks:
+            if op is layer.parallel:
+                regions = [r for r in (layer.regions or []) if _owned(op, r)]
+                add(PlanOp(f"L{layer.index}.{op.kind}", op.kind, layer.index, order, dict(op.attrs), roles_of(op, lb), regions,
+                           slot=slot, parallel=True))
+                continue
             first = norms[block_norms[0]]
             add(PlanOp(f"L{layer.index}.{first.role}", "add_rmsnorm", layer.index, order, dict(first.attrs), roles_of(first, lb),
                        slot="norm", residual=layer.residual, role=first.role))
@@ -130,7 +140,8 @@ def print_plan(g: nx.DiGraph) -> str:
         where = f"layer {p.layer}" if p.layer is not None else "model"
         ops = " ".join(f"{r}=%{o.sym}" for r, o in p.operands.items())
         regs = "".join(f" state:{r.name}" for r in p.regions)
-        lines.append(f"  {p.order:4d} {where:>9} {p.kind:<12} {ops}{regs}")
+        par = " (parallel: same input, outputs summed)" if p.parallel else ""
+        lines.append(f"  {p.order:4d} {where:>9} {p.kind:<12} {ops}{regs}{par}")
     return "\n".join(lines) + "\n"
 
 

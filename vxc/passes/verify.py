@@ -106,6 +106,19 @@ def verify_structure(m: Module) -> list[Finding]:
             out.append(Finding("bad-placement", f"placement {layer.placement} needs a mixer; only PreFfn declares none", layer.index))
         if layer.placement.value == "PreFfn" and (layer.mixer is not None or layer.ffn is None):
             out.append(Finding("bad-placement", "placement PreFfn is an FFN-only layer: an FFN and no mixer", layer.index))
+        if layer.parallel is not None:
+            _check_op(layer.parallel, "mixer", layer.index, out)
+        if layer.placement.value == "Parallel":
+            if layer.mixer is None or layer.parallel is None:
+                out.append(Finding("bad-placement", "placement Parallel declares two mixers side by side, declared "
+                                   f"{len(layer.mixers())}", layer.index))
+            elif layer.mixer.kind == layer.parallel.kind:
+                kind = layer.parallel.kind
+                out.append(Finding("bad-placement", f"placement Parallel: the two mixers are both {kind} (two mixers "
+                                   f"of one kind would share their state regions' names)", layer.index))
+        elif layer.parallel is not None:
+            out.append(Finding("bad-placement", f"placement {layer.placement} declares one mixer; only Parallel declares "
+                               f"a second", layer.index))
         if layer.ffn is not None:
             _check_op(layer.ffn, "ffn", layer.index, out)
         pre, post = PLACEMENT_NORMS[layer.placement]

@@ -38,11 +38,23 @@ def lower_plan(g: nx.DiGraph, variant: str, encoded_weights: bool = False) -> Lo
     assert variant in VARIANTS
     e = Emitter(variant, encoded_weights)
     hidden: Val | None = None  # output of the last op; the norms carry the residual stream (e.residual)
+    branch_in: Val | None = None  # the input of the last op that was not beside another (what a parallel op reads)
     for p in plan_ops(g):
         fn = LOWERINGS.get(p.kind)
         if fn is None:
             raise Unsupported(f"{p.id}: no kernel lowering for operator kind {p.kind}")
-        hidden = fn(e, p, hidden)
+        if p.parallel:  # beside the op before it: the same input, the two outputs summed
+            x = branch_in
+        else:
+            x = branch_in = hidden
+        if "input_scale" in p.attrs:  # the declared block multipliers (vxc.ir.operators.BLOCK_SCALES)
+            (x,) = e.kernel(p, "scale_segments", [x, [], [p.attrs["input_scale"]]], f"input · {p.attrs['input_scale']:g}")
+        out = fn(e, p, x)
+        if "output_scale" in p.attrs:
+            (out,) = e.kernel(p, "scale_segments", [out, [], [p.attrs["output_scale"]]], f"output · {p.attrs['output_scale']:g}")
+        if p.parallel:
+            (out,) = e.kernel(p, "add", [hidden, out], "sum of the outputs of the mixers side by side")
+        hidden = out
     for i, c in enumerate(e.out.groups()):
         c.group = i
     return e.out

@@ -1,5 +1,5 @@
-"""Lowering of the dense ``swiglu`` FFN: one fused group for SiLU gating; another activation (``gelu_tanh``) as
-the gate and up projections, ``gated_act`` and the down projection."""
+"""Lowering of the dense ``swiglu`` FFN: one fused group for SiLU gating; another activation (``gelu_tanh``), or a
+declared ``gate_scale``, as the gate and up projections, the gate's scale, ``gated_act`` and the down projection."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from .emitter import Emitter, Val, lowering, weight
 @lowering("swiglu")
 def lower_swiglu(e: Emitter, p: PlanOp, x: Val) -> Val:
     act = p.attrs["act"]
-    if act != "silu":
+    if act != "silu" or "gate_scale" in p.attrs:
         (g,) = e.kernel(p, "linear", [x, weight(p, Role.FfnGate), None], "gate projection")
+        if "gate_scale" in p.attrs:
+            (g,) = e.kernel(p, "scale_segments", [g, [], [p.attrs["gate_scale"]]], f"gate · {p.attrs['gate_scale']:g}")
         (u,) = e.kernel(p, "linear", [x, weight(p, Role.FfnUp), None], "up projection")
         (h,) = e.kernel(p, "gated_act", [g, u, act], f"{act}(gate) · up")
         (out,) = e.kernel(p, "linear", [h, weight(p, Role.FfnDown), None], "down projection")

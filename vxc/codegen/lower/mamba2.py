@@ -1,8 +1,10 @@
 """Lowering of the ``mamba2`` mixer: in_proj, the causal conv + SiLU + conv-state write, the selective
-scan (chunked SSD in prefill, one state step in decode), the gated grouped rmsnorm, and out_proj."""
+scan (chunked SSD in prefill, one state step in decode), the gated grouped rmsnorm (or, declared without it,
+the plain gate y·act(z)), and out_proj; in_proj's segments times their declared scales when declared."""
 
 from __future__ import annotations
 
+from ...ir.operators.mamba2 import SEGMENTS
 from ...ir.roles import Role
 from ...passes.plan import PlanOp
 from .emitter import Emitter, StateRef, Val, lowering, weight
@@ -14,6 +16,10 @@ def lower_mamba2(e: Emitter, p: PlanOp, x: Val) -> Val:
     di, H, P, N, G = a["d_inner"], a["heads"], a["head_dim"], a["state_size"], a["groups"]
     conv_dim, bc = d["conv_dim"], d["bc_dim"]
     (zxbcdt,) = e.kernel(p, "linear", [x, weight(p, Role.Mamba2InProj), weight(p, Role.Mamba2InProjBias)], "in_proj")
+    if "z_scale" in a:  # the declared multipliers of in_proj's five segments
+        scales = [a[f"{seg}_scale"] for seg in SEGMENTS]
+        (zxbcdt,) = e.kernel(p, "scale_segments", [zxbcdt, [di, di, bc, bc, H], scales],
+                             "z | x | B | C | dt segments · " + ", ".join(f"{s:g}" for s in scales))
     z, xbc, dt = e.glue(p, "split", [zxbcdt, [di, conv_dim, H], -1], 3)
     conv_state, ssm_state = StateRef(p.id, "conv"), StateRef(p.id, "ssm")
     w_conv, b_conv = weight(p, Role.Mamba2Conv1d), weight(p, Role.Mamba2Conv1dBias)
@@ -38,7 +44,10 @@ def lower_mamba2(e: Emitter, p: PlanOp, x: Val) -> Val:
                         "softplus(dt) + chunked SSD scan + D skip + final-state write")
     (y2,) = e.glue(p, "reshape", [y, [-1, di]])
     (z2,) = e.glue(p, "reshape", [z, [-1, di]])
-    (yn,) = e.kernel(p, "gated_rmsnorm", [y2, z2, weight(p, Role.Mamba2GatedNorm), a["norm_eps"], a["norm_group"],
-                                           a["norm_order"] == "norm_then_gate", a["norm_act"]], "gate + grouped rmsnorm")
+    if a.get("gated_norm") is False:
+        (yn,) = e.kernel(p, "gated_act", [z2, y2, a["norm_act"]], f"y · {a['norm_act']}(z) (no norm)")
+    else:
+        (yn,) = e.kernel(p, "gated_rmsnorm", [y2, z2, weight(p, Role.Mamba2GatedNorm), a["norm_eps"], a["norm_group"],
+                                               a["norm_order"] == "norm_then_gate", a["norm_act"]], "gate + grouped rmsnorm")
     (out,) = e.kernel(p, "linear", [yn, weight(p, Role.Mamba2OutProj), weight(p, Role.Mamba2OutProjBias)], "out_proj")
     return out

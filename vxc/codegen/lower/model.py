@@ -36,5 +36,7 @@ def lower_head(e: Emitter, p: PlanOp, x: Val) -> Val:
     if e.out.variant == "prefill_last":
         (x,) = e.glue(p, "narrow", [x, 0, -1, 1])  # the last position's row (a view)
     (logits,) = e.kernel(p, "linear", [x, weight(p, Role.LmHead), None], "lm head over the padded vocab")
+    if "scale" in p.attrs:
+        (logits,) = e.kernel(p, "scale_segments", [logits, [], [p.attrs["scale"]]], f"logits · {p.attrs['scale']:g}")
     e.out.output = logits.name
     return logits

@@ -34,6 +34,8 @@ def lower_softmax(e: Emitter, p: PlanOp, x: Val) -> Val:
     (q,) = e.kernel(p, "linear", [x, weight(p, Role.AttnQ), weight(p, Role.AttnQBias)], "q projection")
     (k,) = e.kernel(p, "linear", [x, weight(p, Role.AttnK), weight(p, Role.AttnKBias)], "k projection")
     (v,) = e.kernel(p, "linear", [x, weight(p, Role.AttnV), weight(p, Role.AttnVBias)], "v projection")
+    if "key_scale" in a:
+        (k,) = e.kernel(p, "scale_segments", [k, [], [a["key_scale"]]], f"k · {a['key_scale']:g}")
     if a["qk_norm"]:
         (qf,) = e.glue(p, "reshape", [q, [-1, hd]])
         (kf,) = e.glue(p, "reshape", [k, [-1, hd]])

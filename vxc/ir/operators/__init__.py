@@ -15,7 +15,7 @@ import importlib
 import pkgutil
 
 from .decl import (  # noqa: F401  (the declaration vocabulary, re-exported)
-    GROWTHS, OPERATORS, PRECISIONS, REGION_KINDS, Attr, Attrs, OperatorDecl, RegionSpec, RoleSpec, Shape, attr,
+    BLOCK_SCALES, GROWTHS, OPERATORS, PRECISIONS, REGION_KINDS, Attr, Attrs, OperatorDecl, RegionSpec, RoleSpec, Shape, attr,
     condition, register,
 )
 

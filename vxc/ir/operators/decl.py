@@ -201,6 +201,14 @@ def attr(name: str, type_: str, *choices: str, optional: bool = False, doc: str 
     return Attr(name, type_, tuple(choices), optional, doc, min)
 
 
+# Multipliers of a sub-block's input and output (µP-style), declared on the mixer / FFN instance that has them and
+# applied around its lowering by the generic lowering loop (vxc.codegen.lower.lower_plan), in fp32: x·s before the
+# operator reads its input, y·s on its output. Absent: no multiplication.
+BLOCK_SCALES = (
+    Attr("input_scale", "float", optional=True, doc="the operator's input times this (absent: none)"),
+    Attr("output_scale", "float", optional=True, doc="the operator's output times this (absent: none)"),
+)
+
 OPERATORS: dict[str, OperatorDecl] = {}
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from .decl import RoleSpec, OperatorDecl, attr, register
+from .decl import BLOCK_SCALES, RoleSpec, OperatorDecl, attr, register
 
 SWIGLU = OperatorDecl(
     kind="swiglu",
     slot="ffn",
     surfaces=("ffn",),
     doc="dense gated FFN: down(act(x·gateᵀ) * (x·upᵀ)); act silu (SwiGLU) or gelu_tanh (GeGLU, tanh approximation)",
-    attrs=(attr("d_model", "int"), attr("intermediate", "int"), attr("act", "enum", "silu", "gelu_tanh")),
+    attrs=(attr("d_model", "int"), attr("intermediate", "int"), attr("act", "enum", "silu", "gelu_tanh"),
+           attr("gate_scale", "float", optional=True, doc="the gate projection's output times this, before act "
+                                                           "(absent: none)"),
+           *BLOCK_SCALES),
     roles=(
         RoleSpec("FfnGate", lambda a: (a["intermediate"], a["d_model"]), quantise=True),
         RoleSpec("FfnUp", lambda a: (a["intermediate"], a["d_model"]), quantise=True),

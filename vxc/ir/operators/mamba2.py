@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from .decl import Attrs, RegionSpec, RoleSpec, OperatorDecl, attr, register
+from .decl import BLOCK_SCALES, Attrs, RegionSpec, RoleSpec, OperatorDecl, attr, register
+
+
+SEGMENTS = ("z", "x", "b", "c", "dt")  # in_proj's output, in order
+
+
+def segment_sizes(a: Attrs) -> list[int]:
+    """The widths of in_proj's output segments z | x | B | C | dt."""
+    return [a["d_inner"], a["d_inner"], _bc_dim(a), _bc_dim(a), a["heads"]]
 
 
 def _bc_dim(a: Attrs) -> int:
@@ -40,10 +48,18 @@ MAMBA2 = OperatorDecl(
         attr("chunk_size", "int"),
         attr("dt_min", "float"),
         attr("dt_max", "float"),
-        attr("norm_eps", "float", min=0.0),
-        attr("norm_order", "enum", "gate_then_norm", "norm_then_gate"),
-        attr("norm_act", "enum", "silu", "sigmoid"),
-        attr("norm_group", "int", doc="channels per RMS group"),
+        attr("gated_norm", "bool", optional=True,
+             doc="false: the output is y·act(z) with no norm (no Mamba2GatedNorm, no norm_eps / norm_order / "
+                 "norm_group); absent: the gated RMSNorm"),
+        attr("norm_eps", "float", min=0.0, optional=True),
+        attr("norm_order", "enum", "gate_then_norm", "norm_then_gate", optional=True),
+        attr("norm_act", "enum", "silu", "sigmoid", doc="the activation of the gate z"),
+        attr("norm_group", "int", optional=True, doc="channels per RMS group"),
+        # multipliers of the five segments of in_proj's output z | x | B | C | dt (after its bias, before the
+        # split and the conv); all five or none
+        *(attr(f"{seg}_scale", "float", optional=True, doc=f"in_proj's {seg} segment times this (absent: none)")
+          for seg in SEGMENTS),
+        *BLOCK_SCALES,
     ),
     roles=(
         RoleSpec("Mamba2InProj", lambda a: (_mamba2_in_rows(a), a["d_model"]), quantise=True),
@@ -53,7 +69,7 @@ MAMBA2 = OperatorDecl(
         RoleSpec("Mamba2DtBias", lambda a: (a["heads"],)),
         RoleSpec("Mamba2ALog", lambda a: (a["heads"],)),
         RoleSpec("Mamba2D", lambda a: (a["heads"],)),
-        RoleSpec("Mamba2GatedNorm", lambda a: (a["d_inner"],)),
+        RoleSpec("Mamba2GatedNorm", lambda a: (a["d_inner"],), unless="gated_norm=false"),
         RoleSpec("Mamba2OutProj", lambda a: (a["d_model"], a["d_inner"]), quantise=True),
         RoleSpec("Mamba2OutProjBias", lambda a: (a["d_model"],), when="proj_bias"),
     ),
@@ -65,7 +81,11 @@ MAMBA2 = OperatorDecl(
     rules=(
         ("d_inner must equal heads*head_dim", lambda a: a["d_inner"] == a["heads"] * a["head_dim"]),
         ("heads must be a multiple of groups", lambda a: a["heads"] % a["groups"] == 0),
-        ("norm_group must divide d_inner", lambda a: a["norm_group"] > 0 and a["d_inner"] % a["norm_group"] == 0),
+        ("norm_eps, norm_order and norm_group are declared exactly when the gated norm is (gated_norm not false)",
+         lambda a: all((k in a) == (a.get("gated_norm") is not False) for k in ("norm_eps", "norm_order", "norm_group"))),
+        ("norm_group must divide d_inner", lambda a: "norm_group" not in a or (a["norm_group"] > 0 and a["d_inner"] % a["norm_group"] == 0)),
+        ("the in_proj segment scales (z_scale, x_scale, b_scale, c_scale, dt_scale) are declared all five or none",
+         lambda a: len({f"{seg}_scale" in a for seg in SEGMENTS}) == 1),
     ),
 )
 

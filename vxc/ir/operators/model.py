@@ -29,8 +29,10 @@ EMBEDDING = OperatorDecl(
 HEAD = OperatorDecl(
     kind="head",
     slot="head",
-    doc="logits = h·Wᵀ over the padded vocab; W is the embedding table when tied",
-    attrs=(attr("tied", "bool"), attr("padded_vocab", "int"), attr("dim", "int")),
+    doc="logits = h·Wᵀ over the padded vocab; W is the embedding table when tied; logits · scale when a scale "
+        "is declared (in fp32, rounded once to the compute dtype)",
+    attrs=(attr("tied", "bool"), attr("padded_vocab", "int"), attr("dim", "int"),
+           attr("scale", "float", optional=True, doc="multiplier of the logits (absent: none)")),
     roles=(RoleSpec("LmHead", lambda a: (a["padded_vocab"], a["dim"]), unless="tied", quantise=True, more_bits="head"),),
 )
 

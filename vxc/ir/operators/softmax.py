@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .decl import Attrs, RegionSpec, RoleSpec, OperatorDecl, attr, register
+from .decl import BLOCK_SCALES, Attrs, RegionSpec, RoleSpec, OperatorDecl, attr, register
 
 from .attention import kv_dim as _kv_dim, q_dim as _q_dim
 from .rotary import ROTARY_ATTRS
@@ -36,6 +36,9 @@ SOFTMAX = OperatorDecl(
         attr("window", "int", min=0, doc="sliding window in positions (0 = full causal)"),
         attr("scale", "float"),
         *ROTARY_ATTRS,
+        attr("key_scale", "float", optional=True,
+             doc="k (after its projection and bias, before rotary and the kv-row write) times this (absent: none)"),
+        *BLOCK_SCALES,
     ),
     roles=(
         RoleSpec("AttnQ", lambda a: (_q_dim(a), a["d_model"]), quantise=True),

@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 25
+#define VXC_ABI_VERSION 26
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -958,6 +958,34 @@ void vxc_activation(const void *x, void *out, long n, int kind, int bf) {
         float v = ld(x, i, bf);
         float r = v > 0.0f ? v : 0.0f;
         st(out, i, r * r, bf);
+    }
+}
+
+/* ------------------------------------------------------------------------------ combine (combine.py) */
+
+/* combine.add_twin: out = x + y over n values at the activation dtype (the sum of two mixers side by side) */
+void vxc_add(const void *x, const void *y, void *out, long n, int bf) {
+    if (!bf) {
+        const float *xf = (const float *)x, *yf = (const float *)y;
+        float *of = (float *)out;
+#pragma omp simd
+        for (long i = 0; i < n; i++) of[i] = xf[i] + yf[i];
+        return;
+    }
+    for (long i = 0; i < n; i++) st(out, i, ld(x, i, bf) + ld(y, i, bf), bf);
+}
+
+/* combine.scale_segments_twin over rows of width w: columns [ends[j-1], ends[j]) times scales[j] (fp32), the
+ * product rounded once to the activation dtype; nseg segments, ends[nseg-1] == w. */
+void vxc_scale_segments(const void *x, void *out, long rows, long w, int nseg, const long *ends, const float *scales,
+                        int bf) {
+    for (long r = 0; r < rows; r++) {
+        long c0 = 0, base = r * w;
+        for (int j = 0; j < nseg; j++) {
+            float sc = scales[j];
+            for (long c = c0; c < ends[j]; c++) st(out, base + c, ld(x, base + c, bf) * sc, bf);
+            c0 = ends[j];
+        }
     }
 }
 
