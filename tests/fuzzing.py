@@ -59,18 +59,19 @@ def _op_sig(op) -> tuple:
 
 
 def shrink(m, limit: int = 4):
-    """A copy of module ``m`` with at most ``limit`` layers: the first of each (mixer, FFN, placement) kind
-    combination, then layers whose operators' attributes differ from those kept; renumbered from 0, with the
-    operands of dropped layers, the tensors no operand names and the files no tensor names dropped."""
+    """A copy of module ``m`` with at most ``limit`` layers: the first of each (mixers, FFN, placement) kind
+    combination (both mixers of a Parallel layer), then layers whose operators' attributes differ from those
+    kept; renumbered from 0, with the operands of dropped layers, the tensors no operand names and the files no
+    tensor names dropped."""
     kinds, sigs, keep = set(), set(), []
     for layer in m.layers:
-        k = (layer.mixer.kind if layer.mixer else None, layer.ffn.kind if layer.ffn else None, layer.placement)
+        k = (tuple(mx.kind for mx in layer.mixers()), layer.ffn.kind if layer.ffn else None, layer.placement)
         if k not in kinds:
             kinds.add(k)
-            sigs.add((_op_sig(layer.mixer), _op_sig(layer.ffn)))
+            sigs.add((*map(_op_sig, layer.mixers()), _op_sig(layer.ffn)))
             keep.append(layer.index)
     for layer in m.layers:
-        s = (_op_sig(layer.mixer), _op_sig(layer.ffn))
+        s = (*map(_op_sig, layer.mixers()), _op_sig(layer.ffn))
         if len(keep) >= max(limit, len(kinds)):
             break
         if s not in sigs:

@@ -36,13 +36,17 @@ FRAGMENTS = (
     # lfm2's spellings
     "feed_forward", "operator_norm", "embedding_norm", "q_layernorm", "k_layernorm", "full_attn_idxs",
     "conv_L_cache", "block_ff_dim",
+    # falcon_h1's spellings
+    "pre_ff_layernorm", "final_layernorm", "mamba.", "ssm_multipliers", "mlp_multipliers", "key_multiplier",
+    "attention_in_multiplier", "attention_out_multiplier", "ssm_in_multiplier", "ssm_out_multiplier",
+    "embedding_multiplier", "lm_head_multiplier", "mamba_d_ssm", "mamba_rms_norm", "projectors_bias", "mup_vector",
 )
 
 # Family / dialect names: forbidden as a whole string literal (``"llama"``), or as a
 # word inside one (``f"... llama ..."``); ``"llama3"`` (a rope scaling type) is another word.
 FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_next", "kimi_linear", "deepseek_v3", "gpt_oss", "mamba2attn",
             "mamba_ssm", "Mamba2ForCausalLM", "LlamaForCausalLM", "transformers", "lfm2", "Lfm2ForCausalLM",
-            "nemotron_h", "NemotronHForCausalLM")
+            "nemotron_h", "NemotronHForCausalLM", "falcon_h1", "FalconH1ForCausalLM")
 
 
 def _string_value(tok: str):

@@ -146,14 +146,17 @@ regions = st.builds(
 
 @st.composite
 def layers(draw) -> Layer:
+    placement = draw(st.sampled_from(list(Placement)))
     return Layer(
         draw(st.integers(0, 500)),
         draw(st.sampled_from(["fp32", "compute"])),
-        draw(st.sampled_from(list(Placement))),
+        placement,
         draw(st.lists(ops(role=True), max_size=3)),
         draw(ops()),
         ffn=draw(st.one_of(st.none(), ops())),
         regions=draw(st.one_of(st.none(), st.lists(regions, min_size=1, max_size=3))),
+        # a second mixer line: only a Parallel layer may spell one
+        parallel=draw(st.one_of(st.none(), ops())) if placement == Placement.Parallel else None,
     )
 
 
