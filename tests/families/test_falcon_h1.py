@@ -62,7 +62,7 @@ def build(d: Path, overrides: dict | None = None, seed: int = 7) -> Path:
 
 
 NORMED = P.Family("falcon_h1", build, "hf", VOCAB, VOCAB)
-GATE_ONLY = P.Family("falcon_h1-gate", lambda d: build(d, PLAIN, seed=9), "hf", VOCAB, VOCAB)
+GATE_ONLY = P.Family("falcon_h1-gate", lambda d: build(d, PLAIN, seed=9), "hf", VOCAB, VOCAB, prompt_len=32, split=21)
 
 
 @pytest.fixture(scope="module")
@@ -227,6 +227,43 @@ def test_save_resume(built, tmp_path):
     s2.load_state(tmp_path / "s.safetensors", Sampler(vocab=VOCAB))
     cont = greedy(s2, s2.prefill([first[-1]])[-1], 8)
     assert first + cont == want
+
+
+def test_both_mixers_state_is_the_references_cache(built, refs):
+    """After a prefill of 20 tokens and 3 steps, every layer's three regions hold what the reference's cache
+    holds for that layer — the Mamba2 SSM state and conv history, and the K rows (k_proj · key multiplier,
+    rotated) and V rows of the attention beside it — each at the state's own floor, max(2 × the reference's
+    fp32-vs-fp64 difference, 1e-5 × max|state|)."""
+    from vxc.passes.plan import region_id
+    from vxc.runtime.session import Session
+
+    ids = P.prompt_ids(NORMED)[:23]
+
+    def ref_cache(m):
+        with torch.no_grad():
+            o = m(torch.tensor([ids[:20]]), use_cache=True)
+            for t in ids[20:]:
+                o = m(torch.tensor([[t]]), cache=o.cache, use_cache=True)
+        c = o.cache
+        return [{"ssm": c.get_recurrent_state(i, state_idx=0)[0], "conv": c.get_conv_state(i, state_idx=0)[0],
+                 "k": c.layers[i].keys[0].transpose(0, 1), "v": c.layers[i].values[0].transpose(0, 1)}
+                for i in range(LAYERS)]
+
+    eng = P.engine_for(built["normed"][1], max_context=32)
+    s = Session(eng)
+    s.prefill(ids[:20])
+    for t in ids[20:]:
+        s.step(t)
+    a32, a64 = ref_cache(refs["normed"].m32), ref_cache(refs["normed"].m64)
+    for i in range(LAYERS):
+        kv = eng.state.buffers[region_id(f"L{i}.softmax", "kv")]
+        got = {"ssm": eng.state.buffers[region_id(f"L{i}.mamba2", "ssm")],
+               "conv": eng.state.buffers[region_id(f"L{i}.mamba2", "conv")], "k": kv[0, :23], "v": kv[1, :23]}
+        for name, want in a64[i].items():
+            w, g = want.double(), got[name].double()
+            assert g.shape == w.shape, (i, name, g.shape, w.shape)
+            tol = max(2 * float((a32[i][name].double() - w).abs().max()), 1e-5 * float(w.abs().max()))
+            assert float(w.abs().max()) > 0.5 and float((g - w).abs().max()) <= tol, (i, name, float((g - w).abs().max()), tol)
 
 
 @pytest.mark.parametrize("edit, message", [
