@@ -40,13 +40,18 @@ FRAGMENTS = (
     "pre_ff_layernorm", "final_layernorm", "mamba.", "ssm_multipliers", "mlp_multipliers", "key_multiplier",
     "attention_in_multiplier", "attention_out_multiplier", "ssm_in_multiplier", "ssm_out_multiplier",
     "embedding_multiplier", "lm_head_multiplier", "mamba_d_ssm", "mamba_rms_norm", "projectors_bias", "mup_vector",
+    # granitemoehybrid's spellings
+    "shared_mlp", "input_linear", "output_linear", "router.layer", "gate_up_proj", "residual_multiplier",
+    "attention_multiplier", "logits_scaling", "position_embedding_type", "shared_intermediate_size",
+    "num_local_experts", "layers_block_type",
 )
 
 # Family / dialect names: forbidden as a whole string literal (``"llama"``), or as a
 # word inside one (``f"... llama ..."``); ``"llama3"`` (a rope scaling type) is another word.
 FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_next", "kimi_linear", "deepseek_v3", "gpt_oss", "mamba2attn",
             "mamba_ssm", "Mamba2ForCausalLM", "LlamaForCausalLM", "transformers", "lfm2", "Lfm2ForCausalLM",
-            "nemotron_h", "NemotronHForCausalLM", "falcon_h1", "FalconH1ForCausalLM")
+            "nemotron_h", "NemotronHForCausalLM", "falcon_h1", "FalconH1ForCausalLM", "granitemoehybrid",
+            "GraniteMoeHybridForCausalLM")
 
 
 def _string_value(tok: str):

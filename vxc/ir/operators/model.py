@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .decl import RoleSpec, OperatorDecl, attr, register
+from .decl import BLOCK_SCALES, RoleSpec, OperatorDecl, attr, register
 
 RMSNORM = OperatorDecl(
     kind="rmsnorm",
@@ -21,7 +21,10 @@ EMBEDDING = OperatorDecl(
     doc="token embedding table; rows beyond the logical vocab are padding; rows · scale when a scale is declared "
         "(the scale rounded to the compute dtype first)",
     attrs=(attr("vocab", "int"), attr("padded_vocab", "int"), attr("dim", "int"),
-           attr("scale", "float", optional=True, doc="multiplier of the gathered rows (absent: none)")),
+           attr("scale", "float", optional=True, doc="multiplier of the gathered rows (absent: none)"),
+           # the rows times a multiplier held in fp32 (a number, as a Python float multiplies a tensor), the product
+           # rounded once; applied by the generic lowering loop like any operator's output_scale
+           BLOCK_SCALES[1]),
     roles=(RoleSpec("Embedding", lambda a: (a["padded_vocab"], a["dim"]), quantise=True),),
     rules=(("padded_vocab must be >= vocab", lambda a: a["padded_vocab"] >= a["vocab"]),),
 )

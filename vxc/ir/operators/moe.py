@@ -21,7 +21,7 @@ scaled by σ(x·SharedExpertBranchGate) when ``shared_gate``.
 
 from __future__ import annotations
 
-from .decl import Attrs, OperatorDecl, RoleSpec, attr, register
+from .decl import BLOCK_SCALES, Attrs, OperatorDecl, RoleSpec, attr, register
 
 
 def _e(a: Attrs) -> int:
@@ -53,6 +53,7 @@ MOE = OperatorDecl(
         attr("shared_experts", "bool"),
         attr("shared_intermediate", "int", min=0, doc="0 when shared_experts is false"),
         attr("shared_gate", "bool", doc="shared-expert branch scaled by σ(x·SharedExpertBranchGate)"),
+        *BLOCK_SCALES,
     ),
     roles=(
         RoleSpec("MoeRouterWeight", lambda a: (_e(a), a["d_model"])),
