@@ -249,6 +249,47 @@ def test_save_resume(built, tmp_path):
     assert first + greedy(s2, s2.prefill([first[-1]])[-1], 8) == want
 
 
+def test_state_is_the_references_cache(built):
+    """After a prefill of 20 tokens and 3 steps, each layer's regions hold what transformers' cache holds for it —
+    the Mamba2 SSM state and conv history, the attention's rotated K rows and V rows — each at the state's own
+    floor, max(2 x the reference's fp32-vs-fp64 difference, 1e-5 x max|state|)."""
+    from tests.families.moe_support import load_reference
+    from vxc.passes.plan import region_id
+    from vxc.runtime.session import Session
+
+    ref = load_reference(built["main"][0], MAIN)
+    ids = P.prompt_ids(MAIN)[:23]
+
+    def ref_cache(m):
+        with torch.no_grad():
+            o = m(torch.tensor([ids[:20]]), use_cache=True)
+            for t in ids[20:]:
+                o = m(torch.tensor([[t]]), cache=o.cache, use_cache=True)
+        c = o.cache
+        return [{"k": c.layers[i].keys[0].transpose(0, 1), "v": c.layers[i].values[0].transpose(0, 1)} if i == 1 else
+                {"ssm": c.get_recurrent_state(i, state_idx=0)[0], "conv": c.get_conv_state(i, state_idx=0)[0]}
+                for i in range(LAYERS)]
+
+    eng = P.engine_for(built["main"][1], max_context=32)
+    s = Session(eng)
+    s.prefill(ids[:20])
+    for t in ids[20:]:
+        s.step(t)
+    a32, a64 = ref_cache(ref.m32), ref_cache(ref.m64)
+    for i in range(LAYERS):
+        if i == 1:
+            kv = eng.state.buffers[region_id(f"L{i}.softmax", "kv")]
+            got = {"k": kv[0, :23], "v": kv[1, :23]}
+        else:
+            got = {name: eng.state.buffers[region_id(f"L{i}.mamba2", name)] for name in ("ssm", "conv")}
+        for name, want in a64[i].items():
+            w, g = want.double(), got[name].double()
+            assert g.shape == w.shape, (i, name, g.shape, w.shape)
+            tol = max(2 * float((a32[i][name].double() - w).abs().max()), 1e-5 * float(w.abs().max()))
+            err = float((g - w).abs().max())
+            assert float(w.abs().max()) > 0.5 and err <= tol, (i, name, err, tol)
+
+
 def _program(text: str) -> list[str]:
     return [ln for ln in text.splitlines()
             if ln.startswith(("    mixer", "    ffn", "    norm", "    placement", "  embedding", "  head"))]
@@ -314,3 +355,46 @@ def test_stripped_operands_are_a_named_refusal(built, tmp_path, cli):
                     "layer 2 moe: required role MoeRouterWeight is not bound",
                     "layer 1 moe: required role SharedExpertDown is not bound"):
         assert finding in r.output, r.output
+
+
+_TRITON_SCRIPT = r"""
+import json, os, sys, torch
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+torch.set_num_threads(1)
+from pathlib import Path
+from tests.runtime import parity_table as P
+from vxc.codegen import kernels
+from vxc.runtime.session import Session
+ir, ids = sys.argv[1], json.loads(sys.argv[2])
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+def run():
+    s = Session(P.engine_for(Path(ir), max_context=32, device=dev))
+    return torch.cat([s.prefill(ids[:10])] + [s.step(t)[None] for t in ids[10:]]).cpu()
+a = run()
+kernels.reset_fallbacks()
+with kernels.backend("triton"):
+    b = run()
+print(json.dumps({"err": float((a - b).abs().max()), "max": float(a.abs().max()), "fallbacks": kernels.fallbacks()}))
+"""
+
+
+def test_triton_backend_matches_torch_twins(built):
+    """Prefill of 10 tokens (past one chunk) and 3 steps on vxc's Triton kernels — the multipliers, the grouped
+    gated norm, the SSD scan, rotary attention, the router, the experts and the shared expert — against the torch
+    twins (CPU: Triton's interpreter, fresh process)."""
+    import os
+    import subprocess
+    import sys
+
+    ids = P.prompt_ids(MAIN)[:13]
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(repo), OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
+    r = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, str(built["main"][1]), json.dumps(ids)], cwd=repo,
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    print(out)
+    assert out["max"] > 4.0 and out["err"] <= 1e-4, out
+    assert not out["fallbacks"], out["fallbacks"]
