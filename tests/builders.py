@@ -763,3 +763,43 @@ def state_dump(mdir: Path) -> str:
     m = lower(mdir, relative_to=Path(mdir).parent)
     ctx = PassManager(["verify", "bind", "closure", "state"], emit=lambda s: None).run(Context(m, model_dir=mdir))
     return print_module(ctx.module)
+
+
+_TRITON_VS_TWINS = r"""
+import json, os, sys, torch
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+torch.set_num_threads(1)
+from pathlib import Path
+from tests.runtime import parity_table as P
+from vxc.codegen import kernels
+from vxc.runtime.session import Session
+ir, ids, k = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+def run():
+    s = Session(P.engine_for(Path(ir), max_context=32, device=dev))
+    return torch.cat([s.prefill(ids[:k])] + [s.step(t)[None] for t in ids[k:]]).cpu()
+a = run()
+kernels.reset_fallbacks()
+with kernels.backend("triton"):
+    b = run()
+print(json.dumps({"err": float((a - b).abs().max()), "max": float(a.abs().max()), "fallbacks": kernels.fallbacks()}))
+"""
+
+
+def triton_against_twins(ir: Path, ids: list[int], prefill: int) -> dict:
+    """Logits of a prefill of ``ids[:prefill]`` then one step per remaining id, on vxc's Triton kernels against
+    the torch twins, in a fresh process (on CPU Triton's interpreter, chosen at triton's first import; on a GPU
+    the device): ``{"err": max-abs, "max": max |logit|, "fallbacks": the Triton run's fallbacks to a twin}``."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(repo), OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
+    r = subprocess.run([sys.executable, "-c", _TRITON_VS_TWINS, str(ir), json.dumps(list(ids)), str(prefill)],
+                       cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])

@@ -242,45 +242,13 @@ def test_stripped_operand_is_a_named_refusal(built, tmp_path, vxc_sub):
     assert "layer 2 short_conv: required role ShortConvConv1d is not bound" in out, out
 
 
-_TRITON_SCRIPT = r"""
-import json, os, sys, torch
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-torch.set_num_threads(1)
-from pathlib import Path
-from tests.runtime import parity_table as P
-from vxc.codegen import kernels
-from vxc.runtime.session import Session
-ir, ids = sys.argv[1], json.loads(sys.argv[2])
-dev = "cuda" if torch.cuda.is_available() else "cpu"
-def run():
-    s = Session(P.engine_for(Path(ir), max_context=32, device=dev))
-    return torch.cat([s.prefill(ids[:8])] + [s.step(t)[None] for t in ids[8:]]).cpu()
-a = run()
-kernels.reset_fallbacks()
-with kernels.backend("triton"):
-    b = run()
-print(json.dumps({"err": float((a - b).abs().max()), "max": float(a.abs().max()), "fallbacks": kernels.fallbacks()}))
-"""
-
-
 def test_triton_backend_matches_torch_twins(built):
     """Prefill of 8 tokens and 3 steps on vxc's Triton kernels — the short conv's gates (gated_act, no
     activation), its conv prefill and step, in_proj / out_proj biases — against the torch twins (CPU: Triton's
     interpreter, fresh process)."""
-    import os
-    import subprocess
-    import sys
-
     ir = built["bias"][1]
     ids = P.prompt_ids(BIAS)[:11]
-    repo = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=str(repo), OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
-    r = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, str(ir), json.dumps(ids)], cwd=repo, env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = B.triton_against_twins(str(ir), ids, 8)
     print(out)
     assert out["max"] > 2.0 and out["err"] <= 1e-4, out
     assert not {"gated_act", "conv1d_prefill", "conv1d_step"} & set(out["fallbacks"]), out["fallbacks"]

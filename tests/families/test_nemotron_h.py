@@ -209,44 +209,12 @@ def test_save_resume(built, tmp_path):
     assert first + cont == want
 
 
-_TRITON_SCRIPT = r"""
-import json, os, sys, torch
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-torch.set_num_threads(1)
-from pathlib import Path
-from tests.runtime import parity_table as P
-from vxc.codegen import kernels
-from vxc.runtime.session import Session
-ir, ids = sys.argv[1], json.loads(sys.argv[2])
-dev = "cuda" if torch.cuda.is_available() else "cpu"
-def run():
-    s = Session(P.engine_for(Path(ir), max_context=32, device=dev))
-    return torch.cat([s.prefill(ids[:18])] + [s.step(t)[None] for t in ids[18:]]).cpu()
-a = run()
-kernels.reset_fallbacks()
-with kernels.backend("triton"):
-    b = run()
-print(json.dumps({"err": float((a - b).abs().max()), "max": float(a.abs().max()), "fallbacks": kernels.fallbacks()}))
-"""
-
-
 def test_triton_backend_matches_torch_twins(built):
     """Prefill of 18 tokens (past one chunk) and 3 steps on vxc's Triton kernels — activation (relu²), the
     grouped gated norm, the SSD scan, attention without rotary — against the torch twins (CPU: Triton's
     interpreter, fresh process)."""
-    import os
-    import subprocess
-    import sys
-
     ids = P.prompt_ids(MAIN)[:21]
-    repo = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=str(repo), OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
-    r = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, str(built[1]), json.dumps(ids)], cwd=repo, env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = B.triton_against_twins(str(built[1]), ids, 18)
     assert out["max"] > 4.0 and out["err"] <= 1e-4, out
     assert not out["fallbacks"], out["fallbacks"]
 
