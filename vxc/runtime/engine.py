@@ -14,6 +14,7 @@ from ..ir.diagnostics import VxcError
 from ..ir.module import Module
 from ..passes.context import Context
 from ..passes.manager import DEFAULT_PIPELINE, PassManager, parse_pipeline
+from ..passes.plan import split_region_id
 from ..codegen import kernels
 from .replay import DecodeReplay
 from .rope import tables
@@ -26,7 +27,7 @@ DTYPES = {"fp32": torch.float32, "f32": torch.float32, "bf16": torch.bfloat16, "
 class Engine:
     def __init__(self, module: Module, model_dir: Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
                  max_context: int = 2048, provider: StateProvider | None = None, compile_decode: bool = False,
-                 replay: bool = True):
+                 replay: bool = True, sequences: int = 1):
         ctx = PassManager(parse_pipeline(DEFAULT_PIPELINE), emit=lambda s: None).run(Context(module, model_dir=Path(model_dir)))
         self.module, self.plan = ctx.module, ctx.plan
         self.dtype, self.device, self.max_context = dtype, torch.device(device), max_context
@@ -37,8 +38,9 @@ class Engine:
         self.lowered = {v: lower_plan(self.plan, v, self.encoded_weights) for v in VARIANTS}
         root = torch.nn.Module()
         provider = provider or StateProvider()
-        _check_memory(provider, self.plan, self.lowered, dtype, max_context, self.device)
-        self.state: StateBuffers = provider.allocate(self.plan, dtype, max_context, self.device)
+        _check_memory(provider, self.plan, self.lowered, dtype, max_context, self.device, sequences)
+        self.sequences = sequences
+        self.state: StateBuffers = provider.allocate(self.plan, dtype, max_context, self.device, sequences)
         operands = module.operand_table()
         for lw in self.lowered.values():
             for ref in _refs(lw):
@@ -58,6 +60,11 @@ class Engine:
                     if not hasattr(root, name):
                         root.register_buffer(name, t, persistent=False)
         self.root = root
+        # the batched decode step reads the state of every slot: a root with the same weights and rotary tables,
+        # and the whole [S, ...] region buffers
+        self._batch_root = None
+        self._batch_graph = None
+        self.bound_slot = 0
         self.prefill_graph = build_graph_module(self.lowered["prefill"], root)
         self.prefill_last_graph = build_graph_module(self.lowered["prefill_last"], root)
         self.decode_graph = build_graph_module(self.lowered["decode"], root)
@@ -68,6 +75,45 @@ class Engine:
         self.replay = DecodeReplay(self.decode_graph, self.decode_ids) if use_replay else None
         emb = self.plan.nodes["embedding"]["op"].attrs
         self.vocab, self.padded_vocab = emb["vocab"], emb["padded_vocab"]
+
+    @property
+    def batch_graph(self):
+        """The batched decode step (:mod:`vxc.codegen.batch`), built on first use."""
+        if self._batch_graph is None:
+            from ..codegen.batch import build_batch_graph_module
+
+            broot = torch.nn.Module()
+            for name, b in self.root.named_buffers():
+                if not name.startswith("s_"):
+                    broot.register_buffer(name, b, persistent=False)
+            for rid, full in self.state.slots.items():
+                name = buffer_name(StateRef(*split_region_id(rid)))
+                broot.register_buffer(name, full, persistent=False)
+            self._batch_root = broot
+            self._batch_graph = build_graph_batch(self.lowered["prefill"], broot)
+        return self._batch_graph
+
+    def decode_batch(self, tokens: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
+        """Logits ``[B, padded_vocab]`` (compute dtype): token ``tokens[b]`` at position ``positions[b]`` of the
+        sequence in slot ``slots[b]``, for B sequences in one step (the weights read once for all B rows)."""
+        if len(set(slots)) != len(slots):
+            raise EngineError(f"a batched step takes each slot at most once: {slots}")
+        ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+        pos_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        return self.batch_graph(ids, list(positions), pos_t, list(slots))
+
+    def bind_slot(self, slot: int) -> None:
+        """Point the prefill graphs at the state of ``slot`` (the decode graph and its replay stay on slot 0:
+        single-token work of other slots goes through :meth:`decode_batch`)."""
+        if slot == self.bound_slot:
+            return
+        views = self.state.slot(slot)
+        for gm in (self.prefill_graph, self.prefill_last_graph):
+            for rid, v in views.items():
+                name = buffer_name(StateRef(*split_region_id(rid)))
+                if hasattr(gm, name):
+                    setattr(gm, name, v)
+        self.bound_slot = slot
 
     def decode(self, token: int, pos: int) -> torch.Tensor:
         """Logits ``[1, padded_vocab]`` (compute dtype) of ``token`` at position ``pos``: the fixed-shape
@@ -135,12 +181,19 @@ def available_bytes(device: torch.device) -> int | None:
     return avail
 
 
-def _check_memory(provider: StateProvider, plan, lowered, dtype, max_context: int, device: torch.device) -> None:
+def build_graph_batch(lw: Lowered, root: torch.nn.Module):
+    from ..codegen.batch import build_batch_graph_module
+
+    return build_batch_graph_module(lw, root, buffer_name)
+
+
+def _check_memory(provider: StateProvider, plan, lowered, dtype, max_context: int, device: torch.device,
+                  sequences: int = 1) -> None:
     """The buffers sized by --max-context (state regions, rotary tables) must fit before any is allocated."""
     from .rope import inv_freq
 
-    fixed = provider.nbytes(plan, dtype, 0)
-    per_state = provider.nbytes(plan, dtype, 1) - fixed
+    fixed = provider.nbytes(plan, dtype, 0, sequences)
+    per_state = provider.nbytes(plan, dtype, 1, sequences) - fixed
     freqs = {key: inv_freq(attrs)[0].numel() for lw in lowered.values() for key, attrs in lw.ropes.items()}
     per_rope = sum(4 * 3 * n + 8 for n in freqs.values())  # cos + sin tables and the frequencies they are made from
     need = fixed + (per_state + per_rope) * max_context

@@ -1,7 +1,11 @@
 """The state provider: every declared region as a static, preallocated buffer.
 
 Fixed regions are allocated at their declared shape; per-token regions up to
-``max_context`` positions. Precision follows the IR: ``f32`` regions stay fp32
+``max_context`` positions. With ``sequences`` S > 1 every region gets a leading
+slot dimension: one independent copy of the whole continuation state per
+sequence slot (``StateBuffers.slots``), each growing region up to its own
+``max_context``; ``buffers`` are the views of the slot a single-sequence
+session runs in (slot 0). Precision follows the IR: ``f32`` regions stay fp32
 whatever the compute dtype; ``compute`` regions take it. A provider declares
 the region kinds it can hold and refuses — by name — a layer needing any
 other kind, rather than allocating part of it.
@@ -22,17 +26,30 @@ from ..passes.plan import plan_ops, region_id
 
 @dataclass
 class StateBuffers:
-    buffers: dict[str, torch.Tensor]  # region id → buffer
+    buffers: dict[str, torch.Tensor]  # region id → the buffer of slot 0 (a view of ``slots``)
     growing: dict[str, bool]  # region id → per-token
     max_context: int
     layout: dict[str, str] = field(default_factory=dict)  # region id → kind
+    slots: dict[str, torch.Tensor] = field(default_factory=dict)  # region id → [sequences, *buffer shape]
+    sequences: int = 1
 
     def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.buffers.values())
+        """Bytes allocated for every slot."""
+        return sum(b.numel() * b.element_size() for b in self.slots.values())
 
-    def zero_(self) -> None:
-        for b in self.buffers.values():
-            b.zero_()
+    def slot(self, i: int) -> dict[str, torch.Tensor]:
+        """Region id → the buffer of slot ``i`` (views: writes land in the slot)."""
+        if not 0 <= i < self.sequences:
+            raise IndexError(f"slot {i} outside 0..{self.sequences - 1}")
+        return {rid: b[i] for rid, b in self.slots.items()}
+
+    def zero_(self, slot: int = 0) -> None:
+        for b in self.slots.values():
+            b[slot].zero_()
+
+    def rows(self, rid: str, buf: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """Positions ``start..end`` of a growing region's buffer (one slot's): K and V rows of ``kv_rows`` both."""
+        return buf[:, start:end] if self.layout[rid] == "kv_rows" else buf[start:end]
 
 
 @dataclass
@@ -53,11 +70,15 @@ class StateProvider:
                     shape = (r.shape[0], n, *r.shape[1:]) if r.kind == "kv_rows" else (n, *r.shape)  # kv: K rows, V rows
                 yield region_id(p.id, r.name), r, shape, dt
 
-    def nbytes(self, g: nx.DiGraph, dtype: torch.dtype, max_context: int) -> int:
+    def nbytes(self, g: nx.DiGraph, dtype: torch.dtype, max_context: int, sequences: int = 1) -> int:
         """The bytes :meth:`allocate` would allocate."""
-        return sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for _, _, shape, dt in self.layout(g, dtype, max_context))
+        one = sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for _, _, shape, dt in self.layout(g, dtype, max_context))
+        return one * sequences
 
-    def allocate(self, g: nx.DiGraph, dtype: torch.dtype, max_context: int, device: torch.device | str = "cpu") -> StateBuffers:
+    def allocate(self, g: nx.DiGraph, dtype: torch.dtype, max_context: int, device: torch.device | str = "cpu",
+                 sequences: int = 1) -> StateBuffers:
+        if sequences < 1:
+            raise ValueError(f"sequences must be at least 1, not {sequences}")
         findings = []
         for p in plan_ops(g):
             missing = [r for r in p.regions if r.kind not in self.kinds]
@@ -69,12 +90,12 @@ class StateProvider:
                     f"rather than allocating part of its state", p.layer, p.kind))
         if findings:
             raise Refusal("state provider", findings)
-        buffers, growing, layout = {}, {}, {}
+        slots, growing, layout = {}, {}, {}
         for rid, r, shape, dt in self.layout(g, dtype, max_context):
-            buffers[rid] = torch.zeros(shape, dtype=dt, device=device)
+            slots[rid] = torch.zeros((sequences, *shape), dtype=dt, device=device)
             growing[rid] = r.growth == "per_token"
             layout[rid] = r.kind
-        return StateBuffers(buffers, growing, max_context, layout)
+        return StateBuffers({rid: b[0] for rid, b in slots.items()}, growing, max_context, layout, slots, sequences)
 
 
 ROWS_ONLY = StateProvider(kinds=("kv_rows",), name="rows-only")

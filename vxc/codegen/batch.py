@@ -1,0 +1,145 @@
+"""The batched decode step: one token for each of B sequences, each in its own state slot at its own position.
+
+It is generated from the ``prefill`` lowering (every value keeps its leading token dimension; here row b is
+sequence b's one token), with three differences made by :func:`build_batch_graph_module`:
+
+* the placeholders are the B tokens, their positions (a list of ints and the same as an int64 tensor) and
+  their state slots (a list of ints);
+* a rotary table is read at each row's own position (``index_select`` instead of ``narrow``);
+* a fused group that reads or writes a state region — the only kind of group through which rows of a prefill
+  see each other — runs once per row (:func:`per_row`), on that row's slices, the region buffers of that row's
+  slot and that row's position, as the kernel the single-sequence decode step runs for that group
+  (:data:`STEP_FORMS`). Every other group (projections, norms, FFNs, MoE routing, the head) is row-wise and runs
+  once over all B rows, so the weights are read once per step for the whole batch.
+
+So each sequence's state evolves exactly as in its single-sequence decode (the same step kernel on the same
+buffers); only the row-wise GEMMs see B rows instead of one.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import Tensor, fx
+
+from .lower import START, TOKENS, Lowered, RopeRef, StateRef, Val, Weight
+
+# prefill kernel of a stateful group -> (the kernel the decode step runs for it, whether the decode step drops the
+# token dimension of its per-row operands (and returns the row without it), how many trailing arguments the
+# prefill form has that the step form does not (the chunk size of the chunked scans))
+STEP_FORMS: dict[str, tuple[str, bool, int]] = {
+    "attention": ("attention", False, 0),
+    "mla_prefill": ("mla_decode", False, 0),
+    "conv1d_prefill": ("conv1d_step", True, 0),
+    "ssd_prefill": ("ssd_step", True, 1),
+    "gated_delta_prefill": ("gated_delta_step", True, 1),
+    "kda_prefill": ("kda_step", True, 1),
+}
+
+ROW, SLOT, POS, CONST = "row", "slot", "pos", "const"
+
+
+class BatchUnsupported(Exception):
+    pass
+
+
+def per_row(kernel: str, spec: tuple, args: tuple, slots: list[int], positions: list[int]) -> Tensor:
+    """Run the stateful group ``kernel`` (its prefill name) once per row, in the form the decode step runs it.
+
+    ``spec[i]`` says what ``args[i]`` is: ``row`` (a tensor whose dim 0 is the batch row), ``slot`` (a state
+    region buffer ``[S, ...]``, with the K/V part to take when ``spec[i]`` is ``("slot", part)``), ``pos`` (the
+    row's position), or ``const``.
+    """
+    step, squeeze, drop = STEP_FORMS[kernel]
+    fn = getattr(torch.ops.vxc, step).default
+    n = len(args) - drop
+    outs = []
+    for b, (slot, pos) in enumerate(zip(slots, positions)):
+        row_args = []
+        for s, a in zip(spec[:n], args[:n]):
+            if s == ROW:
+                row_args.append(a[b] if squeeze else a[b:b + 1])
+            elif s == POS:
+                row_args.append(pos)
+            elif isinstance(s, tuple):  # a state region: this row's slot (and its K or V rows)
+                buf = a[slot]
+                row_args.append(buf if s[1] is None else buf[s[1]])
+            else:
+                row_args.append(a)
+        y = fn(*row_args)
+        outs.append(y.unsqueeze(0) if squeeze else y)
+    return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+
+
+def build_batch_graph_module(lw: Lowered, root: torch.nn.Module, buffer_name) -> fx.GraphModule:
+    """The batched decode step as an fx graph over ``root``'s buffers (state buffers: all slots, ``[S, ...]``).
+    Placeholders: ``tokens`` (int64 [B]), ``positions`` (list of B ints), ``positions_t`` (the same, int64 [B]),
+    ``slots`` (list of B ints)."""
+    if lw.variant != "prefill":
+        raise BatchUnsupported(f"the batched decode step is generated from the prefill lowering, not {lw.variant}")
+    g = fx.Graph()
+    env: dict[str, fx.Node] = {TOKENS.name: g.placeholder("tokens")}
+    positions, positions_t, slots = g.placeholder("positions"), g.placeholder("positions_t"), g.placeholder("slots")
+    attrs: dict[str, fx.Node] = {}
+    rope_rows: dict[str, fx.Node] = {}
+
+    def get(name: str) -> fx.Node:
+        if name not in attrs:
+            attrs[name] = g.get_attr(name)
+        return attrs[name]
+
+    def rope(a: RopeRef) -> fx.Node:
+        name = buffer_name(a)
+        if name not in rope_rows:
+            rope_rows[name] = g.call_function(torch.index_select, (get(name), 0, positions_t))
+        return rope_rows[name]
+
+    def plain(a: Any) -> Any:
+        if isinstance(a, Val):
+            if a is START or a.name == START.name:
+                raise BatchUnsupported("a group reads the position but no state region: not row-wise")
+            return env[a.name]
+        if isinstance(a, Weight):
+            return get(buffer_name(a))
+        if isinstance(a, RopeRef):
+            return rope(a)
+        if isinstance(a, StateRef):
+            raise BatchUnsupported("state outside a stateful group")
+        return list(a) if isinstance(a, list) else a
+
+    for c in lw.calls:
+        stateful = c.kernel is not None and any(isinstance(a, StateRef) for a in c.args)
+        if stateful:
+            if c.kernel not in STEP_FORMS:
+                raise BatchUnsupported(f"{c.plan_op}: stateful group vxc.{c.kernel} has no decode-step form")
+            spec, args = [], []
+            for a in c.args:
+                if isinstance(a, StateRef):
+                    spec.append((SLOT, a.part))
+                    args.append(get(buffer_name(StateRef(a.op_id, a.region))))
+                elif isinstance(a, Val) and a.name == START.name:
+                    spec.append(POS)
+                    args.append(None)
+                elif isinstance(a, Val) or isinstance(a, RopeRef):
+                    spec.append(ROW)
+                    args.append(plain(a))
+                else:
+                    spec.append(CONST)
+                    args.append(plain(a))
+            node = g.call_function(per_row, (c.kernel, tuple(spec), tuple(args), slots, positions))
+        elif c.kernel is not None:
+            node = g.call_function(getattr(torch.ops.vxc, c.kernel).default, tuple(plain(a) for a in c.args))
+        else:
+            node = g.call_method(c.glue, tuple(plain(a) for a in c.args))
+        if len(c.outs) == 1:
+            env[c.outs[0]] = node
+        else:
+            if stateful:
+                raise BatchUnsupported(f"{c.plan_op}: stateful group vxc.{c.kernel} has {len(c.outs)} outputs")
+            for i, o in enumerate(c.outs):
+                env[o] = g.call_function(operator.getitem, (node, i))
+    g.output(env[lw.output])
+    g.lint()
+    return fx.GraphModule(root, g, class_name="vxc_decode_batch")

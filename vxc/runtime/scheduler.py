@@ -1,0 +1,272 @@
+"""Many sequences at once: requests in state slots, chunked prefill beside batched decode.
+
+An engine built with ``sequences=S`` holds S independent copies of every declared state region (one per
+slot). The :class:`Scheduler` admits requests into free slots (FIFO, a bounded queue in front), and each
+:meth:`Scheduler.step` does one iteration:
+
+1. requests that finished or were cancelled leave their slot (it is zeroed when the next request takes it);
+2. waiting requests take the free slots (a prefix-cache hit restores the slot's state at the matched length);
+3. one prefill chunk of the oldest request still prefilling: chunks end at multiples of ``chunk`` tokens
+   (absolute positions) and at the end of the prompt, so a long prompt never stalls the decoding requests for
+   more than one chunk, and the states at chunk ends are the same whoever shares the engine;
+4. one batched decode step (:meth:`Engine.decode_batch`) for every request that has a token to feed: each
+   row at its own position in its own slot, the weights read once for all of them.
+
+A request's last prompt token, when a chunk would hold only that one, is fed through the batched step alone
+(the single-token kernels, as a single-sequence session feeds one token).
+
+Generation follows :meth:`Session.generate`: a chosen token is reported at once and fed on the next step; a
+request ends on an EOS id (``eos``), when its ``on_token`` callback returns True (``stop``), after
+``max_new_tokens`` (``length``), when its slot's context is full (``context``), or when cancelled
+(``cancelled``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from ..ir.diagnostics import VxcError
+from .sampling import Sampler
+
+
+class SchedulerError(VxcError):
+    pass
+
+
+class QueueFull(SchedulerError):
+    pass
+
+
+@dataclass(eq=False)
+class Request:
+    prompt: list[int]
+    max_new_tokens: int
+    sampler: Sampler
+    stop_ids: frozenset = frozenset()
+    # called with each chosen token (in the scheduler's thread); returning True ends the request ("stop")
+    on_token: Optional[Callable[["Request", int], Optional[bool]]] = None
+    # called once when the request ends (in the scheduler's thread)
+    on_finish: Optional[Callable[["Request"], None]] = None
+    id: int = 0
+    slot: Optional[int] = None
+    pos: int = 0  # tokens of this request's sequence already fed (the slot's position)
+    cached: int = 0  # prompt tokens restored from the prefix cache
+    next_token: Optional[int] = None  # chosen, not yet fed
+    generated: list[int] = field(default_factory=list)
+    finish_reason: Optional[str] = None
+    error: Optional[BaseException] = None
+    cancelled: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.finish_reason is None and self.pos < len(self.prompt)
+
+
+class Scheduler:
+    def __init__(self, engine, *, chunk: int = 64, max_queue: int = 64, prefix_cache=None):
+        if chunk < 1:
+            raise SchedulerError(f"chunk must be at least 1, not {chunk}")
+        self.engine = engine
+        self.chunk = chunk
+        self.max_queue = max_queue
+        self.cache = prefix_cache
+        self.free: list[int] = list(range(engine.sequences))
+        self.active: list[Request] = []  # in slots, in admission order
+        self.waiting: deque[Request] = deque()
+        self.lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self.steps = 0
+        self.decoded_rows = 0
+        self.prefilled_tokens = 0
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, prompt: Iterable[int], *, max_new_tokens: int, sampler: Sampler | None = None,
+               stop_ids: Iterable[int] = (), on_token=None, on_finish=None) -> Request:
+        """Queue a request (checked first: nothing is queued for a request that cannot run)."""
+        prompt = [int(t) for t in prompt]
+        e = self.engine
+        if not prompt:
+            raise SchedulerError("a request needs at least one prompt token")
+        bad = [t for t in prompt if not 0 <= t < e.vocab]
+        if bad:
+            raise SchedulerError(f"token ids outside the vocabulary 0..{e.vocab - 1}: {bad[:5]}")
+        if len(prompt) > e.max_context:
+            raise SchedulerError(f"the prompt has {len(prompt)} tokens; the context holds {e.max_context}")
+        if max_new_tokens < 0:
+            raise SchedulerError(f"max_new_tokens must be >= 0, not {max_new_tokens}")
+        sampler = sampler or Sampler(vocab=e.vocab)
+        if sampler.vocab is None:
+            sampler.vocab = e.vocab
+        req = Request(prompt, max_new_tokens, sampler, frozenset(stop_ids), on_token, on_finish)
+        with self.lock:
+            if len(self.waiting) >= self.max_queue:
+                raise QueueFull(f"{len(self.waiting)} requests are already waiting for one of {e.sequences} slots")
+            req.id = next(self._ids)
+            self.waiting.append(req)
+        return req
+
+    def cancel(self, req: Request) -> None:
+        """End ``req`` (its slot is freed at the start of the next step; a waiting request just leaves)."""
+        with self.lock:
+            req.cancelled = True
+            if req in self.waiting:
+                self.waiting.remove(req)
+                self._finish(req, "cancelled")
+
+    @property
+    def idle(self) -> bool:
+        with self.lock:
+            return not self.active and not self.waiting
+
+    def stats(self) -> dict:
+        with self.lock:
+            return {"slots": self.engine.sequences, "active": len(self.active), "waiting": len(self.waiting),
+                    "steps": self.steps, "decoded_rows": self.decoded_rows, "prefilled_tokens": self.prefilled_tokens}
+
+    # ------------------------------------------------------------------ the loop
+
+    def chunks(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The prefill chunks of positions ``start..end``: ending at each multiple of ``chunk`` and at ``end``."""
+        out, p = [], start
+        while p < end:
+            q = min(end, (p // self.chunk + 1) * self.chunk)
+            out.append((p, q))
+            p = q
+        return out
+
+    @torch.no_grad()
+    def step(self) -> bool:
+        """One iteration (see the module doc). Returns whether any request is still in flight."""
+        self._retire()
+        self._admit()
+        try:
+            self._prefill_one()
+            self._decode()
+        except Exception as e:  # a failing step fails the requests in it, not the scheduler
+            for r in list(self.active):
+                if r.finish_reason is None:
+                    r.error = e
+                    self._finish(r, "error")
+            self._retire()
+        self.steps += 1
+        return not self.idle
+
+    def run(self) -> None:
+        """Step until every submitted request has ended."""
+        while self.step():
+            pass
+
+    def _retire(self) -> None:
+        with self.lock:
+            keep = []
+            for r in self.active:
+                if r.cancelled and r.finish_reason is None:
+                    self._finish(r, "cancelled")
+                if r.finish_reason is None:
+                    keep.append(r)
+                else:
+                    self.free.append(r.slot)
+            self.active = keep
+            self.free.sort()
+
+    def _admit(self) -> None:
+        with self.lock:
+            while self.free and self.waiting:
+                r = self.waiting.popleft()
+                r.slot = self.free.pop(0)
+                self.active.append(r)
+                admitted = r
+                self.engine.state.zero_(admitted.slot)
+                r.pos = 0
+                if self.cache is not None:
+                    r.pos = r.cached = self.cache.restore(self.engine.state, r.slot, r.prompt)
+
+    def _prefill_one(self) -> None:
+        # the oldest request whose next chunk holds more than one token (a one-token chunk goes with the batch)
+        for req in self.active:
+            if req.prefilling:
+                start, end = self.chunks(req.pos, len(req.prompt))[0]
+                if end - start > 1:
+                    break
+        else:
+            return
+        e = self.engine
+        e.bind_slot(req.slot)
+        ids = torch.tensor(req.prompt[start:end], dtype=torch.int64, device=e.device)
+        last = end == len(req.prompt)
+        logits = (e.prefill_last_graph if last else e.prefill_graph)(ids, start)
+        req.pos = end
+        self.prefilled_tokens += end - start
+        if self.cache is not None:
+            self.cache.store(e.state, req.slot, req.prompt[:end])
+        if last:
+            self._chose(req, logits[-1])
+
+    def _decode(self) -> None:
+        rows: list[Request] = []
+        for r in self.active:
+            if r.finish_reason is not None:
+                continue
+            if r.prefilling:
+                start, end = self.chunks(r.pos, len(r.prompt))[0]
+                if end - start == 1:  # a one-token chunk, fed alone (see the module doc)
+                    self._feed([r], [r.prompt[r.pos]])
+                continue
+            if r.next_token is not None:
+                if r.pos + 1 > self.engine.max_context:
+                    self._finish(r, "context")
+                    continue
+                rows.append(r)
+        if rows:
+            self._feed(rows, [r.next_token for r in rows])
+
+    def _feed(self, rows: list[Request], tokens: list[int]) -> None:
+        logits = self.engine.decode_batch(tokens, [r.pos for r in rows], [r.slot for r in rows])
+        for i, r in enumerate(rows):
+            r.pos += 1
+            if r.pos <= len(r.prompt):  # a prompt token
+                self.prefilled_tokens += 1
+                if self.cache is not None:
+                    self.cache.store(self.engine.state, r.slot, r.prompt[:r.pos])
+                if r.pos < len(r.prompt):
+                    continue
+            else:
+                self.decoded_rows += 1
+            self._chose(r, logits[i])
+
+    def _chose(self, r: Request, logits: torch.Tensor) -> None:
+        """The logits after ``r``'s last fed token: choose the next token (unless the request is complete)."""
+        if len(r.generated) >= r.max_new_tokens:
+            self._finish(r, "length")
+            return
+        tok = r.sampler(logits)
+        r.generated.append(tok)
+        r.next_token = tok
+        if tok in r.stop_ids:
+            self._finish(r, "eos")
+        elif r.on_token is not None and r.on_token(r, tok):
+            self._finish(r, "stop")
+        elif len(r.generated) >= r.max_new_tokens:
+            self._finish(r, "length")
+        elif r.pos + 1 > self.engine.max_context:
+            self._finish(r, "context")
+
+    def _finish(self, r: Request, reason: str) -> None:
+        if r.finish_reason is not None:
+            return
+        r.finish_reason = reason
+        r.next_token = None
+        if r.on_finish is not None:
+            try:
+                r.on_finish(r)
+            except Exception:  # a callback's failure must not take the scheduler down
+                pass
+        r.done.set()
