@@ -63,6 +63,8 @@ class Request:
     error: Optional[BaseException] = None
     cancelled: bool = False
     done: threading.Event = field(default_factory=threading.Event)
+    keep_logits: bool = False  # keep the logits row each token was chosen from (in ``logits``; for tests)
+    logits: list = field(default_factory=list)
 
     @property
     def prefilling(self) -> bool:
@@ -89,7 +91,7 @@ class Scheduler:
     # ------------------------------------------------------------------ requests
 
     def submit(self, prompt: Iterable[int], *, max_new_tokens: int, sampler: Sampler | None = None,
-               stop_ids: Iterable[int] = (), on_token=None, on_finish=None) -> Request:
+               stop_ids: Iterable[int] = (), on_token=None, on_finish=None, keep_logits: bool = False) -> Request:
         """Queue a request (checked first: nothing is queued for a request that cannot run)."""
         prompt = [int(t) for t in prompt]
         e = self.engine
@@ -105,7 +107,7 @@ class Scheduler:
         sampler = sampler or Sampler(vocab=e.vocab)
         if sampler.vocab is None:
             sampler.vocab = e.vocab
-        req = Request(prompt, max_new_tokens, sampler, frozenset(stop_ids), on_token, on_finish)
+        req = Request(prompt, max_new_tokens, sampler, frozenset(stop_ids), on_token, on_finish, keep_logits=keep_logits)
         with self.lock:
             if len(self.waiting) >= self.max_queue:
                 raise QueueFull(f"{len(self.waiting)} requests are already waiting for one of {e.sequences} slots")
@@ -247,6 +249,8 @@ class Scheduler:
         if len(r.generated) >= r.max_new_tokens:
             self._finish(r, "length")
             return
+        if r.keep_logits:
+            r.logits.append(logits.detach().clone())
         tok = r.sampler(logits)
         r.generated.append(tok)
         r.next_token = tok
