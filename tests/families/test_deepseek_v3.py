@@ -73,3 +73,11 @@ def test_latent_rows_match_reference_cache(mini):
         rows = eng.state.buffers[f"L{i}.mla.state.latent"][: len(ids)]
         ref = torch.cat([cache.layers[i].keys[0, 0], cache.layers[i].values[0, 0]], dim=-1)  # [c | k_pe]
         torch.testing.assert_close(rows, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_batched_decode_equals_single(mini):
+    """Sequence slots: a batched decode step per iteration equals each sequence's single-sequence decode
+    (tests/runtime/batch_check.py)."""
+    from tests.runtime import batch_check as BC
+
+    BC.assert_batched(mini["moe"], VOCAB)

@@ -352,3 +352,11 @@ def _rerun_interpreted():
     from tests.triton_support import triton_case
 
     triton_case(False)(lambda: None)()
+
+
+def test_batched_decode_equals_single(built):
+    """Sequence slots: a batched decode step per iteration equals each sequence's single-sequence decode
+    (tests/runtime/batch_check.py)."""
+    from tests.runtime import batch_check as BC
+
+    BC.assert_batched(built["normed"][1], VOCAB)

@@ -218,3 +218,11 @@ def test_stripped_operand_is_a_named_refusal(built, tmp_path, vxc_sub):
     r = vxc_sub("lower", dst, "-o", tmp_path / "m.vxir")
     assert r.exit_code != 0 and not (tmp_path / "m.vxir").exists()
     assert "layer 2" in r.stdout + r.stderr and "PostFfnNorm" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_batched_decode_equals_single(built):
+    """Sequence slots: a batched decode step per iteration equals each sequence's single-sequence decode
+    (tests/runtime/batch_check.py)."""
+    from tests.runtime import batch_check as BC
+
+    BC.assert_batched(built["untied"][1], VOCAB)

@@ -404,3 +404,14 @@ def test_qwen3moe_encoded_decode_is_replayed_bit_identically(lowered_moe, monkey
     assert rep.replay_status().startswith("replaying"), rep.replay_status()
     want = steps(P.engine_for(lowered_moe / "m.vxir", max_context=64, replay=False))
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("which", ["fp32", "a8"])
+def test_batched_decode_equals_single(lowered, lowered_a8, which):
+    """Sequence slots on the encoded weights: a batched decode step (the block GEMM over B rows) equals each
+    sequence's single-sequence decode (tests/runtime/batch_check.py); with int8_block32 activations too (each row
+    quantised on its own, so B rows and one row compute the same products)."""
+    from tests.runtime import batch_check as BC
+
+    ir = lowered["llama"] / "m.vxir" if which == "fp32" else lowered_a8
+    BC.assert_batched(ir, MINI_LLAMA["vocab"])

@@ -168,3 +168,12 @@ def test_inconsistent_ssm_metadata_is_refused(tmp_path, cli):
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     r = cli("lower", p, "-o", tmp_path / "x.vxir")
     assert r.exit_code != 0 and "ssm.inner_size=128 is not a multiple of ssm.time_step_rank=12" in r.output, r.output
+
+
+@pytest.mark.parametrize("name", ["mixed", "bf16"])
+def test_batched_decode_equals_single(made, name):
+    """Sequence slots on a GGUF Mamba2 (mixed block encodings; bf16 stored): a batched decode step equals each
+    sequence's single-sequence decode (tests/runtime/batch_check.py)."""
+    from tests.runtime import batch_check as BC
+
+    BC.assert_batched(made["files"][name].with_suffix(".vxir"), V)

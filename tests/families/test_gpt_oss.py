@@ -153,3 +153,11 @@ def test_window_bounds_the_allocated_rows(built):
         err = float((got[:, :v].double() - r64).abs().max())
         assert err <= tol, f"{what}: {err:.3e} from fp64 > tol {tol:.3e}"
     assert float((full[:, :v] - stepped[:, :v]).abs().max()) <= 2 * tol
+
+
+def test_batched_decode_equals_single(built):
+    """Sequence slots: a batched decode step per iteration equals each sequence's single-sequence decode
+    (tests/runtime/batch_check.py)."""
+    from tests.runtime import batch_check as BC
+
+    BC.assert_batched(built["fused"][1], VOCAB)

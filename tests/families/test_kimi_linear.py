@@ -86,3 +86,11 @@ def test_kda_state_matches_reference_cache(mini):
         # [3·24, k]: q | k | v channels, the raw projections
         R.assert_kernel_at_floor(torch.cat([st("conv_q"), st("conv_k"), st("conv_v")]), c32.conv_states[0][0],
                                  c64.conv_states[0][0], f"layer {i} conv histories")
+
+
+def test_batched_decode_equals_single(mini):
+    """Sequence slots: a batched decode step per iteration equals each sequence's single-sequence decode
+    (tests/runtime/batch_check.py)."""
+    from tests.runtime import batch_check as BC
+
+    BC.assert_batched(mini["moe"], VOCAB)

@@ -252,3 +252,11 @@ def test_triton_backend_matches_torch_twins(built):
     print(out)
     assert out["max"] > 2.0 and out["err"] <= 1e-4, out
     assert not {"gated_act", "conv1d_prefill", "conv1d_step"} & set(out["fallbacks"]), out["fallbacks"]
+
+
+def test_batched_decode_equals_single(built):
+    """Sequence slots: a batched decode step per iteration equals each sequence's single-sequence decode
+    (tests/runtime/batch_check.py)."""
+    from tests.runtime import batch_check as BC
+
+    BC.assert_batched(built["tied"][1], VOCAB)

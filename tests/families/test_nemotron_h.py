@@ -290,3 +290,11 @@ def test_cli_lower_counts_the_mixers(built, tmp_path, cli):
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["layers"] == len(TYPES) and out["mixers"] == {"mamba2": 3, "softmax": 1}, out
+
+
+def test_batched_decode_equals_single(built):
+    """Sequence slots: a batched decode step per iteration equals each sequence's single-sequence decode
+    (tests/runtime/batch_check.py)."""
+    from tests.runtime import batch_check as BC
+
+    BC.assert_batched(built[1], VOCAB)

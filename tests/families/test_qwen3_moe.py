@@ -39,3 +39,11 @@ def test_parity_at_floor_with_identical_expert_selection(parity, capsys):
         print("\n" + print_row(parity))
     assert_at_floor(parity)
     assert parity.layers == 2 and parity.tokens == 48 + 32
+
+
+def test_batched_decode_equals_single(built):
+    """Sequence slots: a batched decode step per iteration equals each sequence's single-sequence decode
+    (tests/runtime/batch_check.py)."""
+    from tests.runtime import batch_check as BC
+
+    BC.assert_batched(built[1], VOCAB)

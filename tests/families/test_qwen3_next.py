@@ -141,3 +141,11 @@ def test_triton_end_to_end(dialects):
     tol = max(2 * r["fp32_vs_fp64"], 1e-5 * r["max_logit"])
     assert r["vs_ref"] <= tol and r["step_vs_ref"] <= tol and r["step_vs_full"] <= tol, (r, tol)
     assert r["greedy"] == r["greedy_ref"]
+
+
+def test_batched_decode_equals_single(moe_dir):
+    """Sequence slots: a batched decode step per iteration equals each sequence's single-sequence decode
+    (tests/runtime/batch_check.py)."""
+    from tests.runtime import batch_check as BC
+
+    BC.assert_batched(moe_dir, Q.VOCAB)
