@@ -153,8 +153,9 @@ def test_state_regions_per_layer(name, witnesses, describe_json):
 def test_780m_continuation_is_constant_in_length(witnesses, describe_json):
     a = describe_json(witnesses["mamba2-780m"], 1)["state"]["at_context"]
     b = describe_json(witnesses["mamba2-780m"], 100_000)["state"]["at_context"]
-    assert a == {"tokens": 1, "bytes": 4 * 19_513_344}
-    assert b == {"tokens": 100_000, "bytes": 4 * 19_513_344}
+    one = 4 * 19_513_344
+    assert a == {"tokens": 1, "sequences": 1, "bytes_per_sequence": one, "bytes": one}
+    assert b == {"tokens": 100_000, "sequences": 1, "bytes_per_sequence": one, "bytes": one}
 
 
 @pytest.mark.parametrize("tokens", [0, 1, 8192])
@@ -162,7 +163,8 @@ def test_250m_bytes_at_context(tokens, witnesses, describe_json):
     d = describe_json(witnesses["mamba2attn-250m.oute-dialect"], tokens)
     # fixed: 28 x (SSM 262144 f32 + conv 2304x4 bf16) + 4 x conv 6144x4 bf16 = 30,072,832 bytes
     # per token: 4 layers x K,V 16x128 bf16 = 32,768 bytes
-    assert d["state"]["at_context"] == {"tokens": tokens, "bytes": 30_072_832 + tokens * 32_768}
+    per = 30_072_832 + tokens * 32_768
+    assert d["state"]["at_context"] == {"tokens": tokens, "sequences": 1, "bytes_per_sequence": per, "bytes": per}
 
 
 def test_250m_index_base_recorded(witnesses):

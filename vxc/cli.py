@@ -1,4 +1,4 @@
-"""The vxc command line (typer): lower, quantize, passes, describe, exec, chat, demo.
+"""The vxc command line (typer): lower, quantize, passes, describe, exec, chat, serve, demo.
 
 ``lower``, ``passes`` and ``describe`` never import torch: they only read JSON
 headers, so they start fast."""
@@ -195,6 +195,8 @@ def describe(
     as_json: bool = typer.Option(False, "--json"),
     context: Optional[int] = typer.Option(None, "--context", min=0, max=MAX_CONTEXT, help="also report state bytes at this many tokens"),
     dot: Optional[Path] = typer.Option(None, "--dot", help="write layers, operators and state regions as Graphviz"),
+    sequences: int = typer.Option(1, "--sequences", min=1, max=4096,
+                                  help="with --context: the state of this many sequence slots (vxc serve --sequences)"),
 ):
     """The surfaces of a model, read from its plan."""
     from .driver import load, run
@@ -204,7 +206,9 @@ def describe(
     if dot is not None:
         _check_output_path(dot, "--dot", as_json)
     ctx = _guard(lambda: run(load(input), DEFAULT_PIPELINE, emit=lambda s: None), as_json)
-    d = surfaces(ctx.plan, context)
+    if sequences != 1 and context is None:
+        _fail("--sequences needs --context (the bytes of S slots at that many tokens each)", 1, as_json)
+    d = surfaces(ctx.plan, context, sequences=sequences)
     if dot is not None:
         from .driver import write_atomic
 
@@ -304,6 +308,36 @@ def chat_(
     code = _guard(go, as_json)
     if code:
         raise typer.Exit(code)
+
+
+@app.command("serve")
+def serve_(
+    model: Path = typer.Argument(..., help="a .vxir file (from `vxc lower`) whose model has a tokenizer"),
+    host: str = typer.Option("127.0.0.1", "--host", help="the address to listen on"),
+    port: int = typer.Option(8000, "--port", min=0, max=65535),
+    sequences: int = typer.Option(4, "--sequences", min=1, max=4096, help="state slots: requests decoded together"),
+    dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
+    max_context: Optional[int] = typer.Option(None, "--max-context", min=1, max=MAX_CONTEXT,
+                                              help="positions per slot (default: the model's max_position_embeddings, "
+                                                   "capped by a state budget of 4 GiB for all slots)"),
+    chunk: int = typer.Option(64, "--chunk", min=1, max=MAX_CONTEXT, help="prefill chunk: a long prompt stalls decoding for at most this many tokens"),
+    max_queue: int = typer.Option(64, "--max-queue", min=1, max=1 << 20, help="requests waiting for a slot; one more gets HTTP 429"),
+    model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="where the safetensors live (default: as recorded in the IR)"),
+    model_name: Optional[str] = typer.Option(None, "--model-name", help="the name /v1/models lists and requests may give (default: the IR file's stem)"),
+    kernels: str = typer.Option("auto", "--kernels", help="auto | torch | triton | native"),
+):
+    """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /v1/models, /health): requests share
+    the engine's SEQUENCES state slots by continuous batching (chunked prefill beside one batched decode step)."""
+
+    def go():
+        from .serve import run_serve
+
+        return run_serve(model=model, host=host, port=port, sequences=sequences, dtype=dtype, device=device,
+                         max_context=max_context, chunk=chunk, max_queue=max_queue, model_dir=model_dir,
+                         model_name=model_name, kernels=kernels)
+
+    _guard(go)
 
 
 @app.command()

@@ -63,7 +63,11 @@ def render(d: dict[str, Any], console: Console | None = None) -> None:
     c.print(f"  per token: {s['per_token_elements']:,} elements = {s['per_token_bytes']:,} bytes")
     if "at_context" in s:
         a = s["at_context"]
-        c.print(f"  at {a['tokens']:,} tokens: {a['bytes']:,} bytes ({_bytes(a['bytes'])})")
+        if a.get("sequences", 1) > 1:
+            c.print(f"  at {a['tokens']:,} tokens × {a['sequences']} sequence slots: {a['bytes']:,} bytes ({_bytes(a['bytes'])}; "
+                    f"{a['bytes_per_sequence']:,} per slot)")
+        else:
+            c.print(f"  at {a['tokens']:,} tokens: {a['bytes']:,} bytes ({_bytes(a['bytes'])})")
     rt = Table(title="state regions", show_edge=False)
     for col in ("layers", "operator", "region", "kind", "shape", "dtype", "growth"):
         rt.add_column(col)

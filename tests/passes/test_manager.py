@@ -169,7 +169,8 @@ def test_describe_dot(witnesses, tmp_path, cli):
 def test_describe_context(witnesses, cli):
     r = cli("describe", witnesses["mamba2attn-250m.oute-dialect"], "--json", "--context", "4096")
     s = json.loads(r.stdout)["state"]
-    assert s["at_context"] == {"tokens": 4096, "bytes": s["fixed_bytes"] + 4096 * s["per_token_bytes"]}
+    per = s["fixed_bytes"] + 4096 * s["per_token_bytes"]
+    assert s["at_context"] == {"tokens": 4096, "sequences": 1, "bytes_per_sequence": per, "bytes": per}
     assert s["at_context"]["bytes"] == 30_072_832 + 4096 * 32_768
     r = cli("describe", witnesses["mamba2attn-250m.oute-dialect"], "--context", "4096")
     assert f"at 4,096 tokens: {30_072_832 + 4096 * 32_768:,} bytes" in r.stdout

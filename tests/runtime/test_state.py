@@ -5,6 +5,7 @@ hold."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -29,7 +30,7 @@ def test_describe_bytes_equal_allocation(lab, name, dtype):
     e = _engine(lab, name, dtype)
     d = describe(e.plan, context=CTX, compute=COMPUTE[dtype])["state"]
     allocated = e.state.nbytes()
-    assert d["at_context"] == {"tokens": CTX, "bytes": allocated}
+    assert d["at_context"] == {"tokens": CTX, "sequences": 1, "bytes_per_sequence": allocated, "bytes": allocated}
     assert d["fixed_bytes"] + d["per_token_bytes"] * CTX == allocated
     # and byte by byte: the provider's buffers are exactly the declared regions
     assert len(e.state.buffers) == len(d["regions"])
@@ -55,6 +56,33 @@ def test_state_figures_by_hand(lab, dtype, total):
     shapes = sorted((tuple(b.shape), b.dtype) for b in e.state.buffers.values())
     want = sorted([(SSM, torch.float32)] * 2 + [(M2_CONV, dtype)] * 2 + [(ATTN_CONV, dtype), (KV, dtype)])
     assert shapes == want
+
+
+@pytest.mark.parametrize("dtype,total", [(torch.float32, 27312), (torch.bfloat16, 19480)], ids=["fp32", "bf16"])
+def test_sequence_slots_by_hand(lab, vxc_inproc, dtype, total):
+    """S = 3 sequence slots hold three independent copies of the figures above: what describe --sequences
+    reports (in process and on the command line) is what the provider allocates, fp32 regions fp32 in every
+    slot, and a slot's buffers are views of the slot tensors (writes land in that slot only)."""
+    e = _engine(lab, "mamba2attn-native", dtype, sequences=3)
+    assert e.state.nbytes() == 3 * total
+    d = describe(e.plan, context=CTX, compute=COMPUTE[dtype], sequences=3)["state"]["at_context"]
+    assert d == {"tokens": CTX, "sequences": 3, "bytes_per_sequence": total, "bytes": 3 * total}
+    shapes = sorted((tuple(b.shape), b.dtype) for b in e.state.slots.values())
+    want = sorted([((3, *SSM), torch.float32)] * 2 + [((3, *M2_CONV), dtype)] * 2 + [((3, *ATTN_CONV), dtype), ((3, *KV), dtype)])
+    assert shapes == want
+    s1 = e.state.slot(1)
+    for rid, b in s1.items():
+        b.fill_(1)
+    assert all(int(e.state.slots[rid][1].count_nonzero()) == b.numel() for rid, b in s1.items())
+    assert all(int(e.state.slots[rid][i].count_nonzero()) == 0 for rid in s1 for i in (0, 2))
+    e.state.zero_(1)
+    assert all(int(b.count_nonzero()) == 0 for b in e.state.slots.values())
+    if dtype == torch.float32:
+        r = vxc_inproc("describe", lab.built("mamba2attn-native")[1], "--json", "--context", CTX, "--sequences", 3)
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["state"]["at_context"]["bytes"] == 3 * total
+        r = vxc_inproc("describe", lab.built("mamba2attn-native")[1], "--sequences", 3)
+        assert r.exit_code != 0 and "--sequences needs --context" in r.output
 
 
 def test_precision_policy_under_bf16(lab):

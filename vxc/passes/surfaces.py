@@ -21,7 +21,7 @@ def region_dtype(precision: str, compute: str) -> str:
     return "f32" if precision == "f32" else compute
 
 
-def describe(g: nx.DiGraph, context: int | None = None, compute: str | None = None) -> dict[str, Any]:
+def describe(g: nx.DiGraph, context: int | None = None, compute: str | None = None, sequences: int = 1) -> dict[str, Any]:
     compute = compute or g.graph["compute"]
     ops = plan_ops(g)
     layer_ops = [p for p in ops if p.layer is not None and p.slot in ("mixer", "ffn")]
@@ -62,7 +62,9 @@ def describe(g: nx.DiGraph, context: int | None = None, compute: str | None = No
         "per_token_elements": tok_el, "per_token_bytes": tok_b,
     }
     if context is not None:
-        state["at_context"] = {"tokens": context, "bytes": fixed_b + at_ctx}
+        # S sequence slots hold S independent copies of every region, each growing up to the context
+        state["at_context"] = {"tokens": context, "sequences": sequences, "bytes_per_sequence": fixed_b + at_ctx,
+                               "bytes": sequences * (fixed_b + at_ctx)}
     state["regions"] = regions
     return {
         "schema": 6,
