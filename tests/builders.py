@@ -779,18 +779,39 @@ dev = "cuda" if torch.cuda.is_available() else "cpu"
 def run():
     s = Session(P.engine_for(Path(ir), max_context=32, device=dev))
     return torch.cat([s.prefill(ids[:k])] + [s.step(t)[None] for t in ids[k:]]).cpu()
+def run_batched():
+    # two sequence slots: ids[:k] and ids[:k - 3] prefilled, then batched steps over both (each at its own position)
+    e = P.engine_for(Path(ir), max_context=32, device=dev, sequences=2)
+    for slot, n in ((0, k), (1, k - 3)):
+        e.bind_slot(slot)
+        e.prefill_graph(torch.tensor(ids[:n], device=dev), 0)
+    rows, pos = [], [k, k - 3]
+    for t in ids[k:]:
+        rows.append(e.decode_batch([t, ids[pos[1]]], pos, [0, 1]))
+        pos = [pos[0] + 1, pos[1] + 1]
+    return torch.cat(rows).cpu()
+batched = len(sys.argv) > 4 and sys.argv[4] == "batched"
 a = run()
+a2 = run_batched() if batched else None
 kernels.reset_fallbacks()
 with kernels.backend("triton"):
     b = run()
-print(json.dumps({"err": float((a - b).abs().max()), "max": float(a.abs().max()), "fallbacks": kernels.fallbacks()}))
+    b2 = run_batched() if batched else None
+out = {"err": float((a - b).abs().max()), "max": float(a.abs().max()), "fallbacks": kernels.fallbacks()}
+if batched:
+    out.update(batch_err=float((a2 - b2).abs().max()), batch_max=float(a2.abs().max()),
+               batch_vs_single=float((a2[0::2] - a[k:]).abs().max()))
+print(json.dumps(out))
 """
 
 
-def triton_against_twins(ir: Path, ids: list[int], prefill: int) -> dict:
+def triton_against_twins(ir: Path, ids: list[int], prefill: int, batched: bool = False) -> dict:
     """Logits of a prefill of ``ids[:prefill]`` then one step per remaining id, on vxc's Triton kernels against
     the torch twins, in a fresh process (on CPU Triton's interpreter, chosen at triton's first import; on a GPU
-    the device): ``{"err": max-abs, "max": max |logit|, "fallbacks": the Triton run's fallbacks to a twin}``."""
+    the device): ``{"err": max-abs, "max": max |logit|, "fallbacks": the Triton run's fallbacks to a twin}``.
+    With ``batched``, also a batched decode step over two sequence slots (ids[:prefill] and ids[:prefill - 3]
+    prefilled) on both: ``batch_err``, ``batch_max``, and ``batch_vs_single`` (slot 0's rows against the
+    single-sequence steps, on the twins)."""
     import json
     import os
     import subprocess
@@ -799,7 +820,8 @@ def triton_against_twins(ir: Path, ids: list[int], prefill: int) -> dict:
     repo = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=str(repo), OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
-    r = subprocess.run([sys.executable, "-c", _TRITON_VS_TWINS, str(ir), json.dumps(list(ids)), str(prefill)],
+    r = subprocess.run([sys.executable, "-c", _TRITON_VS_TWINS, str(ir), json.dumps(list(ids)), str(prefill)]
+                       + (["batched"] if batched else []),
                        cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])

@@ -212,10 +212,13 @@ def test_save_resume(built, tmp_path):
 def test_triton_backend_matches_torch_twins(built):
     """Prefill of 18 tokens (past one chunk) and 3 steps on vxc's Triton kernels — activation (relu²), the
     grouped gated norm, the SSD scan, attention without rotary — against the torch twins (CPU: Triton's
-    interpreter, fresh process)."""
+    interpreter, fresh process). The batched decode step over two sequence slots too: on Triton against the
+    twins, and its slot-0 rows against the single-sequence steps."""
     ids = P.prompt_ids(MAIN)[:21]
-    out = B.triton_against_twins(str(built[1]), ids, 18)
+    out = B.triton_against_twins(str(built[1]), ids, 18, batched=True)
     assert out["max"] > 4.0 and out["err"] <= 1e-4, out
+    assert out["batch_max"] > 4.0 and out["batch_err"] <= 1e-4, out
+    assert out["batch_vs_single"] <= 1e-5 * out["max"], out
     assert not out["fallbacks"], out["fallbacks"]
 
 
