@@ -32,6 +32,7 @@ class StateBuffers:
     layout: dict[str, str] = field(default_factory=dict)  # region id → kind
     slots: dict[str, torch.Tensor] = field(default_factory=dict)  # region id → [sequences, *buffer shape]
     sequences: int = 1
+    ring: dict[str, bool] = field(default_factory=dict)  # region id → a per-token region held as a ring of window rows
 
     def nbytes(self) -> int:
         """Bytes allocated for every slot."""
@@ -90,12 +91,14 @@ class StateProvider:
                     f"rather than allocating part of its state", p.layer, p.kind))
         if findings:
             raise Refusal("state provider", findings)
-        slots, growing, layout = {}, {}, {}
+        slots, growing, layout, ring = {}, {}, {}, {}
         for rid, r, shape, dt in self.layout(g, dtype, max_context):
             slots[rid] = torch.zeros((sequences, *shape), dtype=dt, device=device)
             growing[rid] = r.growth == "per_token"
             layout[rid] = r.kind
-        return StateBuffers({rid: b[0] for rid, b in slots.items()}, growing, max_context, layout, slots, sequences)
+            # fewer rows than the context: positions wrap around (position p in row p % rows)
+            ring[rid] = growing[rid] and bool(r.window) and r.window < max_context
+        return StateBuffers({rid: b[0] for rid, b in slots.items()}, growing, max_context, layout, slots, sequences, ring)
 
 
 ROWS_ONLY = StateProvider(kinds=("kv_rows",), name="rows-only")
