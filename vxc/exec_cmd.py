@@ -79,9 +79,11 @@ def check_common(*, model: Path, dtype: str, device: str, kernels: str) -> None:
         raise VxcError(f"--kernels {kernels}: expected one of {', '.join(K.BACKENDS)}")
 
 
-def choose_max_context(m, mdir: Path, dtype: str, device: str, asked: int | None) -> tuple[int, str]:
+def choose_max_context(m, mdir: Path, dtype: str, device: str, asked: int | None,
+                       sequences: int = 1) -> tuple[int, str]:
     """``--max-context`` as given; by default the model's trained positions (its files' ``max_position_embeddings``
-    / GGUF ``context_length``), capped by the state budget (STATE_BUDGET, and half the memory available)."""
+    / GGUF ``context_length``), capped by the state budget (STATE_BUDGET, and half the memory available) for
+    ``sequences`` slots together."""
     if asked is not None:
         return asked, "as given"
     from .model_files import max_positions
@@ -99,20 +101,21 @@ def choose_max_context(m, mdir: Path, dtype: str, device: str, asked: int | None
 
     plan = PassManager(parse_pipeline(DEFAULT_PIPELINE), emit=lambda s: None).run(Context(m, model_dir=Path(mdir))).plan
     prov, dt = StateProvider(), DTYPES[dtype]
-    per = prov.nbytes(plan, dt, 1) - prov.nbytes(plan, dt, 0)
+    per = prov.nbytes(plan, dt, 1, sequences) - prov.nbytes(plan, dt, 0, sequences)
     avail = available_bytes(torch.device(device))
     budget = STATE_BUDGET if avail is None else min(STATE_BUDGET, avail // 2)
     if per > 0 and n * per > budget:
         fits = max(int(budget // per), 1)
-        return fits, (f"{where} {n}, capped at {fits} by the state budget of {budget / 2**30:.2f} GiB "
+        slots = f" for {sequences} slots" if sequences > 1 else ""
+        return fits, (f"{where} {n}, capped at {fits} by the state budget of {budget / 2**30:.2f} GiB{slots} "
                       f"({per:,} bytes per position); raise it with --max-context")
     return n, f"{where}"
 
 
 def load_model(*, model: Path, dtype: str, device: str, max_context: int | None, model_dir, kernels: str,
-               compile_decode: bool, need_tokenizer: str | None, ignore_eos: bool = False) -> Loaded:
+               compile_decode: bool, need_tokenizer: str | None, ignore_eos: bool = False, sequences: int = 1) -> Loaded:
     """Parse the IR, load the tokenizer (an error when ``need_tokenizer`` names why one is needed), build the
-    engine at the chosen --max-context and warm it up."""
+    engine at the chosen --max-context (with ``sequences`` state slots: ``vxc serve``) and warm it up."""
     from .codegen import kernels as K
     from .driver import model_dir_of
     from .ir.parser import parse_file
@@ -140,9 +143,10 @@ def load_model(*, model: Path, dtype: str, device: str, max_context: int | None,
             tok = None
             warnings.append(f"warning: {e}; output is token ids")
     stop = StopIds() if ignore_eos else stop_ids(mdir, m, tok)
-    ctx_n, ctx_note = choose_max_context(m, mdir, dtype, device, max_context)
+    ctx_n, ctx_note = choose_max_context(m, mdir, dtype, device, max_context, sequences)
     t0 = time.perf_counter()
-    engine = Engine(m, mdir, dtype=DTYPES[dtype], device=device, max_context=ctx_n, compile_decode=compile_decode)
+    engine = Engine(m, mdir, dtype=DTYPES[dtype], device=device, max_context=ctx_n, compile_decode=compile_decode,
+                    sequences=sequences)
     load_s = time.perf_counter() - t0
     stop.ids = [i for i in stop.ids if i < engine.vocab]
     session = Session(engine)
