@@ -616,10 +616,19 @@ def run_serve(*, model, host: str, port: int, sequences: int, dtype: str, device
     for w in lm.warnings:
         print(w, file=sys.stderr)
     served = app.state.served
-    print(f"vxc serve: {served.model_name} on http://{host}:{port} · {sequences} slot(s) × --max-context "
-          f"{lm.max_context} ({lm.max_context_note}) · chunk {chunk} · queue {max_queue} · stop ids {served.stop_ids} · "
-          f"chat template: {served.chat_template.source if served.chat_template else 'none'}", file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    line = (f"{sequences} slot(s) × --max-context {lm.max_context} ({lm.max_context_note}) · chunk {chunk} · queue "
+            f"{max_queue} · stop ids {served.stop_ids} · chat template: "
+            f"{served.chat_template.source if served.chat_template else 'none'}")
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)  # binds (a failure is uvicorn's error message and exit)
+            if self.started:
+                bound = [s.getsockname() for srv in getattr(self, "servers", []) for s in (srv.sockets or [])]
+                where = f"{bound[0][0]}:{bound[0][1]}" if bound else f"{host}:{port}"
+                print(f"vxc serve: {served.model_name} on http://{where} · {line}", file=sys.stderr, flush=True)
+
+    server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     server.run()
     if not server.started:
         raise ServeError(f"could not serve on {host}:{port} (see the error above)")
