@@ -72,9 +72,15 @@ class Request:
 
 
 class Scheduler:
-    def __init__(self, engine, *, chunk: int = 64, max_queue: int = 64, prefix_cache=None):
+    def __init__(self, engine, *, chunk: int = 64, max_queue: int = 64, prefix_cache=None, prefix_cache_bytes: int = 0):
+        """``prefix_cache``: an object with the two hooks (see :mod:`vxc.runtime.prefix_cache`); or
+        ``prefix_cache_bytes`` > 0: a :class:`~vxc.runtime.prefix_cache.PrefixCache` of that budget."""
         if chunk < 1:
             raise SchedulerError(f"chunk must be at least 1, not {chunk}")
+        if prefix_cache is None and prefix_cache_bytes > 0:
+            from .prefix_cache import PrefixCache
+
+            prefix_cache = PrefixCache(prefix_cache_bytes)
         self.engine = engine
         self.chunk = chunk
         self.max_queue = max_queue
