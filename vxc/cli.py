@@ -326,6 +326,8 @@ def serve_(
     model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="where the safetensors live (default: as recorded in the IR)"),
     model_name: Optional[str] = typer.Option(None, "--model-name", help="the name /v1/models lists and requests may give (default: the IR file's stem)"),
     kernels: str = typer.Option("auto", "--kernels", help="auto | torch | triton | native"),
+    prefix_cache_mib: float = typer.Option(256.0, "--prefix-cache-mib", min=0.0, max=float(1 << 30),
+                                           help="budget of the exact prefix cache (state snapshots by token prefix, LRU); 0 = off"),
 ):
     """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /v1/models, /health): requests share
     the engine's SEQUENCES state slots by continuous batching (chunked prefill beside one batched decode step)."""
@@ -335,7 +337,7 @@ def serve_(
 
         return run_serve(model=model, host=host, port=port, sequences=sequences, dtype=dtype, device=device,
                          max_context=max_context, chunk=chunk, max_queue=max_queue, model_dir=model_dir,
-                         model_name=model_name, kernels=kernels)
+                         model_name=model_name, kernels=kernels, prefix_cache_bytes=int(prefix_cache_mib * 2**20))
 
     _guard(go)
 

@@ -571,9 +571,11 @@ def create_app(engine=None, *, tokenizer, model_name: str, stop_ids=(), chat_tem
 
 
 def load_app(model, *, dtype: str = "fp32", device: str = "cpu", max_context: int | None = None, sequences: int = 1,
-             chunk: int = 64, max_queue: int = 64, model_dir=None, model_name: str | None = None, kernels: str = "auto"):
+             chunk: int = 64, max_queue: int = 64, model_dir=None, model_name: str | None = None, kernels: str = "auto",
+             prefix_cache_bytes: int = 0):
     """(app, loaded model): the IR loaded as ``vxc exec`` loads it (tokenizer, EOS ids, --max-context, dtype) on an
-    engine with ``sequences`` slots, and the model's chat template when it has one."""
+    engine with ``sequences`` slots, and the model's chat template when it has one; with ``prefix_cache_bytes`` > 0,
+    an exact prefix cache (vxc.runtime.prefix_cache) of that budget shared by every request."""
     from pathlib import Path
 
     from .exec_cmd import load_model
@@ -598,13 +600,22 @@ def load_app(model, *, dtype: str = "fp32", device: str = "cpu", max_context: in
     if lm.max_context >= 1:  # the batched step's first call (graph build) is not a client's latency
         lm.engine.decode_batch([0], [0], [0])
         lm.engine.state.zero_(0)
+    cache = None
+    if prefix_cache_bytes < 0:
+        raise ServeError(f"--prefix-cache-mib must be >= 0 (0: no prefix cache)")
+    if prefix_cache_bytes > 0:
+        from .runtime.prefix_cache import PrefixCache
+
+        cache = PrefixCache(prefix_cache_bytes)
     app = create_app(lm.engine, tokenizer=lm.tok, model_name=model_name or Path(model).stem, stop_ids=lm.stop.ids,
-                     chat_template=tpl, chat_template_error=tpl_error, chunk=chunk, max_queue=max_queue)
+                     chat_template=tpl, chat_template_error=tpl_error, chunk=chunk, max_queue=max_queue,
+                     prefix_cache=cache)
     return app, lm
 
 
 def run_serve(*, model, host: str, port: int, sequences: int, dtype: str, device: str, max_context: int | None,
-              chunk: int, max_queue: int, model_dir, model_name: str | None, kernels: str = "auto") -> None:
+              chunk: int, max_queue: int, model_dir, model_name: str | None, kernels: str = "auto",
+              prefix_cache_bytes: int = 0) -> None:
     import sys
 
     import uvicorn
@@ -612,12 +623,13 @@ def run_serve(*, model, host: str, port: int, sequences: int, dtype: str, device
     if not 0 <= port <= 65535:
         raise ServeError(f"--port {port}: expected 0..65535")
     app, lm = load_app(model, dtype=dtype, device=device, max_context=max_context, sequences=sequences, chunk=chunk,
-                       max_queue=max_queue, model_dir=model_dir, model_name=model_name, kernels=kernels)
+                       max_queue=max_queue, model_dir=model_dir, model_name=model_name, kernels=kernels,
+                       prefix_cache_bytes=prefix_cache_bytes)
     for w in lm.warnings:
         print(w, file=sys.stderr)
     served = app.state.served
     line = (f"{sequences} slot(s) × --max-context {lm.max_context} ({lm.max_context_note}) · chunk {chunk} · queue "
-            f"{max_queue} · stop ids {served.stop_ids} · chat template: "
+            f"{max_queue} · prefix cache {prefix_cache_bytes / 2**20:g} MiB · stop ids {served.stop_ids} · chat template: "
             f"{served.chat_template.source if served.chat_template else 'none'}")
 
     class Server(uvicorn.Server):

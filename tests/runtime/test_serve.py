@@ -557,3 +557,35 @@ def test_vxc_serve_command(mini, eos_id, tmp_path, vxc_inproc):
     assert r.exit_code == 2 and "--max-queue" in r.output
     r = vxc_inproc("serve", ir, "--dtype", "fp64")
     assert r.exit_code == 1 and "--dtype fp64" in r.stderr
+
+
+def test_shared_system_prompt_hits_the_prefix_cache(mini, eos_id):
+    """With a prefix cache, requests sharing a system prompt restore its state instead of prefilling it again: /health
+    counts the hits and the restored tokens, and every output is still the solo run's (greedy identical)."""
+    from vxc.ir.parser import parse_file
+    from vxc.runtime.engine import Engine
+    from vxc.runtime.prefix_cache import PrefixCache
+    from vxc.serve import create_app
+
+    mdir, ir, tok, solo = mini
+    system = "You are a terse assistant. Answer in one line. "  # 47 characters: two chunks of 16 and a part
+    engine = Engine(parse_file(ir), mdir, max_context=CONTEXT, sequences=2)
+    app = create_app(engine, tokenizer=tok, model_name="mini", stop_ids=[eos_id], chat_template=None, chunk=16,
+                     max_queue=8, prefix_cache=PrefixCache(1 << 20))
+    s = Server(app)
+    try:
+        questions = ["Hi?", "What is 2+2?", "Okay?"]  # first characters differ: the shared prefix is the system prompt
+        assert len(system) == 47
+        for i, q in enumerate(questions):
+            r = s.client.post("/v1/completions", json={"prompt": system + q, "max_tokens": 8, "temperature": 0})
+            assert r.status_code == 200, r.text
+            text, _, _ = _expect(tok, solo, tok.encode(system + q).ids, 8, eos_id)
+            assert r.json()["choices"][0]["text"] == text
+        pc = s.health()["prefix_cache"]
+        # the first request misses; the next two restore the system prompt's state at its last chunk end (32)
+        assert pc["misses"] == 1 and pc["hits"] == 2, pc
+        assert pc["hit_tokens"] == 2 * 32, pc
+        assert 0 < pc["bytes"] <= pc["budget"] == 1 << 20, pc
+        assert s.health()["scheduler"]["prefilled_tokens"] == sum(len(system + q) for q in questions) - 2 * 32
+    finally:
+        s.close()
