@@ -16,3 +16,20 @@ def test_batched_decode_equals_single(lab, name):
     _, ir = lab.built(name)
     r = BC.assert_batched(ir, P.FAMILIES[name].vocab)
     assert r["rows"] == sum(BC.NEW_TOKENS) - len(BC.NEW_TOKENS)  # every token after the first came from a batched row
+
+
+@pytest.mark.parametrize("name", ["llama", "mamba2attn-native", "qwen3", "mamba2-native"])
+def test_one_sequence_in_slot_0_takes_the_replayed_step_bit_identically(lab, name):
+    """A batched step of slot 0 alone runs the single-sequence decode step (natively replayed once captured); it
+    gives exactly the batched graph's values, step by step."""
+    _, ir = lab.built(name)
+    a = P.engine_for(ir, max_context=64, sequences=2)
+    b = P.engine_for(ir, max_context=64, sequences=2, replay=False)
+    for e in (a, b):
+        e.bind_slot(0)
+        e.prefill_graph(torch.arange(3, 12), 0)
+    for i in range(6):
+        la = a.decode_batch([5 + i], [9 + i], [0])
+        lb = b.batch_graph(torch.tensor([5 + i]), [9 + i], torch.tensor([9 + i]), [0])
+        assert torch.equal(la.reshape(-1), lb.reshape(-1)), i
+    assert a.replay_status().startswith("replaying"), a.replay_status()

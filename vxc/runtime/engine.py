@@ -98,6 +98,10 @@ class Engine:
         sequence in slot ``slots[b]``, for B sequences in one step (the weights read once for all B rows)."""
         if len(set(slots)) != len(slots):
             raise EngineError(f"a batched step takes each slot at most once: {slots}")
+        if list(slots) == [0] and self.replay is not None and kernels.get_backend() in ("auto", "native"):
+            # one sequence in slot 0: the single-sequence decode step (its native replay once captured) — the same
+            # kernels on the same buffers as the batched graph's one row, without the graph's per-call overhead
+            return self.decode(int(tokens[0]), int(positions[0]))
         ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
         return self.batch_graph(ids, list(positions), pos_t, list(slots))

@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 26
+#define VXC_ABI_VERSION 27
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -352,6 +352,45 @@ void vxc_swiglu_up(const void *Wg, const void *Wu, const void *x, void *h, long 
         dot4(Wg, x, n0, K, rows, bf, g);
         dot4(Wu, x, n0, K, rows, bf, u);
         for (long r = 0; r < rows; r++) st(h, n0 + r, rnd(silu(rnd(g[r], bf)), bf) * rnd(u[r], bf), bf);
+    }
+}
+
+/* vxc_gemv over T rows of x (one decode step of T sequences): each group of 4 weight rows is read from memory
+ * once and dotted with every row of x while it is in cache; each row's result is computed exactly as vxc_gemv
+ * computes it for that row alone (the same dot4, the same order), so a batched step gives every sequence the
+ * values its single-sequence step gives. */
+void vxc_gemv_rows(const void *W, const void *x, const void *bias, void *y, long N, long K, long T, int bf) {
+    const long es = bf ? 2 : 4;
+#pragma omp parallel for schedule(static)
+    for (long n0 = 0; n0 < N; n0 += 4) {
+        long rows = N - n0 < 4 ? N - n0 : 4;
+        for (long t = 0; t < T; t++) {
+            float acc[4];
+            void *yt = (char *)y + t * N * es;
+            dot4(W, (const char *)x + t * K * es, n0, K, rows, bf, acc);
+            for (long r = 0; r < rows; r++) {
+                float v = rnd(acc[r], bf);
+                if (bias) v += ld(bias, n0 + r, bf);
+                st(yt, n0 + r, v, bf);
+            }
+        }
+    }
+}
+
+/* vxc_swiglu_up over T rows of x (h: [T, N]), each row as vxc_swiglu_up computes it alone. */
+void vxc_swiglu_up_rows(const void *Wg, const void *Wu, const void *x, void *h, long N, long K, long T, int bf) {
+    const long es = bf ? 2 : 4;
+#pragma omp parallel for schedule(static)
+    for (long n0 = 0; n0 < N; n0 += 4) {
+        long rows = N - n0 < 4 ? N - n0 : 4;
+        for (long t = 0; t < T; t++) {
+            float g[4], u[4];
+            const void *xt = (const char *)x + t * K * es;
+            void *ht = (char *)h + t * N * es;
+            dot4(Wg, xt, n0, K, rows, bf, g);
+            dot4(Wu, xt, n0, K, rows, bf, u);
+            for (long r = 0; r < rows; r++) st(ht, n0 + r, rnd(silu(rnd(g[r], bf)), bf) * rnd(u[r], bf), bf);
+        }
     }
 }
 
