@@ -30,6 +30,30 @@ def test_one_sequence_in_slot_0_takes_the_replayed_step_bit_identically(lab, nam
         e.prefill_graph(torch.arange(3, 12), 0)
     for i in range(6):
         la = a.decode_batch([5 + i], [9 + i], [0])
-        lb = b.batch_graph(torch.tensor([5 + i]), [9 + i], torch.tensor([9 + i]), [0])
+        lb = b.batch_graph(torch.tensor([5 + i]), [9 + i], torch.tensor([9 + i]), [0], torch.tensor([0]))
         assert torch.equal(la.reshape(-1), lb.reshape(-1)), i
     assert a.replay_status().startswith("replaying"), a.replay_status()
+
+
+@pytest.mark.parametrize("name", ["mamba2attn-native", "qwen3", "mamba2-native"])
+def test_native_rows_forms_equal_the_row_loop(lab, name, monkeypatch):
+    """The native forms over all B rows (conv, SSD and attention steps: one call running each row's single-row step)
+    give exactly what the per-row loop of single-row kernels gives, and they do run."""
+    from vxc.codegen import batch
+    from vxc.codegen.kernels import native as N
+
+    _, ir = lab.built(name)
+    engines = [P.engine_for(ir, max_context=64, sequences=3) for _ in range(2)]
+    for e in engines:
+        for slot, n in ((0, 9), (1, 4), (2, 13)):
+            e.bind_slot(slot)
+            e.prefill_graph(torch.arange(3, 3 + n), 0)
+    rec = N.Recorder()
+    with N.recording(rec):
+        fast = [engines[0].decode_batch([5 + i, 7, 11 + i], [9 + i, 4 + i, 13 + i], [2, 0, 1]) for i in range(3)]
+    used = {name for name, _ in rec.calls}
+    assert used & {"vxc_conv1d_step_rows", "vxc_ssd_step_rows", "vxc_attention_step_rows"}, used
+    monkeypatch.setattr(batch, "_ROWS", {})
+    slow = [engines[1].decode_batch([5 + i, 7, 11 + i], [9 + i, 4 + i, 13 + i], [2, 0, 1]) for i in range(3)]
+    for a, b in zip(fast, slow):
+        assert torch.equal(a, b)

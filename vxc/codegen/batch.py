@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, fx
 
+from .kernels.registry import NotCovered
 from .lower import START, TOKENS, Lowered, RopeRef, StateRef, Val, Weight
 
 # prefill kernel of a stateful group -> (the kernel the decode step runs for it, whether the decode step drops the
@@ -49,16 +50,58 @@ class BatchUnsupported(Exception):
     pass
 
 
-def per_row(kernel: str, spec: tuple, args: tuple, slots: list[int], positions: list[int]) -> Tensor:
+def _rows_forms() -> dict:
+    """step kernel -> its native form over all B rows at once (``kernels.*.<name>_rows_native``), with an adapter
+    from the per-row argument list (row tensors [B, ...], state buffers [S, ...])."""
+    from .kernels import attention, conv, ssd
+
+    def conv_rows(a, slots_t, pos_t):
+        x, w, b, act, states = a
+        return conv.conv1d_step_rows_native(x.contiguous(), w, b, act, states, slots_t)
+
+    def ssd_rows(a, slots_t, pos_t):
+        x, dt, A_log, B, C, D, dt_bias, dt_min, dt_max, states = a
+        return ssd.ssd_step_rows_native(x.contiguous(), dt.contiguous(), A_log, B.contiguous(), C.contiguous(), D, dt_bias,
+                                        dt_min, dt_max, states, slots_t)
+
+    def attention_rows(a, slots_t, pos_t):
+        q, k, v, kv, kv2, _, scale, window, sinks = (list(a) + [0, None])[:9]
+        if kv is not kv2:
+            raise NotCovered("K and V rows in different buffers")
+        return attention.attention_rows_native(q.contiguous(), k.contiguous(), v.contiguous(), kv, pos_t, scale,
+                                               window or 0, sinks, slots_t)
+
+    return {"conv1d_step": conv_rows, "ssd_step": ssd_rows, "attention": attention_rows}
+
+
+_ROWS: dict | None = None
+
+
+def per_row(kernel: str, spec: tuple, args: tuple, slots: list[int], positions: list[int],
+            slots_t: Tensor | None = None, positions_t: Tensor | None = None) -> Tensor:
     """Run the stateful group ``kernel`` (its prefill name) once per row, in the form the decode step runs it.
 
     ``spec[i]`` says what ``args[i]`` is: ``row`` (a tensor whose dim 0 is the batch row), ``slot`` (a state
     region buffer ``[S, ...]``, with the K/V part to take when ``spec[i]`` is ``("slot", part)``), ``pos`` (the
-    row's position), or ``const``.
+    row's position), or ``const``. Where the native backend is selected and the step has a native form over all
+    rows (conv, SSD and attention steps), that form runs: one native call that runs each row's single-row step.
     """
+    global _ROWS
     step, squeeze, drop = STEP_FORMS[kernel]
-    fn = direct(step)
     n = len(args) - drop
+    if slots_t is not None and len(slots) > 1:
+        from .kernels.registry import NotCovered as _NC, select
+
+        if _ROWS is None:
+            _ROWS = _rows_forms()
+        rows_fn = _ROWS.get(step)
+        first = next(a for s, a in zip(spec, args) if s == ROW)
+        if rows_fn is not None and select(first) == "native":
+            try:
+                return rows_fn(args[:n], slots_t, positions_t)
+            except _NC:
+                pass
+    fn = direct(step)
     outs = []
     for b, (slot, pos) in enumerate(zip(slots, positions)):
         row_args = []
@@ -87,12 +130,13 @@ def direct(kernel: str):
 def build_batch_graph_module(lw: Lowered, root: torch.nn.Module, buffer_name) -> fx.GraphModule:
     """The batched decode step as an fx graph over ``root``'s buffers (state buffers: all slots, ``[S, ...]``).
     Placeholders: ``tokens`` (int64 [B]), ``positions`` (list of B ints), ``positions_t`` (the same, int64 [B]),
-    ``slots`` (list of B ints)."""
+    ``slots`` (list of B ints), ``slots_t`` (the same, int64 [B])."""
     if lw.variant != "prefill":
         raise BatchUnsupported(f"the batched decode step is generated from the prefill lowering, not {lw.variant}")
     g = fx.Graph()
     env: dict[str, fx.Node] = {TOKENS.name: g.placeholder("tokens")}
     positions, positions_t, slots = g.placeholder("positions"), g.placeholder("positions_t"), g.placeholder("slots")
+    slots_t = g.placeholder("slots_t")
     attrs: dict[str, fx.Node] = {}
     rope_rows: dict[str, fx.Node] = {}
 
@@ -139,7 +183,7 @@ def build_batch_graph_module(lw: Lowered, root: torch.nn.Module, buffer_name) ->
                 else:
                     spec.append(CONST)
                     args.append(plain(a))
-            node = g.call_function(per_row, (c.kernel, tuple(spec), tuple(args), slots, positions))
+            node = g.call_function(per_row, (c.kernel, tuple(spec), tuple(args), slots, positions, slots_t, positions_t))
         elif c.kernel is not None:
             node = g.call_function(direct(c.kernel), tuple(plain(a) for a in c.args))
         else:

@@ -104,7 +104,8 @@ class Engine:
             return self.decode(int(tokens[0]), int(positions[0]))
         ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
-        return self.batch_graph(ids, list(positions), pos_t, list(slots))
+        slots_t = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        return self.batch_graph(ids, list(positions), pos_t, list(slots), slots_t)
 
     def bind_slot(self, slot: int) -> None:
         """Point the prefill graphs at the state of ``slot`` (the decode graph and its replay stay on slot 0:

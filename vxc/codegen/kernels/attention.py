@@ -324,3 +324,29 @@ def attention_native(q, k, v, k_cache, v_cache, start, scale, window=0, sinks=No
            out.data_ptr(), start, scale, Hq, Hkv, Dk, Dv, scratch.data_ptr(), rows, window, N.ptr(sinks),
            BF[sinks.dtype] if sinks is not None else 0, BF[q.dtype])
     return out
+
+
+_ATTENTION_STEP_ROWS = N.declare("vxc_attention_step_rows", P, P, P, P, L, L, P, P, Fc, L, L, L, L, P, L, L, P, I, I, L, P)
+
+
+def attention_rows_native(q, k, v, kv, starts, scale, window, sinks, slots):
+    """The one-token ``attention`` for B rows (``q [B, Hq, Dk]``, ``k``/``v [B, Hkv, D]``), row b at position
+    ``starts[b]`` on the K and V rows of slot ``slots[b]`` of ``kv`` (the region's [S, 2, rows, Hkv, D] buffer), in
+    one native call; each row exactly the single-row native step."""
+    if not (N.ok(q, k, v, kv, sinks) and q.dtype == k.dtype == v.dtype == kv.dtype and kv.dim() == 5 and kv.shape[1] == 2
+            and k.shape[-1] == v.shape[-1] == kv.shape[-1] and slots.dtype == starts.dtype == torch.int64
+            and slots.is_contiguous() and starts.is_contiguous()
+            and (sinks is None or (sinks.dim() == 1 and sinks.shape[0] == q.shape[1])) and window >= 0):
+        raise NotCovered(N.OPERANDS)
+    if max(q.shape[-1], v.shape[-1]) > N.MAX_HEAD_DIM:
+        raise NotCovered(N.LIMITS)
+    Bn, Hq, Dk = q.shape
+    Hkv, Dv = k.shape[1], v.shape[-1]
+    rows = kv.shape[2]
+    es = kv.element_size()
+    out = N.empty(Bn, Hq, Dv, dtype=q.dtype)
+    scratch = N.empty(rows * Hq, dtype=torch.float32)
+    N.call(_ATTENTION_STEP_ROWS, q.data_ptr(), k.data_ptr(), v.data_ptr(), kv.data_ptr(), kv.stride(0) * es,
+           kv.stride(1) * es, out.data_ptr(), starts.data_ptr(), scale, Hq, Hkv, Dk, Dv, scratch.data_ptr(), rows, window,
+           N.ptr(sinks), BF[sinks.dtype] if sinks is not None else 0, BF[q.dtype], Bn, slots.data_ptr())
+    return out

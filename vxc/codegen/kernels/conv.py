@@ -195,3 +195,20 @@ def conv1d_step_native(x, weight, bias, activation, conv_state):
     N.call(_CONV1D_STEP, x.data_ptr(), weight.data_ptr(), N.ptr(bias), conv_state.data_ptr(), out.data_ptr(), C, K,
            N.ACT[activation], BF[x.dtype], BF[weight.dtype], BF[conv_state.dtype])
     return out
+
+
+_CONV1D_STEP_ROWS = N.declare("vxc_conv1d_step_rows", P, P, P, P, P, L, L, I, I, I, I, L, P, L)
+
+
+def conv1d_step_rows_native(x, weight, bias, activation, states, slots):
+    """``conv1d_step`` for B rows ``x [B, C]``, row b on ``states[slots[b]]`` (``states``: the region's [S, C, K]
+    buffer, ``slots``: int64 [B]) in one native call; each row is exactly the single-row native step."""
+    if not (N.ok(x, weight, bias, states) and x.dim() == 2 and states.dim() == 3 and slots.dtype == torch.int64
+            and slots.is_contiguous() and (bias is None or bias.dtype == weight.dtype)):
+        raise NotCovered(N.OPERANDS)
+    C, K = weight.shape
+    out = N.empty(*x.shape, dtype=x.dtype)
+    N.call(_CONV1D_STEP_ROWS, x.data_ptr(), weight.data_ptr(), N.ptr(bias), states.data_ptr(), out.data_ptr(), C, K,
+           N.ACT[activation], BF[x.dtype], BF[weight.dtype], BF[states.dtype], x.shape[0], slots.data_ptr(),
+           states.stride(0) * states.element_size())
+    return out

@@ -281,3 +281,25 @@ def ssd_step_native(x, dt, A_log, B, C, D, dt_bias, dt_min, dt_max, ssm_state):
            dt_bias.data_ptr(), dt_min, dt_max if clamp else 0.0, int(clamp), ssm_state.data_ptr(),
            out.data_ptr(), H, P_, G, N_, BF[x.dtype], BF[A_log.dtype])
     return out
+
+
+_SSD_STEP_ROWS = N.declare("vxc_ssd_step_rows", P, P, P, P, P, P, P, Fc, Fc, I, P, P, L, L, L, L, I, I, L, P)
+
+
+def ssd_step_rows_native(x, dt, A_log, B, C, D, dt_bias, dt_min, dt_max, states, slots):
+    """``ssd_step`` for B rows (``x [B, H, P]``, ``dt [B, H]``, ``B``/``C [B, G, N]``), row b on
+    ``states[slots[b]]`` (the fp32 [S, H, P, N] region) in one native call; each row exactly the single-row step."""
+    if not (N.ok(x, dt, A_log, B, C, D, dt_bias, states) and states.dtype == torch.float32 and x.dim() == 3
+            and A_log.dtype == D.dtype == dt_bias.dtype and dt.dtype == B.dtype == C.dtype == x.dtype
+            and slots.dtype == torch.int64 and slots.is_contiguous()):
+        raise NotCovered(N.OPERANDS)
+    if B.shape[-1] > MAX_STATE_N:
+        raise NotCovered(N.LIMITS)
+    Bn, H, P_ = x.shape
+    G, N_ = B.shape[1:]
+    out = N.empty(*x.shape, dtype=x.dtype)
+    clamp = clamps_dt(dt_min, dt_max)
+    N.call(_SSD_STEP_ROWS, x.data_ptr(), dt.data_ptr(), A_log.data_ptr(), B.data_ptr(), C.data_ptr(), D.data_ptr(),
+           dt_bias.data_ptr(), dt_min, dt_max if clamp else 0.0, int(clamp), states.data_ptr(), out.data_ptr(), H, P_, G,
+           N_, BF[x.dtype], BF[A_log.dtype], Bn, slots.data_ptr())
+    return out

@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 27
+#define VXC_ABI_VERSION 28
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -2310,4 +2310,41 @@ void vxc_qmoe(int enc_in, const void *Win, int enc_up, const void *Wup, int enc_
     free(G);
     free(U);
     free(Y);
+}
+
+/* ------------------------------------------------------------------------- batched decode: stateful steps
+ * One call for the B rows of a batched decode step (vxc/codegen/batch.py): row b is the single-sequence step of
+ * the sequence in state slot slots[b] — the same function on that slot's buffers, so each row is bit-identical to
+ * its single-sequence step; only the per-row Python dispatch is gone. Row tensors are contiguous [B, ...]. */
+
+void vxc_conv1d_step_rows(const void *x, const void *weight, const void *bias, void *state, void *out, long C, long K,
+                          int a, int bf, int w_bf, int s_bf, long B, const int64_t *slots, long slot_bytes) {
+    long es = bf ? 2 : 4;
+    for (long b = 0; b < B; b++)
+        vxc_conv1d_step((const char *)x + b * C * es, weight, bias, (char *)state + slots[b] * slot_bytes,
+                        (char *)out + b * C * es, C, K, a, bf, w_bf, s_bf);
+}
+
+void vxc_ssd_step_rows(const void *x, const void *dt, const void *A_log, const void *Bm, const void *Cm, const void *Dv,
+                       const void *dt_bias, float dt_min, float dt_max, int clamp, float *state, void *out, long H, long P,
+                       long G, long N, int bf, int w_bf, long B, const int64_t *slots) {
+    long es = bf ? 2 : 4;
+    for (long b = 0; b < B; b++)
+        vxc_ssd_step((const char *)x + b * H * P * es, (const char *)dt + b * H * es, A_log, (const char *)Bm + b * G * N * es,
+                     (const char *)Cm + b * G * N * es, Dv, dt_bias, dt_min, dt_max, clamp, state + slots[b] * H * P * N,
+                     (char *)out + b * H * P * es, H, P, G, N, bf, w_bf);
+}
+
+/* kv: the region's buffer [S, 2, rows, Hkv, D] (K rows then V rows per slot); starts[b]: row b's position */
+void vxc_attention_step_rows(const void *q, const void *k, const void *v, void *kv, long slot_bytes, long v_bytes,
+                             void *out, const int64_t *starts, float scale, long Hq, long Hkv, long Dk, long Dv,
+                             float *scratch, long rows, long window, const void *sinks, int s_bf, int bf, long B,
+                             const int64_t *slots) {
+    long es = bf ? 2 : 4;
+    for (long b = 0; b < B; b++) {
+        char *kc = (char *)kv + slots[b] * slot_bytes;
+        vxc_attention_step((const char *)q + b * Hq * Dk * es, (const char *)k + b * Hkv * Dk * es,
+                           (const char *)v + b * Hkv * Dv * es, kc, kc + v_bytes, (char *)out + b * Hq * Dv * es,
+                           starts[b], scale, Hq, Hkv, Dk, Dv, scratch, rows, window, sinks, s_bf, bf);
+    }
 }
