@@ -128,9 +128,11 @@ async def one(client, url: str, body: dict) -> Result:
                 if ev.get("usage"):
                     res.tokens = ev["usage"]["completion_tokens"]
                 for c in ev.get("choices", []):
+                    # the first streamed choice is the first token (llama-server streams one event per token, with
+                    # empty text for a token that prints nothing; vxc streams text as it becomes final)
+                    if res.ttft is None and not c.get("finish_reason"):
+                        res.ttft = time.perf_counter() - t0
                     if c.get("text"):
-                        if res.ttft is None:
-                            res.ttft = time.perf_counter() - t0
                         parts.append(c["text"])
                     if c.get("finish_reason"):
                         reason = c["finish_reason"]
