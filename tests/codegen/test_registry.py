@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from vxc.codegen import kernels
+from vxc.codegen.kernels import dense
 from vxc.codegen.kernels import native as N
 from vxc.codegen.kernels.registry import IMPLEMENTATIONS
 
@@ -81,9 +82,10 @@ def _exec(*args):
 
 @pytest.mark.native
 def test_exec_json_reports_the_kernels(qwen3_ir):
-    """A prefill runs sequences, which the native forms do not cover: its linears are recorded fallbacks;
-    the single-token decode steps run natively."""
-    res = json.loads(_exec(qwen3_ir, "--tokens", "1,2,3,4,5", "--max-new-tokens", 3, "--json").stdout.splitlines()[-1])
+    """A prefill of more rows than the native GEMV takes (dense.GEMV_MAX_ROWS) runs the BLAS GEMM of the twin: its
+    linears are recorded fallbacks; the single-token decode steps run natively."""
+    ids = ",".join(str(1 + i % 50) for i in range(dense.GEMV_MAX_ROWS + 3))
+    res = json.loads(_exec(qwen3_ir, "--tokens", ids, "--max-new-tokens", 3, "--json").stdout.splitlines()[-1])
     rep = res["kernels"]
     assert rep["backend"] == "auto" and rep["native"].startswith("loaded")
     assert rep["fallbacks"]["linear"]["native"][N.SEQUENCE] > 0
@@ -95,6 +97,7 @@ def test_exec_json_reports_the_kernels(qwen3_ir):
 
 @pytest.mark.native
 def test_exec_kernel_report(qwen3_ir):
-    r = _exec(qwen3_ir, "--tokens", "1,2,3", "--max-new-tokens", 2, "--kernel-report")
+    ids = ",".join(str(1 + i % 50) for i in range(dense.GEMV_MAX_ROWS + 3))
+    r = _exec(qwen3_ir, "--tokens", ids, "--max-new-tokens", 2, "--kernel-report")
     assert "kernels: backend auto · native loaded" in r.stderr
     assert "linear: native → torch twin × " in r.stderr and N.SEQUENCE in r.stderr

@@ -102,6 +102,7 @@ class Engine:
             # one sequence in slot 0: the single-sequence decode step (its native replay once captured) — the same
             # kernels on the same buffers as the batched graph's one row, without the graph's per-call overhead
             return self.decode(int(tokens[0]), int(positions[0]))
+        self.full_threads()
         ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
         slots_t = torch.tensor(slots, dtype=torch.int64, device=self.device)
@@ -119,6 +120,15 @@ class Engine:
                 if hasattr(gm, name):
                     setattr(gm, name, v)
         self.bound_slot = slot
+
+    def full_threads(self) -> None:
+        """Give the parallel regions of work outside the replayed step (prefill, batched steps) every thread again.
+        The thread governor leaves its count in force after a replayed step (the runtime is shared with torch);
+        torch's reductions split their sums by thread, so a prefill must not run at whatever count the last
+        governed step left, or the same prompt would give other bits under load."""
+        g = self.replay.governor if self.replay is not None else None
+        if g is not None and g.n != g.max:
+            g.set_threads(g.max)
 
     def decode(self, token: int, pos: int) -> torch.Tensor:
         """Logits ``[1, padded_vocab]`` (compute dtype) of ``token`` at position ``pos``: the fixed-shape

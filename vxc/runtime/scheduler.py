@@ -208,6 +208,7 @@ class Scheduler:
             return
         e = self.engine
         e.bind_slot(req.slot)
+        e.full_threads()
         ids = torch.tensor(req.prompt[start:end], dtype=torch.int64, device=e.device)
         last = end == len(req.prompt)
         logits = (e.prefill_last_graph if last else e.prefill_graph)(ids, start)

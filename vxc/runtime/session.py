@@ -58,6 +58,7 @@ class Session:
             logits = self.engine.decode(int(ids[0]), self.pos)
         else:
             self.engine.bind_slot(0)  # a session runs in slot 0 (a scheduler may have pointed the graphs elsewhere)
+            self.engine.full_threads()
             logits = (self.engine.prefill_last_graph if last_only else self.engine.prefill_graph)(ids, self.pos)
         self.pos += ids.numel()
         return logits
