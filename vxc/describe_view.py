@@ -78,3 +78,11 @@ def render(d: dict[str, Any], console: Console | None = None) -> None:
     for key, layers in groups.items():
         rt.add_row(_ranges(layers), *key)
     c.print(rt)
+    if "tp" in d:  # vxc describe --tp N: what each rank holds
+        tp = d["tp"]
+        c.print(f"tensor parallel over {tp['ranks']} ranks (per rank):")
+        for r in tp["per_rank"]:
+            st = r["state"]
+            at = f" · at context {st['at_context_bytes']:,} bytes" if "at_context_bytes" in st else ""
+            c.print(f"  rank {r['rank']}: weights {r['weight_bytes']:,} bytes ({_bytes(r['weight_bytes'])}) · state fixed "
+                    f"{st['fixed_bytes']:,} bytes · per token {st['per_token_bytes']:,} bytes{at}")

@@ -120,6 +120,26 @@ class Transform:
 
 
 @dataclass
+class Shard:
+    """One rank's part of an operand under tensor parallelism over ``parts`` ranks (set by the ``shard`` pass):
+    ``[start, stop)`` of dim ``dim`` of the operand as declared; ``dim`` None: whole on every rank (replicated);
+    ``once``: whole, and only rank 0 adds it (a row-parallel projection's bias)."""
+
+    parts: int
+    dim: int | None = None
+    start: int = 0
+    stop: int = 0
+    once: bool = False
+
+    def text(self) -> str:
+        if self.once:
+            return "whole, added once (rank 0)"
+        if self.dim is None:
+            return "replicated"
+        return f"shard dim {self.dim} of {self.parts} [{self.start}:{self.stop}]"
+
+
+@dataclass
 class Operand:
     sym: str
     dtype: str
@@ -134,6 +154,8 @@ class Operand:
     # the precision of the activations the products reading this (ggml-encoded) operand take: None is x as
     # given; "int8_block32" quantises each row per 32-value block to int8 (vxc.codegen.kernels.quant.ACTIVATIONS)
     activations: str | None = None
+    # tensor parallelism: this rank's part of the operand (``shape`` is then the part's shape); None: not sharded
+    shard: Shard | None = None
 
 
 @dataclass

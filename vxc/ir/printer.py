@@ -108,7 +108,8 @@ def fmt_operand(o: Operand) -> str:
     xs = "".join(" " + fmt_transform(t) for t in o.transforms)
     layer = f" layer {o.layer}" if o.layer is not None else ""
     act = f" activations {_ident(o.activations, 'activation precision')}" if o.activations is not None else ""
-    return f"operand {_sym('%', o.sym, 'operand')} {_ident(o.dtype, 'dtype')}{fmt_shape(o.shape)} = {src}{xs}{layer} role {o.role}{act}"
+    part = f" | {o.shard.text()}" if o.shard is not None else ""  # tensor parallel (the shard pass): this rank's part
+    return f"operand {_sym('%', o.sym, 'operand')} {_ident(o.dtype, 'dtype')}{fmt_shape(o.shape)} = {src}{xs}{layer} role {o.role}{act}{part}"
 
 
 def fmt_region(r: Region) -> str:

@@ -14,6 +14,8 @@ class Context:
     module: Module
     model_dir: Path | None = None  # where the module's files live, when known
     artefacts: dict[str, Any] = field(default_factory=dict)  # e.g. "plan" → networkx.DiGraph
+    tp: int = 1  # tensor parallelism: ranks, and the rank whose program the ``shard`` pass makes
+    rank: int = 0
 
     @property
     def plan(self):

@@ -13,6 +13,7 @@ from .closure import Closure
 from .context import Context
 from .findings import Finding, Refusal
 from .plan import Plan, print_plan
+from .shard import ShardPass
 from .state import State
 from .verify import Verify, verify_structure
 
@@ -29,6 +30,10 @@ LATE = {"fuse": "vxc.codegen.passes", "codegen": "vxc.codegen.passes"}
 ORDER = list(PASSES) + list(LATE)
 LOWER_PIPELINE = "verify,bind,closure,state"
 DEFAULT_PIPELINE = "verify,bind,closure,state,plan"
+# tensor parallelism (Context.tp > 1): the plan of one rank's part. ``shard`` is known to parse_pipeline but is not
+# in ORDER, so a pipeline extended by --print-after (and every TP=1 run) never includes it.
+PASSES["shard"] = ShardPass
+TP_PIPELINE = DEFAULT_PIPELINE + ",shard"
 
 
 def register(name: str, factory: Callable[[], Pass]) -> None:
@@ -72,6 +77,8 @@ def dump(ctx: Context, name: str) -> str:
         body = art.listing() if hasattr(art, "listing") else str(art)
     elif name == "plan":
         body = print_plan(ctx.artefacts["plan"])
+    elif name == "shard" and ctx.tp > 1:  # the rank's IR (operands annotated with their parts) and its plan
+        body = print_module(ctx.module) + print_plan(ctx.artefacts["plan"])
     else:
         body = print_module(ctx.module)
     return f"{dump_header(name)}\n{body}"

@@ -169,3 +169,23 @@ def to_dot(g: nx.DiGraph) -> str:
             lines.append(f'  "{a}" -> "{b}";')
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def tp_ranks(load, n: int, context: int | None = None, sequences: int = 1) -> dict[str, Any]:
+    """What each rank of tensor parallelism over ``n`` ranks holds (``vxc describe --tp N``): its weight bytes and
+    state bytes, read from the plan the ``shard`` pass makes for it (``load()`` gives a fresh context each time:
+    the pass rewrites its module)."""
+    from .manager import TP_PIPELINE, PassManager, parse_pipeline
+
+    ranks = []
+    for r in range(n):
+        ctx = load()
+        ctx.tp, ctx.rank = n, r
+        PassManager(parse_pipeline(TP_PIPELINE), emit=lambda s: None).run(ctx)
+        d = describe(ctx.plan, context, sequences=sequences)
+        s = d["state"]
+        state = {"fixed_bytes": s["fixed_bytes"], "per_token_bytes": s["per_token_bytes"]}
+        if context is not None:
+            state["at_context_bytes"] = s["at_context"]["bytes"]
+        ranks.append({"rank": r, "weight_bytes": d["weights"]["total_bytes"], "state": state})
+    return {"ranks": n, "per_rank": ranks}

@@ -70,6 +70,16 @@ class Attr:
 
 
 MORE_BITS = (None, "head", "down", "value")  # RoleSpec.more_bits
+# RoleSpec.shard: how tensor parallelism over N ranks splits a role (vxc.passes.shard reads it, nothing else):
+#   None     replicated: every rank holds it whole (its shape must not depend on the divided attributes);
+#   "out"    split along its output dimension (a matrix's rows, dim -2; a vector's only dim): column-parallel;
+#   "in"     split along its input dimension (the last): row-parallel, each rank's product is a partial sum;
+#   "experts" split along dim 0 of an expert bank;
+#   "once"   whole, added by rank 0 only (the bias of a row-parallel projection: added once to the summed output).
+SHARDS = (None, "out", "in", "experts", "once")
+# OperatorDecl.partition: "replicated" (every operand whole, computed redundantly on every rank), "tensor" (the roles
+# declare their split; the output is a partial sum, all-reduced once), None: no declared partition (refused).
+PARTITIONS = (None, "replicated", "tensor")
 
 
 @dataclass(frozen=True)
@@ -87,9 +97,11 @@ class RoleSpec:
     # "head" the output table (always), "down" an FFN's output projection and "value" an attention's value
     # projection (fused QKV ones included), both on the layers the scheme's rule picks. None: its base format.
     more_bits: str | None = None
+    shard: str | None = None  # how tensor parallelism splits it (SHARDS); only read under an op's partition "tensor"
 
     def __post_init__(self) -> None:
         assert self.more_bits in MORE_BITS, self.more_bits
+        assert self.shard in SHARDS, self.shard
         assert self.more_bits is None or self.quantise, (self.name, "more_bits needs quantise=True")
 
     @property
@@ -168,6 +180,14 @@ class OperatorDecl:
     # may declare as its own, or a name reserved for a feature not bound yet
     extra_roles: tuple[str, ...] = ()
     doc: str = ""
+    # tensor parallelism (vxc.passes.shard): how the operator splits over N ranks (PARTITIONS), and the attributes
+    # that divide by N under "tensor" (each rank runs the operator at attrs // N; shapes follow from the contracts)
+    partition: str | None = None
+    divides: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        assert self.partition in PARTITIONS, self.partition
+        assert not self.divides or self.partition == "tensor", (self.kind, "divides needs partition tensor")
 
     def attr(self, name: str) -> Attr | None:
         for a in self.attrs:

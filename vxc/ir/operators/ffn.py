@@ -13,10 +13,13 @@ SWIGLU = OperatorDecl(
            attr("gate_scale", "float", optional=True, doc="the gate projection's output times this, before act "
                                                            "(absent: none)"),
            *BLOCK_SCALES),
+    # tensor parallel: gate/up column-parallel, down row-parallel over the intermediate width
+    partition="tensor",
+    divides=("intermediate",),
     roles=(
-        RoleSpec("FfnGate", lambda a: (a["intermediate"], a["d_model"]), quantise=True),
-        RoleSpec("FfnUp", lambda a: (a["intermediate"], a["d_model"]), quantise=True),
-        RoleSpec("FfnDown", lambda a: (a["d_model"], a["intermediate"]), quantise=True, more_bits="down"),
+        RoleSpec("FfnGate", lambda a: (a["intermediate"], a["d_model"]), quantise=True, shard="out"),
+        RoleSpec("FfnUp", lambda a: (a["intermediate"], a["d_model"]), quantise=True, shard="out"),
+        RoleSpec("FfnDown", lambda a: (a["d_model"], a["intermediate"]), quantise=True, more_bits="down", shard="in"),
     ),
 )
 

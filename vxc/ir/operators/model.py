@@ -10,6 +10,7 @@ RMSNORM = OperatorDecl(
     doc="x·rsqrt(mean(x²)+eps)·w, or ·(1+w) when zero_centred; computed in fp32",
     attrs=(attr("dim", "int"), attr("eps", "float", min=0.0), attr("zero_centred", "bool")),
     roles=(RoleSpec(None, lambda a: (a["dim"],)),),
+    partition="replicated",
     # the roles a norm instance declares as its own (placements name them: vxc.ir.roles.PLACEMENT_NORMS)
     extra_roles=("PreAttentionNorm", "PostAttentionNorm", "PreFfnNorm", "PostFfnNorm", "PreExpertsNorm",
                  "PostDenseFfnNorm", "PostExpertsNorm", "Mamba2PreMixerNorm", "FinalNorm"),
@@ -26,6 +27,7 @@ EMBEDDING = OperatorDecl(
            # rounded once; applied by the generic lowering loop like any operator's output_scale
            BLOCK_SCALES[1]),
     roles=(RoleSpec("Embedding", lambda a: (a["padded_vocab"], a["dim"]), quantise=True),),
+    partition="replicated",
     rules=(("padded_vocab must be >= vocab", lambda a: a["padded_vocab"] >= a["vocab"]),),
 )
 
@@ -37,6 +39,7 @@ HEAD = OperatorDecl(
     attrs=(attr("tied", "bool"), attr("padded_vocab", "int"), attr("dim", "int"),
            attr("scale", "float", optional=True, doc="multiplier of the logits (absent: none)")),
     roles=(RoleSpec("LmHead", lambda a: (a["padded_vocab"], a["dim"]), unless="tied", quantise=True, more_bits="head"),),
+    partition="replicated",
 )
 
 

@@ -40,19 +40,23 @@ SOFTMAX = OperatorDecl(
              doc="k (after its projection and bias, before rotary and the kv-row write) times this (absent: none)"),
         *BLOCK_SCALES,
     ),
+    # tensor parallel: heads and kv heads split across ranks (q/k/v, their biases, sinks and the output gate by
+    # rows, o by columns; the kv region follows kv_heads); per-head q/k norms whole; o's bias added once
+    partition="tensor",
+    divides=("heads", "kv_heads"),
     roles=(
-        RoleSpec("AttnQ", lambda a: (_q_dim(a), a["d_model"]), quantise=True),
-        RoleSpec("AttnK", lambda a: (_kv_dim(a), a["d_model"]), quantise=True),
-        RoleSpec("AttnV", lambda a: (_kv_dim(a), a["d_model"]), quantise=True, more_bits="value"),
-        RoleSpec("AttnO", lambda a: (a["d_model"], _q_dim(a)), quantise=True),
-        RoleSpec("AttnQBias", lambda a: (_q_dim(a),), when="q_bias"),
-        RoleSpec("AttnKBias", lambda a: (_kv_dim(a),), when="k_bias"),
-        RoleSpec("AttnVBias", lambda a: (_kv_dim(a),), when="v_bias"),
-        RoleSpec("AttnOBias", lambda a: (a["d_model"],), when="o_bias"),
+        RoleSpec("AttnQ", lambda a: (_q_dim(a), a["d_model"]), quantise=True, shard="out"),
+        RoleSpec("AttnK", lambda a: (_kv_dim(a), a["d_model"]), quantise=True, shard="out"),
+        RoleSpec("AttnV", lambda a: (_kv_dim(a), a["d_model"]), quantise=True, more_bits="value", shard="out"),
+        RoleSpec("AttnO", lambda a: (a["d_model"], _q_dim(a)), quantise=True, shard="in"),
+        RoleSpec("AttnQBias", lambda a: (_q_dim(a),), when="q_bias", shard="out"),
+        RoleSpec("AttnKBias", lambda a: (_kv_dim(a),), when="k_bias", shard="out"),
+        RoleSpec("AttnVBias", lambda a: (_kv_dim(a),), when="v_bias", shard="out"),
+        RoleSpec("AttnOBias", lambda a: (a["d_model"],), when="o_bias", shard="once"),
         RoleSpec("AttnQNorm", lambda a: (a["head_dim"],), when="qk_norm"),
         RoleSpec("AttnKNorm", lambda a: (a["head_dim"],), when="qk_norm"),
-        RoleSpec("AttnSinks", lambda a: (a["heads"],), when="sinks"),
-        RoleSpec("AttnOutputGate", lambda a: (_q_dim(a), a["d_model"]), when="output_gate", quantise=True),
+        RoleSpec("AttnSinks", lambda a: (a["heads"],), when="sinks", shard="out"),
+        RoleSpec("AttnOutputGate", lambda a: (_q_dim(a), a["d_model"]), when="output_gate", quantise=True, shard="out"),
     ),
     regions=(
         RegionSpec(

@@ -1,0 +1,166 @@
+"""``shard``: one rank's program of a model split over ``ctx.tp`` ranks (tensor parallelism).
+
+Reads the operator declarations only: an operator's ``partition`` says whether it runs replicated (every operand
+whole on every rank: embedding, norms, head) or split (``"tensor"``); a split operator names the attributes that
+divide by the number of ranks (``divides``: heads, kv_heads, intermediate …) and each role says how it is cut
+(``RoleSpec.shard``: ``out`` / ``in`` / ``experts`` / ``once`` / whole). This rank then runs the operator at the
+divided attributes: every role's shape is its contract at those attributes, the cut a contiguous range of the
+declared dimension, and the state regions follow from the same attributes (a kv region holds this rank's kv
+heads). A split operator's output is a partial sum: the plan gets one ``all_reduce`` op after it. A ``once``
+operand (a row-parallel projection's bias) stays bound on rank 0 only, so the sum adds it once.
+
+Anything without a declared partition is refused by name — an operator kind, a Parallel layer, an encoded or
+int8-activation operand that would need cutting, an attribute that does not divide — never replicated silently.
+At ``tp == 1`` the pass changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from ..ir.module import Module, Op, Shard
+from ..ir.operators import OPERATORS
+from .context import Context
+from .findings import Finding
+from .plan import PlanOp, build_plan, plan_ops
+from .state import declared_regions
+
+REDUCE = "all_reduce"  # the plan-op kind that sums a split operator's partial outputs over the ranks
+
+
+def _dim(cut: str, ndim: int) -> int:
+    if cut == "experts":
+        return 0
+    if cut == "in":
+        return ndim - 1
+    return ndim - 2 if ndim >= 2 else 0  # "out": a matrix's rows, a vector's only dimension
+
+
+def _ops(m: Module) -> list[tuple[int | None, Op]]:
+    out: list[tuple[int | None, Op]] = [(None, m.embedding)]
+    for layer in m.layers:
+        out += [(layer.index, op) for op in layer.ops()]
+    return out + [(None, m.final_norm), (None, m.head)]
+
+
+def shard_module(m: Module, n: int, rank: int) -> list[Finding]:
+    """Rewrite ``m`` in place into rank ``rank``'s part of ``n``: local attributes, operand parts, local regions."""
+    findings: list[Finding] = []
+    for layer in m.layers:
+        if layer.parallel is not None:
+            findings.append(Finding("no-partition", f"placement Parallel (two mixers side by side) has no declared "
+                                    f"partition yet under --tp {n}", layer.index, layer.main_kind()))
+    plans = []  # (op, local attrs, [(operand, spec shard, full shape, local shape)])
+    for layer_index, op in _ops(m):
+        decl = OPERATORS[op.kind]
+        if decl.partition is None:
+            findings.append(Finding("no-partition", f"operator kind {op.kind} has no declared partition yet "
+                                    f"(--tp {n} splits softmax attention and swiglu FFNs only)", layer_index, op.kind))
+            continue
+        local = dict(op.attrs)
+        bad = False
+        for name in decl.divides:
+            v = op.attrs[name]
+            if v % n:
+                findings.append(Finding("indivisible", f"{name}={v} is not divisible by --tp {n}", layer_index, op.kind,
+                                        expected=f"a multiple of {n}", actual=v))
+                bad = True
+            local[name] = v // n
+        if bad:
+            continue
+        bound = m.bindings(layer_index)
+        cuts = []
+        for role, spec in decl.role_specs(op.role):
+            if not spec.required(op.attrs) or role not in bound:
+                continue
+            o = bound[role]
+            full, part = tuple(spec.shape(op.attrs)), tuple(spec.shape(local))
+            cut = spec.shard if decl.partition == "tensor" else None
+            if cut in (None, "once"):
+                if part != full:
+                    findings.append(Finding("bad-partition", f"role {role} is declared whole but its contract {list(full)} "
+                                            f"changes with the divided attributes ({list(part)})", layer_index, op.kind,
+                                            role=str(role)))
+                    continue
+            else:
+                d = _dim(cut, len(full))
+                if [s for i, s in enumerate(full) if i != d] != [s for i, s in enumerate(part) if i != d] or full[d] != part[d] * n:
+                    findings.append(Finding("bad-partition", f"role {role} is declared cut {cut} (dim {d}) but its contract "
+                                            f"{list(full)} at the divided attributes is {list(part)}", layer_index, op.kind,
+                                            role=str(role)))
+                    continue
+                if o.encoding is not None:
+                    findings.append(Finding("no-partition", f"operand %{o.sym} is encoded ({o.encoding}): cutting an encoded "
+                                            f"operand has no declared partition yet", layer_index, op.kind, role=str(role)))
+                    continue
+            if o.activations is not None:
+                findings.append(Finding("no-partition", f"operand %{o.sym} declares {o.activations} activations: no "
+                                        f"declared partition yet under --tp {n}", layer_index, op.kind, role=str(role)))
+                continue
+            cuts.append((o, cut, full, part))
+        plans.append((op, local, cuts))
+    if findings:
+        return findings
+    for op, local, cuts in plans:
+        op.attrs.clear()
+        op.attrs.update(local)
+        for o, cut, full, part in cuts:
+            if cut in (None, "once"):
+                o.shard = Shard(n, once=cut == "once")
+                continue
+            d = _dim(cut, len(full))
+            o.shard = Shard(n, d, rank * part[d], (rank + 1) * part[d])
+            o.shape = part
+    for layer in m.layers:
+        layer.regions = declared_regions(layer)
+    return []
+
+
+def shard_plan(m: Module, n: int, rank: int) -> nx.DiGraph:
+    """The plan of the sharded module with one ``all_reduce`` op after every split operator; off rank 0, the
+    ``once`` operands unbound (rank 0 adds them)."""
+    g = build_plan(m)
+    ops: list[PlanOp] = []
+    for p in plan_ops(g):
+        ops.append(p)
+        decl = OPERATORS.get(p.kind)
+        if decl is None or decl.partition != "tensor":
+            continue
+        for role, o in list(p.operands.items()):
+            if o.shard is not None and o.shard.once and rank != 0:
+                del p.operands[role]
+                g.remove_edge("%" + o.sym, p.id)
+                if g.out_degree("%" + o.sym) == 0:
+                    g.remove_node("%" + o.sym)
+        r = PlanOp(f"{p.id}.{REDUCE}", REDUCE, p.layer, 0, {"ranks": n}, slot="reduce")
+        g.add_node(r.id, type="op", op=r)
+        ops.append(r)
+    g.remove_edges_from([(a, b) for a, b, d in g.edges(data=True) if d["type"] == "hidden"])
+    for i, p in enumerate(ops):
+        p.order = i
+        if i:
+            g.add_edge(ops[i - 1].id, p.id, type="hidden")
+    g.graph["tp"], g.graph["rank"] = n, rank
+    return g
+
+
+@dataclass(frozen=True)
+class ShardPass:
+    name: str = "shard"
+
+    def run(self, ctx: Context) -> list[Finding]:
+        n, rank = ctx.tp, ctx.rank
+        if n == 1:
+            return []
+        if n < 1 or not 0 <= rank < n:
+            return [Finding("bad-tp", f"--tp {n} rank {rank}: ranks are 1..N, rank 0..N-1")]
+        m = ctx.module
+        if any(layer.regions is None for layer in m.layers):
+            return [Finding("no-state", "shard needs the state pass first (a layer has no materialised regions)")]
+        findings = shard_module(m, n, rank)
+        if findings:
+            return findings
+        ctx.artefacts["plan"] = shard_plan(m, n, rank)
+        return []
