@@ -147,6 +147,8 @@ def passes(
     print_after_all: bool = typer.Option(False, "--print-after-all"),
     print_after_failure: bool = typer.Option(False, "--print-after-failure"),
     no_verify_each: bool = typer.Option(False, "--no-verify-each", help="skip the verifier between passes"),
+    tp: int = typer.Option(1, "--tp", min=1, max=1024, help="tensor parallel: ranks the shard pass splits for"),
+    rank: int = typer.Option(0, "--rank", min=0, help="with --tp: the rank whose part the shard pass makes"),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Run a pass pipeline over INPUT and print what was asked for."""
@@ -159,12 +161,16 @@ def passes(
     if pipeline is None:  # extend the default pipeline to the furthest pass asked for
         want = max([ORDER.index(n) for n in print_after if n in ORDER] + [ORDER.index("plan")])
         text = ",".join(ORDER[: want + 1])
+        if tp > 1 or "shard" in print_after:  # tensor parallel: the shard pass right after plan
+            text = text.replace("plan", "plan,shard", 1)
+    if rank >= tp:
+        _fail(f"--rank {rank}: ranks of --tp {tp} are 0..{tp - 1}", 1, as_json)
     try:
         names = parse_pipeline(text)
     except ValueError as e:
         _fail(str(e), 1, as_json)
     for n in print_after:
-        if n not in ORDER:
+        if n not in ORDER and n != "shard":
             _fail(f"--print-after {n}: unknown pass; known passes: {', '.join(ORDER)}", 1, as_json)
         if n not in names:
             _fail(f"--print-after {n}: pass is not in the pipeline {','.join(names)}", 1, as_json)
@@ -179,6 +185,7 @@ def passes(
 
     def go():
         ctx = load(input)
+        ctx.tp, ctx.rank = tp, rank
         return run(ctx, ",".join(names), print_after=set(print_after), print_after_all=print_after_all,
                    print_after_failure=print_after_failure, verify_each=not no_verify_each, emit=emit)
 
@@ -197,6 +204,8 @@ def describe(
     dot: Optional[Path] = typer.Option(None, "--dot", help="write layers, operators and state regions as Graphviz"),
     sequences: int = typer.Option(1, "--sequences", min=1, max=4096,
                                   help="with --context: the state of this many sequence slots (vxc serve --sequences)"),
+    tp: int = typer.Option(1, "--tp", min=1, max=1024, help="also each rank's weight and state bytes under tensor "
+                                                             "parallelism over N ranks"),
 ):
     """The surfaces of a model, read from its plan."""
     from .driver import load, run
@@ -209,6 +218,10 @@ def describe(
     if sequences != 1 and context is None:
         _fail("--sequences needs --context (the bytes of S slots at that many tokens each)", 1, as_json)
     d = surfaces(ctx.plan, context, sequences=sequences)
+    if tp > 1:
+        from .passes.surfaces import tp_ranks
+
+        d["tp"] = _guard(lambda: tp_ranks(lambda: load(input), tp, context, sequences), as_json)
     if dot is not None:
         from .driver import write_atomic
 
@@ -255,6 +268,8 @@ def exec_(
     kernel_report: bool = typer.Option(False, "--kernel-report", help="print the kernel backend and every fallback to a torch twin (--json: always in its \"kernels\" object)"),
     compile_decode: bool = typer.Option(False, "--compile", help="torch.compile the fixed-shape decode graph"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
+    tp: int = typer.Option(1, "--tp", min=1, max=1024, help="tensor parallel over N ranks: spawned here (gloo on "
+                                                             "loopback), or the ranks of torchrun"),
 ):
     """Execute a lowered model: teacher-forced prefill of the prompt, then generation until an EOS token, a --stop
     string, --max-new-tokens or a full context."""
@@ -269,7 +284,7 @@ def exec_(
                         top_p=top_p, top_k=top_k, seed=seed, dtype=dtype, device=device, max_context=max_context,
                         model_dir=model_dir, logits_out=logits_out, save_state=save_state, resume_state=resume_state,
                         kernels=kernels, compile_decode=compile_decode, as_json=as_json, kernel_report=kernel_report,
-                        ignore_eos=ignore_eos, stop=list(stop), chat=chat, system=system)
+                        ignore_eos=ignore_eos, stop=list(stop), chat=chat, system=system, tp=tp)
 
     _guard(go, as_json)
 

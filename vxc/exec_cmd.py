@@ -113,7 +113,8 @@ def choose_max_context(m, mdir: Path, dtype: str, device: str, asked: int | None
 
 
 def load_model(*, model: Path, dtype: str, device: str, max_context: int | None, model_dir, kernels: str,
-               compile_decode: bool, need_tokenizer: str | None, ignore_eos: bool = False, sequences: int = 1) -> Loaded:
+               compile_decode: bool, need_tokenizer: str | None, ignore_eos: bool = False, sequences: int = 1,
+               tp: int = 1, rank: int = 0) -> Loaded:
     """Parse the IR, load the tokenizer (an error when ``need_tokenizer`` names why one is needed), build the
     engine at the chosen --max-context (with ``sequences`` state slots: ``vxc serve``) and warm it up."""
     from .codegen import kernels as K
@@ -144,9 +145,13 @@ def load_model(*, model: Path, dtype: str, device: str, max_context: int | None,
             warnings.append(f"warning: {e}; output is token ids")
     stop = StopIds() if ignore_eos else stop_ids(mdir, m, tok)
     ctx_n, ctx_note = choose_max_context(m, mdir, dtype, device, max_context, sequences)
+    if tp > 1:  # the ranks must agree on it (the memory each process sees differs): rank 0's choice
+        from .runtime.tp import broadcast_object
+
+        ctx_n, ctx_note = broadcast_object((ctx_n, ctx_note))
     t0 = time.perf_counter()
     engine = Engine(m, mdir, dtype=DTYPES[dtype], device=device, max_context=ctx_n, compile_decode=compile_decode,
-                    sequences=sequences)
+                    sequences=sequences, **({"tp": tp, "rank": rank} if tp > 1 else {}))
     load_s = time.perf_counter() - t0
     stop.ids = [i for i in stop.ids if i < engine.vocab]
     session = Session(engine)
@@ -210,9 +215,29 @@ def context_full_note(lm: Loaded) -> str:
 
 def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p, top_k, seed, dtype, device, max_context,
              model_dir, logits_out, save_state, resume_state, kernels, compile_decode, as_json,
-             kernel_report=False, ignore_eos=False, stop=(), chat=False, system=None) -> None:
+             kernel_report=False, ignore_eos=False, stop=(), chat=False, system=None, tp=1, rank=None) -> None:
     from .codegen import kernels as K
     from .runtime.sampling import Sampler
+
+    if tp > 1 and rank is None:  # tensor parallel: this process is one rank (torchrun) or spawns them all
+        from .runtime import tp as TP
+
+        kw = dict(model=model, prompt=prompt, tokens=tokens, max_new_tokens=max_new_tokens, temperature=temperature,
+                  top_p=top_p, top_k=top_k, seed=seed, dtype=dtype, device=device, max_context=max_context,
+                  model_dir=model_dir, logits_out=logits_out, save_state=save_state, resume_state=resume_state,
+                  kernels=kernels, compile_decode=compile_decode, as_json=as_json, kernel_report=kernel_report,
+                  ignore_eos=ignore_eos, stop=stop, chat=chat, system=system, tp=tp)
+        check_tp(model, model_dir, tp)  # a model that does not split is refused before any rank starts
+        if TP.under_torchrun():
+            return _exec_rank(TP.join(tp), kw)
+        import torch.multiprocessing as mp
+
+        try:
+            TP.spawn(_exec_rank, tp, kw)
+        except mp.ProcessExitedException as e:
+            raise SystemExit(e.exit_code) from None
+        return
+    rank = rank or 0
 
     stop = list(stop or ())
     resume_hint = " (after --resume-state: the next token(s), e.g. the last generated id)" if resume_state else ""
@@ -235,7 +260,8 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
     ids = _parse_tokens(tokens) if tokens is not None else None
     need = "--chat" if chat else "--prompt" if prompt is not None else "--stop" if stop else None
     lm = load_model(model=model, dtype=dtype, device=device, max_context=max_context, model_dir=model_dir,
-                    kernels=kernels, compile_decode=compile_decode, need_tokenizer=need, ignore_eos=ignore_eos)
+                    kernels=kernels, compile_decode=compile_decode, need_tokenizer=need, ignore_eos=ignore_eos,
+                    tp=tp, rank=rank)
     for w in lm.warnings:
         note(w)
     tok, session = lm.tok, lm.session
@@ -255,12 +281,18 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
 
     forget()  # every header read is done: the GGUF metadata snapshot need not stay resident
     sampler = Sampler(temperature, top_k, top_p, seed, vocab=lm.engine.vocab)
+    if tp > 1:
+        from .runtime.tp import Agreed, rank_path
+
+        sampler = Agreed(sampler)  # every rank continues with rank 0's choice
+        resume_state = rank_path(resume_state, rank) if resume_state is not None else None
+        save_state = rank_path(save_state, rank) if save_state is not None else None
     if resume_state is not None:
         session.load_state(resume_state, sampler)
     t1 = time.perf_counter()
     logits = session.prefill(ids, last_only=logits_out is None)  # the head on every position only when asked for
     prefill_s = time.perf_counter() - t1
-    if logits_out is not None:
+    if logits_out is not None and rank == 0:  # (tensor parallel: every rank holds the same logits; rank 0 writes)
         from .driver import save_safetensors_atomic
 
         save_safetensors_atomic(Path(logits_out), {"logits": logits.float().contiguous().cpu()})
@@ -310,6 +342,49 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
     d = result["decode_tokens_per_s"]
     note(f"prefill {len(ids)} tokens: {p:.1f} tok/s · decode {n_decode} tokens: " + (f"{d:.1f} tok/s" if d else "n/a")
          + f" · ended by {turn.finish_reason} · load {lm.load_s:.2f} s + warm-up {lm.warmup_s:.2f} s · position {session.pos}")
+
+
+def check_tp(model: Path, model_dir, tp: int) -> None:
+    """Refuse (``Refusal``) a model whose rank-0 part the shard pass refuses, without torch or any rank."""
+    from .driver import load
+    from .passes.manager import TP_PIPELINE, PassManager, parse_pipeline
+
+    check_path = Path(model)
+    if not check_path.is_file():
+        return  # load_model names the problem
+    ctx = load(check_path)
+    ctx.tp, ctx.rank = tp, 0
+    PassManager(parse_pipeline(TP_PIPELINE), emit=lambda s: None).run(ctx)
+
+
+def _exec_rank(rank: int, kw: dict) -> None:
+    """One rank of ``vxc exec --tp N``: rank 0 prints what ``vxc exec`` prints; the others print nothing. An error
+    on rank 0 is printed as the CLI prints it and ends the rank with the CLI's exit status."""
+    import os
+
+    if rank != 0:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        run_exec(**kw, rank=rank)
+        return
+    from .passes.findings import Refusal
+
+    try:
+        run_exec(**kw, rank=rank)
+    except Refusal as r:
+        print(json.dumps(r.to_json(), indent=1) if kw.get("as_json") else r.text())
+        sys.stdout.flush()
+        sys.exit(2)
+    except VxcError as e:
+        if kw.get("as_json"):
+            print(json.dumps({"error": str(e)}))
+        else:
+            print(f"error: {e}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def _packed_bytes() -> int:

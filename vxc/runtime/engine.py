@@ -13,7 +13,7 @@ from ..codegen.lower import VARIANTS, Lowered, RopeRef, StateRef, Weight, lower_
 from ..ir.diagnostics import VxcError
 from ..ir.module import Module
 from ..passes.context import Context
-from ..passes.manager import DEFAULT_PIPELINE, PassManager, parse_pipeline
+from ..passes.manager import DEFAULT_PIPELINE, TP_PIPELINE, PassManager, parse_pipeline
 from ..passes.plan import split_region_id
 from ..codegen import kernels
 from .replay import DecodeReplay
@@ -27,8 +27,17 @@ DTYPES = {"fp32": torch.float32, "f32": torch.float32, "bf16": torch.bfloat16, "
 class Engine:
     def __init__(self, module: Module, model_dir: Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
                  max_context: int = 2048, provider: StateProvider | None = None, compile_decode: bool = False,
-                 replay: bool = True, sequences: int = 1):
-        ctx = PassManager(parse_pipeline(DEFAULT_PIPELINE), emit=lambda s: None).run(Context(module, model_dir=Path(model_dir)))
+                 replay: bool = True, sequences: int = 1, tp: int = 1, rank: int = 0):
+        self.tp, self.rank = tp, rank
+        if tp == 1:
+            ctx = PassManager(parse_pipeline(DEFAULT_PIPELINE), emit=lambda s: None).run(Context(module, model_dir=Path(model_dir)))
+        else:  # tensor parallel: this rank's part of the model (the shard pass rewrites a copy of the module)
+            import copy
+
+            module = copy.deepcopy(module)
+            ctx = PassManager(parse_pipeline(TP_PIPELINE), emit=lambda s: None).run(
+                Context(module, model_dir=Path(model_dir), tp=tp, rank=rank))
+            replay = False  # a step holding collectives is not captured
         self.module, self.plan = ctx.module, ctx.plan
         self.dtype, self.device, self.max_context = dtype, torch.device(device), max_context
         self.weights = Weights(module, Path(model_dir))
@@ -122,13 +131,14 @@ class Engine:
         self.bound_slot = slot
 
     def full_threads(self) -> None:
-        """Give the parallel regions of work outside the replayed step (prefill, batched steps) every thread again.
-        The thread governor leaves its count in force after a replayed step (the runtime is shared with torch);
+        """Give the parallel regions of work outside the replayed step (prefill, batched steps) the thread count in
+        force before any governor changed it. A governor (this engine's or another's: the OpenMP runtime is one per
+        process) leaves its count in force after a replayed step (the runtime is shared with torch);
         torch's reductions split their sums by thread, so a prefill must not run at whatever count the last
         governed step left, or the same prompt would give other bits under load."""
-        g = self.replay.governor if self.replay is not None else None
-        if g is not None and g.n != g.max:
-            g.set_threads(g.max)
+        from .replay import release_threads
+
+        release_threads()
 
     def decode(self, token: int, pos: int) -> torch.Tensor:
         """Logits ``[1, padded_vocab]`` (compute dtype) of ``token`` at position ``pos``: the fixed-shape

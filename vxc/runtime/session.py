@@ -118,6 +118,8 @@ class Session:
             tensors["rng_state"] = sampler.get_state()
         shapes = {rid: list(b.shape) for rid, b in st.buffers.items()}
         meta = {"format": STATE_FORMAT, "regions": json.dumps(shapes, sort_keys=True)}
+        if getattr(self.engine, "tp", 1) > 1:  # one rank's part of the state: only that rank of the same split may resume it
+            meta["tp"] = f"rank {self.engine.rank} of {self.engine.tp}"
         save_safetensors_atomic(Path(path), tensors, meta)
 
     def load_state(self, path: Path, sampler: Sampler | None = None) -> None:
@@ -133,6 +135,10 @@ class Session:
             raise SessionError(f"{path}: not a readable state file ({e})") from None
         if meta.get("format") != STATE_FORMAT:
             raise SessionError(f"{path}: not a vxc state file (metadata format={meta.get('format')!r}, expected {STATE_FORMAT!r})")
+        part = f"rank {self.engine.rank} of {self.engine.tp}" if getattr(self.engine, "tp", 1) > 1 else None
+        if meta.get("tp") != part:
+            raise SessionError(f"{path}: saved by {'tensor-parallel ' + meta['tp'] if meta.get('tp') else 'one process'}, "
+                               f"this is {'tensor-parallel ' + part if part else 'one process'}")
         want = set(st.buffers) | {"position"}
         missing = sorted(want - set(data))
         extra = sorted(set(data) - want - {"rng_state"})

@@ -92,6 +92,7 @@ class MappedFile:
         if got != digest:
             raise WeightError(f"weights file {path}: header sha256 differs from the IR's; refusing to run on a different checkpoint")
         self.path = path
+        self.bytes_sliced = 0  # bytes read by read_slice (tensor parallelism's parts)
         self.bytes = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)  # private mmap, paged lazily
         _MAPPED[id(self)] = (self.bytes.data_ptr(), self.bytes.data_ptr() + size)
         weakref.finalize(self, _MAPPED.pop, id(self), None)
@@ -107,6 +108,29 @@ class MappedFile:
         (a, b), dt, shape = self._entry(key)
         raw = self.bytes[self.data_start + a:self.data_start + b]
         return raw.view(dt).reshape(shape) if b > a else torch.empty(shape, dtype=dt)
+
+    def read_slice(self, key: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        """``[start, stop)`` of dim ``dim`` of a stored tensor, read with plain file I/O: only those bytes (one
+        contiguous run per index of the dims before ``dim``), into a private copy (tensor parallelism: a rank
+        reads its part of an operand, never the whole)."""
+        (a, b), dt, shape = self._entry(key)
+        if not (0 <= dim < len(shape) and 0 <= start <= stop <= shape[dim]):
+            raise WeightError(f"tensor {key!r} {list(shape)}: no slice [{start}:{stop}] of dim {dim}")
+        item = torch.empty((), dtype=dt).element_size()
+        inner = math.prod(shape[dim + 1:]) * item
+        outer = math.prod(shape[:dim])
+        run, stride = (stop - start) * inner, shape[dim] * inner
+        part = [*shape[:dim], stop - start, *shape[dim + 1:]]
+        buf = torch.empty(outer * run, dtype=torch.uint8)
+        if run:
+            view = memoryview(buf.numpy())
+            with open(self.path, "rb") as f:
+                for i in range(outer):
+                    f.seek(self.data_start + a + i * stride + start * inner)
+                    if f.readinto(view[i * run:(i + 1) * run]) != run:
+                        raise WeightError(f"{self.path}: tensor {key!r} is cut short")
+        self.bytes_sliced += outer * run
+        return buf.view(dt).reshape(part) if run else torch.empty(part, dtype=dt)
 
     def read(self, key: str, out: torch.Tensor | None = None) -> torch.Tensor:
         """A private copy read with plain file I/O (used when the tensor is converted or stacked anyway, so the
@@ -131,6 +155,11 @@ class Weights:
         self.module = m
         self.files = {f.sym: MappedFile(model_dir / f.path, f.size, f.header_sha256, f.sym, f.format) for f in m.files}
         self.tensors = m.tensor_table()
+        self.bytes_sliced = 0  # bytes of expert-bank parts (tensor parallelism); file parts count in the files
+
+    def sliced_bytes(self) -> int:
+        """Bytes read for tensor-parallel parts (tests check they are the parts' bytes, not the whole tensors')."""
+        return self.bytes_sliced + sum(f.bytes_sliced for f in self.files.values())
 
     def stored(self, sym: str, copy: bool = False) -> torch.Tensor:
         from .views import check_bank
@@ -148,9 +177,31 @@ class Weights:
             self.files[f].read(k, out=bank[i])
         return bank
 
+    def sliced(self, sym: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        """``[start, stop)`` of dim ``dim`` of a stored tensor (of a bank: dim 0 picks experts), reading only it."""
+        t = self.tensors[sym]
+        if not t.is_bank:
+            return self.files[t.file].read_slice(t.key, dim, start, stop)
+        keys = list(t.keys())
+        if dim == 0:  # whole experts: each read alone
+            parts = [self.files[f].read(k) for f, k in keys[start:stop]]
+            self.bytes_sliced += sum(x.numel() * x.element_size() for x in parts)
+        else:  # (counted by the files)
+            parts = [self.files[f].read_slice(k, dim - 1, start, stop) for f, k in keys]
+        return torch.stack(parts) if parts else torch.empty((0, *t.shape))
+
     def operand(self, o: Operand, dtype: torch.dtype | None, device: torch.device | str) -> torch.Tensor:
         from .views import apply_view, decode_mxfp4
 
+        part = o.shard if o.shard is not None and o.shard.dim is not None else None
+        if part is not None and o.encoding is None and not o.transforms:
+            # tensor parallelism: this rank's part of a plain operand, read alone (never the whole tensor)
+            x = self.sliced(o.sources[0], part.dim, part.start, part.stop)
+            if tuple(x.shape) != tuple(o.shape):
+                raise WeightError(f"operand %{o.sym}: its part reads {list(x.shape)}, the IR declares {list(o.shape)}")
+            if dtype is not None and x.is_floating_point() and x.dtype != dtype:
+                x = x.to(dtype)
+            return x.to(device).contiguous()
         if o.encoding is None:
             src = self.tensors[o.sources[0]]
             converts = dtype is not None and src.dtype != _ir_dtype(dtype) and src.dtype.startswith(("f", "bf"))
@@ -166,6 +217,8 @@ class Weights:
         else:
             raise WeightError(f"operand %{o.sym}: encoding {o.encoding} has no decoder")
         x = apply_view(x, o.transforms)
+        if part is not None:  # a part of an operand under views: the views need the whole stored tensor
+            x = x.narrow(part.dim, part.start, part.stop - part.start)
         if tuple(x.shape) != tuple(o.shape):
             raise WeightError(f"operand %{o.sym}: view gives {list(x.shape)}, the IR declares {list(o.shape)}")
         if dtype is not None and x.is_floating_point() and x.dtype != dtype:

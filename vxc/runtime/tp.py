@@ -1,0 +1,91 @@
+"""Tensor-parallel execution over ``torch.distributed``: the process group, local launch, and what the ranks
+must agree on.
+
+- ``spawn(fn, n, *args)``: N local ranks (``torch.multiprocessing``, start method spawn), each joining a gloo
+  group through a FileStore in a fresh temporary directory, then calling ``fn(rank, *args)``.
+- ``join(n)``: inside ``torchrun`` (its ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` environment), the group it
+  describes (gloo); the world size must be ``n``.
+- ``Agreed``: a sampler whose every choice is rank 0's, broadcast (the ranks' logits are the same bits after the
+  last all-reduce, but a token chosen differently on one rank would split the ranks' sequences silently).
+- ``rank_path``: the file a rank's continuation state is saved to / resumed from (rank 0: the path itself).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+TIMEOUT = timedelta(seconds=int(os.environ.get("VXC_TP_TIMEOUT", "300")))
+
+
+def under_torchrun() -> bool:
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def join(n: int) -> int:
+    """Join (or check) the process group of ``n`` ranks; returns this process's rank."""
+    import torch.distributed as dist
+
+    from ..ir.diagnostics import VxcError
+
+    if not dist.is_initialized():
+        if not under_torchrun():
+            raise VxcError(f"--tp {n}: no process group (launch with torchrun, or let vxc spawn the ranks)")
+        dist.init_process_group("gloo", timeout=TIMEOUT)
+    if dist.get_world_size() != n:
+        raise VxcError(f"--tp {n}: the process group has {dist.get_world_size()} ranks")
+    return dist.get_rank()
+
+
+def _entry(rank: int, n: int, store: str, fn: Callable, args: tuple) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=n, timeout=TIMEOUT)
+    try:
+        fn(rank, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn: Callable, n: int, *args: Any) -> None:
+    """Run ``fn(rank, *args)`` on ``n`` local ranks joined in one gloo group; returns when all have finished (a
+    rank that fails stops the others: ``torch.multiprocessing``'s ProcessExitedException / ProcessRaisedException)."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="vxc-tp-") as d:
+        mp.spawn(_entry, args=(n, str(Path(d) / "store"), fn, args), nprocs=n, join=True)
+
+
+def rank_path(path: Path, rank: int) -> Path:
+    path = Path(path)
+    return path if rank == 0 else path.with_name(f"{path.name}.rank{rank}")
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class Agreed:
+    """A sampler whose choices are rank 0's (broadcast to the others); everything else is the wrapped sampler's."""
+
+    def __init__(self, sampler):
+        self.inner = sampler
+
+    def __call__(self, logits):
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([int(self.inner(logits))], dtype=torch.int64)
+        dist.broadcast(t, src=0)
+        return int(t[0])
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
