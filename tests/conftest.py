@@ -28,6 +28,22 @@ PYTHON = sys.executable
 WITNESS_NAMES = ("mamba2-780m", "mamba2attn-2.7b", "mamba2attn-250m.oute-dialect")
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (the README's test command: two workers on a two-core machine) each worker computes on one
+    thread: two workers already use the cores, and a GEMM split over threads that another process keeps busy is
+    neither fast nor — for BLAS kernels that size their partition at run time — bit-reproducible, which the
+    determinism checks assert. Tests that need several threads set them themselves."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+        from vxc.codegen.kernels import native
+
+        lib = native.load()
+        if lib is not None:
+            lib.vxc_set_threads(1)
+
+
 # ---------------------------------------------------------------- golden snapshots
 
 

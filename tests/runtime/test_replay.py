@@ -227,3 +227,37 @@ def test_governed_steps_stay_bit_identical(lab, name, monkeypatch):
     want = _steps(P.engine_for(ir, max_context=64, replay=False), ids, _tokens(f))
     for i, (a, b) in enumerate(zip(got, want)):
         assert torch.equal(a, b), f"step {i}: max diff {(a - b).abs().max().item():.3e}"
+
+
+@pytest.mark.native
+def test_governed_count_is_released_for_other_work(lab, monkeypatch):
+    """A governor leaves its thread count in force after a step (one OpenMP runtime per process): a prefill — of
+    this engine or another — runs the native regions at the count in force before, and a governor made later (a
+    second engine's) starts from that count, not from the throttled one."""
+    from vxc.codegen.kernels import native
+    from vxc.runtime import replay
+    from vxc.runtime.session import Session
+
+    def settle_on_one(self, run):  # the governor's choice under load: one thread, kept after the step
+        self.n = 1
+        run()
+
+    monkeypatch.setattr(replay.ThreadGovernor, "_step", settle_on_one)
+    f = P.FAMILIES["qwen3"]
+    _, ir = lab.built("qwen3")
+    ids = P.prompt_ids(f)[:20]
+    lib = native.load()
+    lib.vxc_set_threads(2)
+    try:
+        want = Session(P.engine_for(ir, max_context=64)).prefill(ids)
+        governed = P.engine_for(ir, max_context=64)
+        _steps(governed, ids[:8], _tokens(f))
+        assert governed.replay.governor is not None and native.max_threads() == 1  # the governed count in force
+        other = P.engine_for(ir, max_context=64)
+        got = Session(other).prefill(ids)
+        assert native.max_threads() == 2 and torch.equal(got, want)
+        _steps(other, ids[:8], _tokens(f))
+        assert other.replay.governor is not None and other.replay.governor.max == 2
+    finally:
+        replay.release_threads()
+        lib.vxc_set_threads(1 if torch.get_num_threads() == 1 else torch.get_num_threads())

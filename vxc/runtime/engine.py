@@ -131,11 +131,10 @@ class Engine:
         self.bound_slot = slot
 
     def full_threads(self) -> None:
-        """Give the parallel regions of work outside the replayed step (prefill, batched steps) the thread count in
-        force before any governor changed it. A governor (this engine's or another's: the OpenMP runtime is one per
-        process) leaves its count in force after a replayed step (the runtime is shared with torch);
-        torch's reductions split their sums by thread, so a prefill must not run at whatever count the last
-        governed step left, or the same prompt would give other bits under load."""
+        """Give the native parallel regions of work outside a replayed step (prefill, batched steps) the thread count
+        in force before any governor changed it: a governor (this engine's or another's — the OpenMP runtime is one
+        per process) leaves its count in force after its step, and a prefill must not run at a count chosen for
+        someone else's step under load."""
         from .replay import release_threads
 
         release_threads()

@@ -142,12 +142,35 @@ def threads_mode() -> str:
     return mode
 
 
+# the thread count in force before a governor changed it (None: no governed count is in force). release_threads()
+# puts it back before work that is not a replayed step (a prefill, a batched step), and a governor made while
+# another's count is in force starts from this count, not from the throttled one (which would keep a second
+# engine in the process on one thread for good).
+_baseline: Optional[int] = None
+
+
+def _set_threads(n: int) -> None:
+    global _baseline
+    if _baseline is None:
+        _baseline = native.max_threads()
+    native.load().vxc_set_threads(n)
+
+
+def release_threads() -> None:
+    """Restore the native thread count that was in force before any governor changed it."""
+    global _baseline
+    if _baseline is not None:
+        native.load().vxc_set_threads(_baseline)
+        _baseline = None
+
+
 def governor() -> Optional[ThreadGovernor]:
     """The thread governor for replayed steps: None under ``VXC_THREADS=fixed`` or with one thread."""
     lib = native.load()
-    if threads_mode() == "fixed" or lib is None or native.max_threads() <= 1:
+    full = _baseline if _baseline is not None else (native.max_threads() if lib is not None else 1)
+    if threads_mode() == "fixed" or lib is None or full <= 1:
         return None
-    return ThreadGovernor(lib.vxc_set_threads, native.max_threads())
+    return ThreadGovernor(_set_threads, full)
 
 
 class DecodeReplay:
