@@ -374,12 +374,12 @@ def demo(
     print(f"== built miniature witness in {mdir}")
     ctx = _guard(lambda: lower_to_file(mdir, ir))
     print(f"== lowered → {ir} ({len(ctx.module.layers)} layers, {len(ctx.module.operands)} operands)")
-    describe(ir, as_json=False, context=None, dot=None, sequences=1)
+    describe(ir, as_json=False, context=None, dot=None, sequences=1, tp=1)
     print("== exec --prompt 'The state of ' --temperature 0.9 --top-k 40 --seed 0 (random weights: the text is noise)")
     exec_(ir, prompt="The state of ", tokens=None, max_new_tokens=max_new_tokens, temperature=0.9, top_p=1.0, top_k=40, seed=0,
           dtype="fp32", device="cpu", max_context=256, model_dir=None, logits_out=None, save_state=None, resume_state=None,
           kernels="auto", kernel_report=False, compile_decode=False, as_json=False, ignore_eos=False, stop=[], chat=False,
-          system=None)
+          system=None, tp=1)
 
 
 def main() -> None:
