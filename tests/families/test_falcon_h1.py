@@ -135,14 +135,7 @@ def test_describe_shows_both_mixers_state_on_each_layer(built, describe_json):
 
 @pytest.mark.parametrize("which", ["normed", "gate"])
 def test_logits_at_floor(parity, which):
-    p = parity[which]
-    print(p.row())
-    assert p.max_abs_logit > 2.0 and 0.0 < p.floor < 1e-3 and p.tol < 1e-3
-    assert p.err <= p.tol and p.err64 <= p.tol, p.row()
-    assert p.argmax == 1.0 and p.excluded <= 2, p.row()
-    assert p.err_step <= p.tol and p.err_step_ref <= p.tol, p.row()
-    assert p.deterministic
-    assert p.greedy_vxc == p.greedy_ref, (p.greedy_vxc, p.greedy_ref)
+    P.assert_at_floor(parity[which], min_logit=2.0)
 
 
 def test_greedy_identical(parity):
@@ -209,12 +202,7 @@ def test_save_resume(built, tmp_path):
     ids = P.prompt_ids(NORMED)[:20]
 
     def greedy(s, logits, n):  # n tokens; the last one is chosen, not fed
-        out = []
-        for i in range(n):
-            out.append(int(logits[:VOCAB].argmax()))
-            if i < n - 1:
-                logits = s.step(out[-1])
-        return out
+        return P.greedy_fed(s, logits, n, VOCAB)
 
     s = Session(P.engine_for(ir, max_context=64))
     kinds = sorted(set(s.engine.state.layout.values()))

@@ -74,13 +74,7 @@ def test_lowered_program(built):
 
 @pytest.mark.parametrize("which", ["untied", "tied"])
 def test_logits_at_floor(parity, which):
-    p = parity[which]
-    print(p.row())
-    assert p.max_abs_logit > 4.0 and 0.0 < p.floor < 1e-3 and p.tol < 1e-3
-    assert p.err <= p.tol and p.err64 <= p.tol, p.row()
-    assert p.argmax == 1.0 and p.excluded <= 2, p.row()
-    assert p.err_step <= p.tol and p.err_step_ref <= p.tol, p.row()
-    assert p.deterministic
+    P.assert_at_floor(parity[which], greedy=False)
 
 
 def test_greedy_identical(parity):
@@ -135,12 +129,7 @@ def test_save_resume(built, tmp_path):
     ids = P.prompt_ids(UNTIED)[:20]
 
     def greedy(s, logits, n):  # n tokens; the last one is chosen, not fed
-        out = []
-        for i in range(n):
-            out.append(int(logits[:VOCAB].argmax()))
-            if i < n - 1:
-                logits = s.step(out[-1])
-        return out
+        return P.greedy_fed(s, logits, n, VOCAB)
 
     s = Session(P.engine_for(ir, max_context=64))
     want = greedy(s, s.prefill(ids)[-1], 14)

@@ -141,13 +141,7 @@ def test_moe_at_floor_with_identical_expert_selection(moe_parity, capsys):
 
 
 def test_dense_at_floor(dense_parity):
-    p = dense_parity
-    print(p.row())
-    assert p.max_abs_logit > 4.0 and 0.0 < p.floor < 1e-3 and p.tol < 1e-3
-    assert p.err <= p.tol and p.err64 <= p.tol, p.row()
-    assert p.argmax == 1.0 and p.excluded <= 2, p.row()
-    assert p.err_step <= p.tol and p.err_step_ref <= p.tol, p.row()
-    assert p.deterministic and p.greedy_vxc == p.greedy_ref, (p.greedy_vxc, p.greedy_ref)
+    P.assert_at_floor(dense_parity)
 
 
 # each multiplier, as the IR spells it; "ignored" is what a plain Llama-shaped reading would do: 1, or for the
@@ -231,12 +225,7 @@ def test_save_resume(built, tmp_path):
     ids = P.prompt_ids(MAIN)[:20]
 
     def greedy(s, logits, n):  # n tokens; the last one is chosen, not fed
-        out = []
-        for i in range(n):
-            out.append(int(logits[:VOCAB].argmax()))
-            if i < n - 1:
-                logits = s.step(out[-1])
-        return out
+        return P.greedy_fed(s, logits, n, VOCAB)
 
     s = Session(P.engine_for(ir, max_context=64))
     assert sorted(set(s.engine.state.layout.values())) == ["conv_history", "kv_rows", "recurrent"]

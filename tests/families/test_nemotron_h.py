@@ -80,13 +80,7 @@ def test_lowered_program(built):
 
 
 def test_logits_at_floor(parity):
-    p = parity
-    print(p.row())
-    assert p.max_abs_logit > 4.0 and 0.0 < p.floor < 1e-4 and p.tol < 2e-4, p.row()
-    assert p.err <= p.tol and p.err64 <= p.tol, p.row()
-    assert p.argmax == 1.0 and p.excluded <= 4, p.row()
-    assert p.err_step <= p.tol and p.err_step_ref <= p.tol, p.row()
-    assert p.deterministic
+    P.assert_at_floor(parity, max_floor=1e-4, max_tol=2e-4, max_excluded=4, greedy=False)
 
 
 def test_greedy_identical(parity):
@@ -191,12 +185,7 @@ def test_save_resume(built, tmp_path):
     ids = P.prompt_ids(MAIN)[:20]
 
     def greedy(s, logits, n):  # n tokens; the last one is chosen, not fed
-        out = []
-        for i in range(n):
-            out.append(int(logits[:VOCAB].argmax()))
-            if i < n - 1:
-                logits = s.step(out[-1])
-        return out
+        return P.greedy_fed(s, logits, n, VOCAB)
 
     s = Session(P.engine_for(ir, max_context=64))
     want = greedy(s, s.prefill(ids)[-1], 14)

@@ -215,6 +215,33 @@ def vxc_runs(engine, ids: list[int], k: int, n_new: int):
     return full, stepped, greedy
 
 
+def greedy_fed(session, logits, n: int, vocab: int) -> list[int]:
+    """``n`` greedy tokens from ``logits`` over the logical vocabulary, each but the last fed back with
+    ``session.step`` (the last one is chosen, not fed: where a resumed run continues)."""
+    out: list[int] = []
+    for i in range(n):
+        out.append(int(logits[:vocab].argmax()))
+        if i < n - 1:
+            logits = session.step(out[-1])
+    return out
+
+
+def assert_at_floor(p, *, min_logit: float = 4.0, max_floor: float = 1e-3, max_tol: float = 1e-3,
+                    max_excluded: int = 2, greedy: bool = True) -> None:
+    """The parity checks of a family miniature (VINDEX3.md "Numerical floor"): logits that say something, a floor
+    and tolerance in range, vxc within the tolerance of the reference in fp32 and fp64, argmax agreement where the
+    margin is clear, prefill-then-step within it too, bit-identical reruns, and (``greedy``) the same greedy
+    continuation as the reference's own loop."""
+    print(p.row())
+    assert p.max_abs_logit > min_logit and 0.0 < p.floor < max_floor and p.tol < max_tol, p.row()
+    assert p.err <= p.tol and p.err64 <= p.tol, p.row()
+    assert p.argmax == 1.0 and p.excluded <= max_excluded, p.row()
+    assert p.err_step <= p.tol and p.err_step_ref <= p.tol, p.row()
+    assert p.deterministic, p.row()
+    if greedy:
+        assert p.greedy_vxc == p.greedy_ref, (p.greedy_vxc, p.greedy_ref)
+
+
 def measure(f: Family, mdir: Path, ir: Path, ref: Reference | None = None, engine=None,
             n_new: int = GREEDY_NEW, ids: list[int] | None = None, split: int | None = None) -> Parity:
     t0 = time.perf_counter()

@@ -89,8 +89,6 @@ class Engine:
     def batch_graph(self):
         """The batched decode step (:mod:`vxc.codegen.batch`), built on first use."""
         if self._batch_graph is None:
-            from ..codegen.batch import build_batch_graph_module
-
             broot = torch.nn.Module()
             for name, b in self.root.named_buffers():
                 if not name.startswith("s_"):
