@@ -183,13 +183,15 @@ def test_refuses_what_does_not_divide(mini, vxc_inproc):
 
 
 def test_refuses_undeclared_kinds(tmp_path, vxc_inproc):
-    mdir = B.hf_header_only(tmp_path / "m2", dict(B.MINI_HF["mamba2"], model_type="mamba2"), "F32")
+    from tests.families.test_lfm2 import MINI as LFM2
+
+    mdir = B.hf_header_only(tmp_path / "lfm2", dict(LFM2, model_type="lfm2"), "F32")
     r = vxc_inproc("passes", mdir, "--tp", "2", "--json")
     assert r.exit_code == 2, r.stdout
     found = json.loads(r.stdout)["findings"]
-    assert {(f["operator"], f["code"]) for f in found} == {("mamba2", "no-partition")}
-    assert len(found) == B.MINI_HF["mamba2"]["num_hidden_layers"]
-    assert found[0]["message"].startswith("operator kind mamba2 has no declared partition yet")
+    refused = [f for f in found if f["code"] == "no-partition"]
+    assert {f["operator"] for f in refused} == {"short_conv"} and len(refused) == LFM2["layer_types"].count("conv")
+    assert refused[0]["message"] == "operator kind short_conv has no declared partition yet under --tp 2"
 
 
 def test_exec_cli_tp2(mini, tp1, vxc_proc):

@@ -122,21 +122,27 @@ class Transform:
 @dataclass
 class Shard:
     """One rank's part of an operand under tensor parallelism over ``parts`` ranks (set by the ``shard`` pass):
-    ``[start, stop)`` of dim ``dim`` of the operand as declared; ``dim`` None: whole on every rank (replicated);
-    ``once``: whole, and only rank 0 adds it (a row-parallel projection's bias)."""
+    ``[start, stop)`` of dim ``dim`` of the operand as declared — or, for a fused operand cut segment by segment,
+    the ``ranges`` of that dim, concatenated in order; ``dim`` None: whole on every rank (replicated); ``once``:
+    whole, and only rank 0 adds it (a row-parallel projection's bias)."""
 
     parts: int
     dim: int | None = None
     start: int = 0
     stop: int = 0
     once: bool = False
+    ranges: tuple[tuple[int, int], ...] = ()  # more than one: the segments' parts (start/stop: the first's / last's)
+
+    def spans(self) -> tuple[tuple[int, int], ...]:
+        """The ranges of ``dim`` this rank holds, in order."""
+        return self.ranges or ((self.start, self.stop),)
 
     def text(self) -> str:
         if self.once:
             return "whole, added once (rank 0)"
         if self.dim is None:
             return "replicated"
-        return f"shard dim {self.dim} of {self.parts} [{self.start}:{self.stop}]"
+        return f"shard dim {self.dim} of {self.parts} [" + ",".join(f"{a}:{b}" for a, b in self.spans()) + "]"
 
 
 @dataclass

@@ -45,6 +45,48 @@ def _ops(m: Module) -> list[tuple[int | None, Op]]:
     return out + [(None, m.final_norm), (None, m.head)]
 
 
+def _local(decl, attrs: dict, n: int) -> tuple[dict, list[tuple[str, str, object]]]:
+    """A rank's attributes: ``divides`` divided by ``n``; ``shares`` divided when they can be, else one per rank
+    (``n`` a multiple of them); then the operator's own ``localise``. Returns them and the refusals
+    ``(attribute, expected, actual)``."""
+    local, bad = dict(attrs), []
+    for name in decl.divides:
+        v = attrs[name]
+        if v % n:
+            bad.append((name, f"{name}={v} is not divisible by --tp {n}", f"a multiple of {n}", v))
+        local[name] = v // n
+    for name in decl.shares:
+        v = attrs[name]
+        if v % n == 0:
+            local[name] = v // n
+        elif n % v == 0:
+            local[name] = 1
+        else:
+            bad.append((name, f"{name}={v} neither divides by --tp {n} nor divides it", f"a multiple or divisor of {n}", v))
+    if not bad and decl.localise is not None:
+        for msg in decl.localise(attrs, local, n):
+            bad.append((None, msg, None, None))
+    return local, bad
+
+
+def _ranges(spec, attrs: dict, local: dict, n: int, rank: int, width: int) -> tuple[tuple[int, int], ...] | None:
+    """This rank's ranges of a cut dimension of ``width`` (None when the segments do not add up to it)."""
+    if spec.segments is None:
+        part = width // n
+        return ((rank * part, (rank + 1) * part),)
+    out, off = [], 0
+    for name, unit in spec.segments(attrs):
+        whole, mine = attrs[name], local[name]
+        first = rank * mine if whole == mine * n else (rank * whole) // n  # divided, or the one block it shares
+        if mine:
+            a, b = off + first * unit, off + (first + mine) * unit
+            if out and out[-1][1] == a:
+                a = out.pop()[0]
+            out.append((a, b))
+        off += whole * unit
+    return tuple(out) if off == width else None
+
+
 def shard_module(m: Module, n: int, rank: int) -> list[Finding]:
     """Rewrite ``m`` in place into rank ``rank``'s part of ``n``: local attributes, operand parts, local regions."""
     findings: list[Finding] = []
@@ -52,22 +94,16 @@ def shard_module(m: Module, n: int, rank: int) -> list[Finding]:
         if layer.parallel is not None:
             findings.append(Finding("no-partition", f"placement Parallel (two mixers side by side) has no declared "
                                     f"partition yet under --tp {n}", layer.index, layer.main_kind()))
-    plans = []  # (op, local attrs, [(operand, spec shard, full shape, local shape)])
+    plans = []  # (op, local attrs, [(operand, spec shard, full shape, local shape, ranges)])
     for layer_index, op in _ops(m):
         decl = OPERATORS[op.kind]
         if decl.partition is None:
             findings.append(Finding("no-partition", f"operator kind {op.kind} has no declared partition yet "
-                                    f"(--tp {n} splits softmax attention and swiglu FFNs only)", layer_index, op.kind))
+                                    f"under --tp {n}", layer_index, op.kind))
             continue
-        local = dict(op.attrs)
-        bad = False
-        for name in decl.divides:
-            v = op.attrs[name]
-            if v % n:
-                findings.append(Finding("indivisible", f"{name}={v} is not divisible by --tp {n}", layer_index, op.kind,
-                                        expected=f"a multiple of {n}", actual=v))
-                bad = True
-            local[name] = v // n
+        local, bad = _local(decl, op.attrs, n)
+        for name, msg, expected, actual in bad:
+            findings.append(Finding("indivisible", msg, layer_index, op.kind, expected=expected, actual=actual))
         if bad:
             continue
         bound = m.bindings(layer_index)
@@ -78,6 +114,7 @@ def shard_module(m: Module, n: int, rank: int) -> list[Finding]:
             o = bound[role]
             full, part = tuple(spec.shape(op.attrs)), tuple(spec.shape(local))
             cut = spec.shard if decl.partition == "tensor" else None
+            spans = None
             if cut in (None, "once"):
                 if part != full:
                     findings.append(Finding("bad-partition", f"role {role} is declared whole but its contract {list(full)} "
@@ -86,7 +123,10 @@ def shard_module(m: Module, n: int, rank: int) -> list[Finding]:
                     continue
             else:
                 d = _dim(cut, len(full))
-                if [s for i, s in enumerate(full) if i != d] != [s for i, s in enumerate(part) if i != d] or full[d] != part[d] * n:
+                spans = _ranges(spec, op.attrs, local, n, rank, full[d])
+                same = [s for i, s in enumerate(full) if i != d] == [s for i, s in enumerate(part) if i != d]
+                if (not same or spans is None or sum(b - a for a, b in spans) != part[d]
+                        or (spec.segments is None and full[d] != part[d] * n)):
                     findings.append(Finding("bad-partition", f"role {role} is declared cut {cut} (dim {d}) but its contract "
                                             f"{list(full)} at the divided attributes is {list(part)}", layer_index, op.kind,
                                             role=str(role)))
@@ -99,19 +139,19 @@ def shard_module(m: Module, n: int, rank: int) -> list[Finding]:
                 findings.append(Finding("no-partition", f"operand %{o.sym} declares {o.activations} activations: no "
                                         f"declared partition yet under --tp {n}", layer_index, op.kind, role=str(role)))
                 continue
-            cuts.append((o, cut, full, part))
+            cuts.append((o, cut, full, part, spans))
         plans.append((op, local, cuts))
     if findings:
         return findings
     for op, local, cuts in plans:
         op.attrs.clear()
         op.attrs.update(local)
-        for o, cut, full, part in cuts:
+        for o, cut, full, part, spans in cuts:
             if cut in (None, "once"):
                 o.shard = Shard(n, once=cut == "once")
                 continue
             d = _dim(cut, len(full))
-            o.shard = Shard(n, d, rank * part[d], (rank + 1) * part[d])
+            o.shard = Shard(n, d, spans[0][0], spans[-1][1], ranges=spans if len(spans) > 1 else ())
             o.shape = part
     for layer in m.layers:
         layer.regions = declared_regions(layer)

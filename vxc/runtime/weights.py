@@ -194,9 +194,11 @@ class Weights:
         from .views import apply_view, decode_mxfp4
 
         part = o.shard if o.shard is not None and o.shard.dim is not None else None
-        if part is not None and o.encoding is None and not o.transforms:
-            # tensor parallelism: this rank's part of a plain operand, read alone (never the whole tensor)
-            x = self.sliced(o.sources[0], part.dim, part.start, part.stop)
+        if part is not None and o.encoding is None and _slices_through(self.tensors[o.sources[0]].stored_shape, o.transforms, part.dim):
+            # tensor parallelism: this rank's part of a plain operand, read alone (never the whole tensor); a view
+            # that keeps the cut dim and those before it (a reshape of later dims, an elementwise one) applies after
+            x = torch.cat([self.sliced(o.sources[0], part.dim, a, b) for a, b in part.spans()], part.dim)
+            x = apply_view(x, [_local_transform(t, part.dim, x.shape[part.dim]) for t in o.transforms])
             if tuple(x.shape) != tuple(o.shape):
                 raise WeightError(f"operand %{o.sym}: its part reads {list(x.shape)}, the IR declares {list(o.shape)}")
             if dtype is not None and x.is_floating_point() and x.dtype != dtype:
@@ -218,7 +220,7 @@ class Weights:
             raise WeightError(f"operand %{o.sym}: encoding {o.encoding} has no decoder")
         x = apply_view(x, o.transforms)
         if part is not None:  # a part of an operand under views: the views need the whole stored tensor
-            x = x.narrow(part.dim, part.start, part.stop - part.start)
+            x = torch.cat([x.narrow(part.dim, a, b - a) for a, b in part.spans()], part.dim)
         if tuple(x.shape) != tuple(o.shape):
             raise WeightError(f"operand %{o.sym}: view gives {list(x.shape)}, the IR declares {list(o.shape)}")
         if dtype is not None and x.is_floating_point() and x.dtype != dtype:
@@ -236,6 +238,23 @@ class Weights:
 
     def nbytes(self) -> int:
         return sum(math.prod(t.stored_shape) for t in self.tensors.values())
+
+
+def _slices_through(stored: tuple[int, ...], transforms, dim: int) -> bool:
+    """Whether cutting dim ``dim`` of the stored tensor is cutting it of the view: every transform elementwise, or a
+    reshape keeping dims ``0..dim`` as they are."""
+    for t in transforms:
+        if t.kind == "log_neg":
+            continue
+        if t.kind != "reshape" or tuple(t.shape[:dim + 1]) != tuple(stored[:dim + 1]):
+            return False
+    return True
+
+
+def _local_transform(t, dim: int, size: int):
+    from dataclasses import replace
+
+    return t if t.kind != "reshape" else replace(t, shape=(*t.shape[:dim], size, *t.shape[dim + 1:]))
 
 
 def _is_ggml(encoding: str) -> bool:

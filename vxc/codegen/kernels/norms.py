@@ -182,3 +182,104 @@ def gated_rmsnorm_native(x, z, weight, eps, group_size, norm_before_gate, act):
            group_size, eps, int(norm_before_gate), N.ACT[act], BF[x.dtype], BF[weight.dtype], N.row_stride(x),
            N.row_stride(z))
     return out
+
+
+# ---------------------------------------------------------------- gated rmsnorm whose one group spans the ranks
+# Under tensor parallelism a Mamba2 gated norm with one RMS group over all of d_inner sees 1/N of the group on each
+# rank: ``gated_rms_sumsq`` gives the rank's partial sum of squares (of x, or of x·act(z) when the gate comes
+# first), the plan all-reduces it, and ``gated_rmsnorm_total`` normalises by the whole group's mean
+# (``count`` channels in all). On one rank the two compose to ``gated_rmsnorm`` with one group (up to the order of
+# the sum). No native implementation: the native column runs the twin and records the fallback.
+
+
+@kernel("gated_rms_sumsq")
+def gated_rms_sumsq(x: Tensor, z: Tensor, norm_before_gate: bool, act: str) -> Tensor:
+    """fp32 ``[..., 1]``: the sum over the last dim of h², h = x (norm before gate) or x·act(z)."""
+    check_activation(act, ("silu", "sigmoid"))
+    if x.shape != z.shape:
+        raise ValueError(f"x {list(x.shape)} and z {list(z.shape)} differ")
+
+
+@gated_rms_sumsq.fake
+def _(x, z, norm_before_gate, act):
+    return x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+
+
+@gated_rms_sumsq.impl("torch")
+def gated_rms_sumsq_twin(x, z, norm_before_gate, act):
+    h = x.float() if norm_before_gate else x.float() * activate(z.float(), act)
+    return h.pow(2).sum(-1, keepdim=True)
+
+
+@triton.jit
+def _gated_rms_sumsq_kernel(x_ptr, z_ptr, out_ptr, D, NORM_BEFORE_GATE: tl.constexpr, ACT: tl.constexpr,
+                            BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    idx = tl.arange(0, BLOCK)
+    mask = idx < D
+    h = tl.load(x_ptr + row * D + idx, mask=mask, other=0.0).to(tl.float32)
+    if not NORM_BEFORE_GATE:
+        h = h * tl_activate(tl.load(z_ptr + row * D + idx, mask=mask, other=0.0).to(tl.float32), ACT)
+    tl.store(out_ptr + row, tl.sum(h * h, 0))
+
+
+@gated_rms_sumsq.impl("triton")
+def gated_rms_sumsq_triton(x, z, norm_before_gate, act):
+    x, z = x.contiguous(), z.contiguous()
+    D = x.shape[-1]
+    out = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+    _gated_rms_sumsq_kernel[(x.numel() // D,)](x, z, out, D, NORM_BEFORE_GATE=norm_before_gate,
+                                               ACT=ACTIVATIONS[act], BLOCK=triton.next_power_of_2(D))
+    return out
+
+
+@kernel("gated_rmsnorm_total")
+def gated_rmsnorm_total(x: Tensor, z: Tensor, weight: Tensor, sumsq: Tensor, count: int, eps: float,
+                        norm_before_gate: bool, act: str) -> Tensor:
+    """``gated_rmsnorm`` of one group whose sum of squares over all its ``count`` channels is ``sumsq``."""
+    check_activation(act, ("silu", "sigmoid"))
+    if sumsq.shape != (*x.shape[:-1], 1) or weight.shape != x.shape[-1:]:
+        raise ValueError(f"x {list(x.shape)}, weight {list(weight.shape)}, sumsq {list(sumsq.shape)} do not match")
+
+
+@gated_rmsnorm_total.fake
+def _(x, z, weight, sumsq, count, eps, norm_before_gate, act):
+    return torch.empty_like(x)
+
+
+@gated_rmsnorm_total.impl("torch")
+def gated_rmsnorm_total_twin(x, z, weight, sumsq, count, eps, norm_before_gate, act):
+    gate = activate(z.float(), act)
+    h = x.float() if norm_before_gate else x.float() * gate
+    h = h * torch.rsqrt(sumsq.float() / count + eps) * weight.float()
+    if norm_before_gate:
+        h = h * gate
+    return h.to(x.dtype)
+
+
+@triton.jit
+def _gated_rmsnorm_total_kernel(x_ptr, z_ptr, w_ptr, ss_ptr, out_ptr, D, count, eps,
+                                NORM_BEFORE_GATE: tl.constexpr, ACT: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    idx = tl.arange(0, BLOCK)
+    mask = idx < D
+    x = tl.load(x_ptr + row * D + idx, mask=mask, other=0.0).to(tl.float32)
+    gate = tl_activate(tl.load(z_ptr + row * D + idx, mask=mask, other=0.0).to(tl.float32), ACT)
+    if not NORM_BEFORE_GATE:
+        x = x * gate
+    w = tl.load(w_ptr + idx, mask=mask, other=0.0).to(tl.float32)
+    y = x * tl.rsqrt(tl.load(ss_ptr + row) / count + eps) * w
+    if NORM_BEFORE_GATE:
+        y = y * gate
+    tl.store(out_ptr + row * D + idx, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@gated_rmsnorm_total.impl("triton")
+def gated_rmsnorm_total_triton(x, z, weight, sumsq, count, eps, norm_before_gate, act):
+    x, z = x.contiguous(), z.contiguous()
+    D = x.shape[-1]
+    out = torch.empty_like(x)
+    _gated_rmsnorm_total_kernel[(x.numel() // D,)](x, z, weight.contiguous(), sumsq.contiguous(), out, D, count, eps,
+                                                   NORM_BEFORE_GATE=norm_before_gate, ACT=ACTIVATIONS[act],
+                                                   BLOCK=triton.next_power_of_2(D))
+    return out

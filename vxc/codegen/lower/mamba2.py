@@ -46,6 +46,12 @@ def lower_mamba2(e: Emitter, p: PlanOp, x: Val) -> Val:
     (z2,) = e.glue(p, "reshape", [z, [-1, di]])
     if a.get("gated_norm") is False:
         (yn,) = e.kernel(p, "gated_act", [z2, y2, a["norm_act"]], f"y · {a['norm_act']}(z) (no norm)")
+    elif "norm_ranks" in a:  # one RMS group over the ranks' d_inner (tensor parallel): its sum of squares all-reduced
+        nr, before = a["norm_ranks"], a["norm_order"] == "norm_then_gate"
+        (ss,) = e.kernel(p, "gated_rms_sumsq", [y2, z2, before, a["norm_act"]], "this rank's sum of squares of the group")
+        (ss,) = e.kernel(p, "all_reduce", [ss, nr], f"the group's sum of squares over {nr} ranks")
+        (yn,) = e.kernel(p, "gated_rmsnorm_total", [y2, z2, weight(p, Role.Mamba2GatedNorm), ss, a["norm_group"] * nr,
+                                                     a["norm_eps"], before, a["norm_act"]], "gate + rmsnorm of the whole group")
     else:
         (yn,) = e.kernel(p, "gated_rmsnorm", [y2, z2, weight(p, Role.Mamba2GatedNorm), a["norm_eps"], a["norm_group"],
                                                a["norm_order"] == "norm_then_gate", a["norm_act"]], "gate + grouped rmsnorm")

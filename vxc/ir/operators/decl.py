@@ -98,6 +98,11 @@ class RoleSpec:
     # projection (fused QKV ones included), both on the layers the scheme's rule picks. None: its base format.
     more_bits: str | None = None
     shard: str | None = None  # how tensor parallelism splits it (SHARDS); only read under an op's partition "tensor"
+    # a cut role whose cut dimension is a concatenation of segments (a fused projection: z | x | B | C | dt): the
+    # segments in order, each ``(attribute, unit)`` = ``attrs[attribute]`` blocks of ``unit`` rows. A rank takes its
+    # blocks of every segment (its range of a divided attribute; of a shared one, the one block it holds), in order.
+    # None: the dimension is cut as one piece into N equal contiguous parts.
+    segments: Callable[[Attrs], tuple[tuple[str, int], ...]] | None = None
 
     def __post_init__(self) -> None:
         assert self.more_bits in MORE_BITS, self.more_bits
@@ -184,10 +189,16 @@ class OperatorDecl:
     # that divide by N under "tensor" (each rank runs the operator at attrs // N; shapes follow from the contracts)
     partition: str | None = None
     divides: tuple[str, ...] = ()
+    # attributes divided by N when N divides them, else shared: when N is a multiple of the value, each rank holds
+    # one (the block its part of the divided attributes belongs to: Mamba2's B/C groups over split heads); else refused
+    shares: tuple[str, ...] = ()
+    # the operator's own adjustment of a rank's attributes (``local``, already divided) beyond division, from the
+    # whole attributes and N: returns refusal messages (empty: fine). Mamba2's gated norm whose groups span ranks.
+    localise: Callable[[Attrs, dict, int], list[str]] | None = None
 
     def __post_init__(self) -> None:
         assert self.partition in PARTITIONS, self.partition
-        assert not self.divides or self.partition == "tensor", (self.kind, "divides needs partition tensor")
+        assert not (self.divides or self.shares) or self.partition == "tensor", (self.kind, "divides needs partition tensor")
 
     def attr(self, name: str) -> Attr | None:
         for a in self.attrs:
