@@ -182,16 +182,20 @@ def test_refuses_what_does_not_divide(mini, vxc_inproc):
     assert "layer 1 swiglu: intermediate=72 is not divisible by --tp 5  [indivisible]" in r.stdout
 
 
-def test_refuses_undeclared_kinds(tmp_path, vxc_inproc):
-    from tests.families.test_lfm2 import MINI as LFM2
-
-    mdir = B.hf_header_only(tmp_path / "lfm2", dict(LFM2, model_type="lfm2"), "F32")
-    r = vxc_inproc("passes", mdir, "--tp", "2", "--json")
+def test_refuses_encoded_cuts(mini, tmp_path, vxc_inproc):
+    """Cutting a ggml-encoded operand has no declared partition: refused by name, operand by operand."""
+    root, mdir, ir = mini
+    q = tmp_path / "q8.vxir"
+    r = vxc_inproc("quantize", ir, "-o", q, "--scheme", "q8_0")
+    assert r.exit_code == 0, r.stdout + r.stderr
+    r = vxc_inproc("passes", q, "--tp", "2", "--json")
     assert r.exit_code == 2, r.stdout
     found = json.loads(r.stdout)["findings"]
-    refused = [f for f in found if f["code"] == "no-partition"]
-    assert {f["operator"] for f in refused} == {"short_conv"} and len(refused) == LFM2["layer_types"].count("conv")
-    assert refused[0]["message"] == "operator kind short_conv has no declared partition yet under --tp 2"
+    # q8_0 blocks 32 values of a row: only o's rows (12 heads x 8 = 96) are a multiple of 32 (d_model 48 and the
+    # FFN's 72 are not, so those projections stay fp32) -- one encoded, cut operand per layer
+    assert [(f["layer"], f["code"], f["message"]) for f in found] == [
+        (i, "no-partition", f"operand %l{i}.AttnO is encoded (q8_0): cutting an encoded operand has no declared "
+                            "partition yet") for i in range(CFG["num_hidden_layers"])]
 
 
 def test_exec_cli_tp2(mini, tp1, vxc_proc):

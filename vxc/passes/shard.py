@@ -6,11 +6,18 @@ divide by the number of ranks (``divides``: heads, kv_heads, intermediate …) a
 (``RoleSpec.shard``: ``out`` / ``in`` / ``experts`` / ``once`` / whole). This rank then runs the operator at the
 divided attributes: every role's shape is its contract at those attributes, the cut a contiguous range of the
 declared dimension, and the state regions follow from the same attributes (a kv region holds this rank's kv
-heads). A split operator's output is a partial sum: the plan gets one ``all_reduce`` op after it. A ``once``
+heads). A split operator's output is a partial sum: the plan gets one ``all_reduce`` op after it (after the
+second of two mixers side by side, a Parallel layer: the sum of partial sums is reduced once). A ``once``
 operand (a row-parallel projection's bias) stays bound on rank 0 only, so the sum adds it once.
 
-Anything without a declared partition is refused by name — an operator kind, a Parallel layer, an encoded or
-int8-activation operand that would need cutting, an attribute that does not divide — never replicated silently.
+A fused operand (a projection whose rows are z | x | B | C | dt) declares its ``segments``: the rank takes its
+blocks of each, in order. An attribute in ``shares`` (Mamba2's B/C groups) is divided when N divides it, else each
+rank holds the one block its part of the divided attributes reads. An operator's ``localise`` adjusts what
+division alone cannot say (a gated-norm group spanning the ranks: ``norm_ranks``).
+
+Anything without a declared partition is refused by name — an operator kind, a Parallel layer pairing a split mixer
+with a replicated one, an encoded or int8-activation operand that would need cutting, an attribute that does not
+divide — never replicated silently.
 At ``tp == 1`` the pass changes nothing.
 """
 
@@ -45,13 +52,18 @@ def _ops(m: Module) -> list[tuple[int | None, Op]]:
     return out + [(None, m.final_norm), (None, m.head)]
 
 
+def _value(decl, attrs: dict, name: str) -> int:
+    """An attribute, or (absent) what the declaration derives for it (short_conv's ``channels``: d_model)."""
+    return attrs[name] if name in attrs else decl.derived(attrs)[name]
+
+
 def _local(decl, attrs: dict, n: int) -> tuple[dict, list[tuple[str, str, object]]]:
     """A rank's attributes: ``divides`` divided by ``n``; ``shares`` divided when they can be, else one per rank
     (``n`` a multiple of them); then the operator's own ``localise``. Returns them and the refusals
     ``(attribute, expected, actual)``."""
     local, bad = dict(attrs), []
     for name in decl.divides:
-        v = attrs[name]
+        v = _value(decl, attrs, name)
         if v % n:
             bad.append((name, f"{name}={v} is not divisible by --tp {n}", f"a multiple of {n}", v))
         local[name] = v // n
@@ -69,14 +81,26 @@ def _local(decl, attrs: dict, n: int) -> tuple[dict, list[tuple[str, str, object
     return local, bad
 
 
-def _ranges(spec, attrs: dict, local: dict, n: int, rank: int, width: int) -> tuple[tuple[int, int], ...] | None:
+def _spread(decl, attrs: dict, local: dict, n: int, rank: int) -> list[tuple[str, str, object, object]]:
+    """``decl.spreads`` (an expert bank): each attribute keeps its whole value, and the rank's range of it is
+    declared by setting its ``ranks`` / ``rank`` attributes in ``local``. Returns the refusals as ``_local`` does."""
+    bad = []
+    for name, ranks, mine in decl.spreads:
+        v = attrs[name]
+        if v % n:
+            bad.append((name, f"{name}={v} is not divisible by --tp {n}", f"a multiple of {n}", v))
+        local[ranks], local[mine] = n, rank
+    return bad
+
+
+def _ranges(decl, spec, attrs: dict, local: dict, n: int, rank: int, width: int) -> tuple[tuple[int, int], ...] | None:
     """This rank's ranges of a cut dimension of ``width`` (None when the segments do not add up to it)."""
     if spec.segments is None:
         part = width // n
         return ((rank * part, (rank + 1) * part),)
     out, off = [], 0
     for name, unit in spec.segments(attrs):
-        whole, mine = attrs[name], local[name]
+        whole, mine = _value(decl, attrs, name), _value(decl, local, name)
         first = rank * mine if whole == mine * n else (rank * whole) // n  # divided, or the one block it shares
         if mine:
             a, b = off + first * unit, off + (first + mine) * unit
@@ -91,9 +115,10 @@ def shard_module(m: Module, n: int, rank: int) -> list[Finding]:
     """Rewrite ``m`` in place into rank ``rank``'s part of ``n``: local attributes, operand parts, local regions."""
     findings: list[Finding] = []
     for layer in m.layers:
-        if layer.parallel is not None:
-            findings.append(Finding("no-partition", f"placement Parallel (two mixers side by side) has no declared "
-                                    f"partition yet under --tp {n}", layer.index, layer.main_kind()))
+        if layer.parallel is not None and len({OPERATORS[op.kind].partition for op in layer.mixers()}) != 1:
+            findings.append(Finding("no-partition", "placement Parallel: a split mixer beside a replicated one (their "
+                                    f"sum would hold the replicated output N times) under --tp {n}", layer.index,
+                                    layer.main_kind()))
     plans = []  # (op, local attrs, [(operand, spec shard, full shape, local shape, ranges)])
     for layer_index, op in _ops(m):
         decl = OPERATORS[op.kind]
@@ -102,6 +127,7 @@ def shard_module(m: Module, n: int, rank: int) -> list[Finding]:
                                     f"under --tp {n}", layer_index, op.kind))
             continue
         local, bad = _local(decl, op.attrs, n)
+        bad += _spread(decl, op.attrs, local, n, rank)
         for name, msg, expected, actual in bad:
             findings.append(Finding("indivisible", msg, layer_index, op.kind, expected=expected, actual=actual))
         if bad:
@@ -123,7 +149,7 @@ def shard_module(m: Module, n: int, rank: int) -> list[Finding]:
                     continue
             else:
                 d = _dim(cut, len(full))
-                spans = _ranges(spec, op.attrs, local, n, rank, full[d])
+                spans = _ranges(decl, spec, op.attrs, local, n, rank, full[d])
                 same = [s for i, s in enumerate(full) if i != d] == [s for i, s in enumerate(part) if i != d]
                 if (not same or spans is None or sum(b - a for a, b in spans) != part[d]
                         or (spec.segments is None and full[d] != part[d] * n)):
@@ -163,17 +189,21 @@ def shard_plan(m: Module, n: int, rank: int) -> nx.DiGraph:
     ``once`` operands unbound (rank 0 adds them)."""
     g = build_plan(m)
     ops: list[PlanOp] = []
-    for p in plan_ops(g):
+    order = plan_ops(g)
+    for i, p in enumerate(order):
         ops.append(p)
         decl = OPERATORS.get(p.kind)
         if decl is None or decl.partition != "tensor":
             continue
+        beside = i + 1 < len(order) and order[i + 1].parallel  # mixers side by side: one reduce of their sum, after both
         for role, o in list(p.operands.items()):
             if o.shard is not None and o.shard.once and rank != 0:
                 del p.operands[role]
                 g.remove_edge("%" + o.sym, p.id)
                 if g.out_degree("%" + o.sym) == 0:
                     g.remove_node("%" + o.sym)
+        if beside:
+            continue
         r = PlanOp(f"{p.id}.{REDUCE}", REDUCE, p.layer, 0, {"ranks": n}, slot="reduce")
         g.add_node(r.id, type="op", op=r)
         ops.append(r)

@@ -11,7 +11,7 @@ from .emitter import Emitter, StateRef, Val, lowering, weight
 
 @lowering("short_conv")
 def lower_short_conv(e: Emitter, p: PlanOp, x: Val) -> Val:
-    d = p.attrs["d_model"]
+    d = p.derived["channels"]
     (bcv,) = e.kernel(p, "linear", [x, weight(p, Role.ShortConvInProj), weight(p, Role.ShortConvInProjBias)], "in_proj")
     b, c, v = e.glue(p, "split", [bcv, [d, d, d], -1], 3)
     (u,) = e.kernel(p, "gated_act", [b, v, "none"], "input gate b · v")

@@ -18,6 +18,14 @@ from __future__ import annotations
 
 from .decl import OperatorDecl, RegionSpec, RoleSpec, attr, register
 
+def _ch(a) -> int:
+    """The gated conv's channels: d_model unless declared (a tensor-parallel rank's share)."""
+    return a.get("channels", a["d_model"])
+
+
+_BCV = lambda a: (("channels", 1),) * 3  # noqa: E731  in_proj's rows b | c | v
+
+
 SHORT_CONV = OperatorDecl(
     kind="short_conv",
     slot="mixer",
@@ -28,18 +36,25 @@ SHORT_CONV = OperatorDecl(
         attr("conv_kernel", "int", doc="taps of the depthwise conv (and columns of its history)"),
         attr("conv_bias", "bool"),
         attr("proj_bias", "bool", doc="biases on in_proj and out_proj"),
+        attr("channels", "int", optional=True, min=1,
+             doc="the gated conv's channels, b, c and v each (absent: d_model; a tensor-parallel rank's share)"),
     ),
+    derive=lambda a: {"channels": _ch(a)},
+    # tensor parallel: the depthwise channels split (b, c and v blocks of in_proj, the conv, its history);
+    # out_proj row-parallel
+    partition="tensor",
+    divides=("channels",),
     roles=(
-        RoleSpec("ShortConvInProj", lambda a: (3 * a["d_model"], a["d_model"]), quantise=True),
-        RoleSpec("ShortConvInProjBias", lambda a: (3 * a["d_model"],), when="proj_bias"),
-        RoleSpec("ShortConvConv1d", lambda a: (a["d_model"], a["conv_kernel"])),
-        RoleSpec("ShortConvConv1dBias", lambda a: (a["d_model"],), when="conv_bias"),
-        RoleSpec("ShortConvOutProj", lambda a: (a["d_model"], a["d_model"]), quantise=True),
-        RoleSpec("ShortConvOutProjBias", lambda a: (a["d_model"],), when="proj_bias"),
+        RoleSpec("ShortConvInProj", lambda a: (3 * _ch(a), a["d_model"]), quantise=True, shard="out", segments=_BCV),
+        RoleSpec("ShortConvInProjBias", lambda a: (3 * _ch(a),), when="proj_bias", shard="out", segments=_BCV),
+        RoleSpec("ShortConvConv1d", lambda a: (_ch(a), a["conv_kernel"]), shard="out"),
+        RoleSpec("ShortConvConv1dBias", lambda a: (_ch(a),), when="conv_bias", shard="out"),
+        RoleSpec("ShortConvOutProj", lambda a: (a["d_model"], _ch(a)), quantise=True, shard="in"),
+        RoleSpec("ShortConvOutProjBias", lambda a: (a["d_model"],), when="proj_bias", shard="once"),
     ),
     regions=(
         # k columns: the k most recent gated inputs b⊙v, as the references allocate it
-        RegionSpec("conv", "conv_history", lambda a: (a["d_model"], a["conv_kernel"]), "compute", "fixed"),
+        RegionSpec("conv", "conv_history", lambda a: (_ch(a), a["conv_kernel"]), "compute", "fixed"),
     ),
 )
 

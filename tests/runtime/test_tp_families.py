@@ -1,15 +1,19 @@
-"""Tensor parallelism of the Mamba2 mixer and the non-gated MLP on loopback (gloo), 2 and 3 ranks, one spawn per
-rank count for both miniatures:
+"""Tensor parallelism of the Mamba2 mixer, the non-gated MLP, the short conv and Parallel layers (two mixers side
+by side), and of a sliding-window GeGLU family, on loopback (gloo), 2 and 3 ranks, one spawn per rank count for all
+the miniatures:
 
-- a Mamba2 miniature with ONE B/C group (every rank holds it: ``shares``) and one RMS group over all of d_inner
-  (the gated norm's sum of squares is all-reduced across the ranks: ``norm_ranks``): 12 heads of 8;
-- a Nemotron-H miniature (mamba2 + relu² MLP + softmax attention) with 6 groups that 2 and 3 divide, RMS groups
-  within a rank.
+- mamba2: ONE B/C group (every rank holds it: ``shares``) and one RMS group over all of d_inner (the gated norm's
+  sum of squares is all-reduced across the ranks: ``norm_ranks``): 12 heads of 8;
+- nemotron_h: mamba2 + relu² MLP + softmax attention, 6 groups that 2 and 3 divide, RMS groups within a rank;
+- lfm2: short conv (its b | c | v blocks cut channel by channel) + attention + SwiGLU;
+- falcon_h1: attention beside mamba2 in every layer (one all-reduce of their sum) with µP multipliers, normed
+  with 6 groups; and its plain variant (no gated norm, one group, biases on every projection, tied head);
+- gemma3: sliding and full attention, q/k norms, GeGLU.
 
 Against TP=1 in this process at the floor of ``tp_support.tolerance``: logits on every rank, decode == prefill,
-32 greedy tokens identical, save on N ranks → resume identical; the segmented cut of the fused in_proj checked
-against ranges worked out by hand; each rank's parts read alone and sized as ``describe --tp`` says; refusals by
-attribute (groups, an RMS group spanning part of the ranks)."""
+32 greedy tokens identical, save on N ranks → resume identical; the segmented cuts of fused projections checked
+against ranges worked out by hand; each rank's parts read alone and sized as ``describe --tp`` says; the number
+of all-reduces; refusals by attribute (groups, an RMS group spanning part of the ranks)."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import pytest
 import torch
 
 from tests import builders as B
+from tests.hf_random import random_hf_model
 from tests.runtime import tp_support as S
 from tests.triton_support import triton_case
 from vxc.codegen.kernels.triton_common import INTERPRETED
@@ -28,17 +33,49 @@ RANKS = (2, 3)
 # hidden 48, expand 2: d_inner 96 = 12 heads × 8; one group of state 12; in_proj rows z 96 | x 96 | B 12 | C 12 | dt 12
 M2 = dict(B.MINI_HF["mamba2"], num_heads=12, head_dim=8, hidden_size=48, n_groups=1, state_size=12)
 NH = dict(num_attention_heads=6, num_key_value_heads=6, intermediate_size=72, mamba_num_heads=6, n_groups=6)
+ATTN = dict(hidden_size=48, num_attention_heads=6, num_key_value_heads=6, head_dim=8)
+# lfm2: FFN int(1.3 · int(2 · 90 / 3)) = 78 rounded up to a multiple of 24 = 96
+LFM2 = dict(ATTN, block_multiple_of=24)
+FALCON = dict(ATTN, intermediate_size=72, mamba_n_groups=6, mamba_d_state=6)
+FALCON_PLAIN = dict(FALCON, mamba_n_groups=1, mamba_rms_norm=False, attention_bias=True, mamba_proj_bias=True,
+                    projectors_bias=True, tie_word_embeddings=True)
+GEMMA3 = dict(num_attention_heads=6, num_key_value_heads=6, head_dim=8, intermediate_size=72)
+NAMES = ["mamba2", "nemotron_h", "lfm2", "falcon_h1", "falcon_h1_plain", "gemma3"]
+# all-reduces per decode step: one per split mixer / FFN (one per Parallel pair), plus the mamba2 one-group norm's
+REDUCES = {"mamba2": 2 * 2, "nemotron_h": 6, "lfm2": 2 * 5, "falcon_h1": 2 * 3, "falcon_h1_plain": 2 * 3, "gemma3": 2 * 4}
+
+
+def _hf(model_type: str, mini: dict, overrides: dict, seed: int = 7):
+    def build(d: Path) -> Path:
+        model = random_hf_model(B.hf_config(model_type, {**mini, **overrides}), seed, norm_std=0.15, dt_bias="add")
+        g = torch.Generator().manual_seed(seed + 2)
+        with torch.no_grad():  # biases start at zero: move them, so a bias added on every rank cannot pass
+            for name, p in model.named_parameters():
+                if name.endswith(".bias"):
+                    p.add_(0.3 * torch.randn(p.shape, generator=g))
+        model.save_pretrained(str(d), safe_serialization=True)
+        return d
+    return build
 
 
 @pytest.fixture(scope="module")
 def minis(tmp_path_factory):
+    from tests.families import test_falcon_h1, test_gemma3, test_lfm2
     from tests.families import test_nemotron_h as nemotron
     from vxc.driver import lower_to_file
 
-    root = tmp_path_factory.mktemp("tp-ssm")
+    builds = {
+        "mamba2": lambda d: B.build_hf(d, "mamba2", M2),
+        "nemotron_h": lambda d: nemotron.build(d, NH),
+        "lfm2": _hf("lfm2", test_lfm2.MINI, LFM2),
+        "falcon_h1": _hf("falcon_h1", test_falcon_h1.MINI, FALCON),
+        "falcon_h1_plain": _hf("falcon_h1", test_falcon_h1.MINI, FALCON_PLAIN, seed=9),
+        "gemma3": _hf("gemma3_text", test_gemma3.MINI, GEMMA3),
+    }
+    root = tmp_path_factory.mktemp("tp-families")
     out = {}
-    for name, build in (("mamba2", lambda d: B.build_hf(d, "mamba2", M2)), ("nemotron_h", lambda d: nemotron.build(d, NH))):
-        mdir = build(root / name)
+    for name in NAMES:
+        mdir = builds[name](root / name)
         ir = root / f"{name}.vxir"
         lower_to_file(mdir, ir)
         (root / f"out-{name}").mkdir()
@@ -72,7 +109,7 @@ def ranks(minis):
     return out
 
 
-@pytest.mark.parametrize("name", ["mamba2", "nemotron_h"])
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("n", RANKS)
 def test_matches_tp1(tp1, ranks, n, name):
     ref = tp1[name]
@@ -92,12 +129,9 @@ def test_matches_tp1(tp1, ranks, n, name):
 
 @pytest.mark.parametrize("n", RANKS)
 def test_reduces(ranks, n):
-    # mamba2 (2 layers): one all-reduce after each mixer and one of the gated norm's sum of squares inside it;
-    # nemotron_h (6 layers: 3 mamba2, 2 mlp, 1 attention, groups within a rank): one per layer
-    for res in ranks[n]["mamba2"]:
-        assert res["reduces"] == res["graph_reduces"] == 4
-    for res in ranks[n]["nemotron_h"]:
-        assert res["reduces"] == res["graph_reduces"] == 6
+    for name, count in REDUCES.items():
+        for res in ranks[n][name]:
+            assert res["reduces"] == res["graph_reduces"] == count, (name, n)
 
 
 def test_fused_in_proj_cut_segment_by_segment(ranks):
@@ -128,6 +162,20 @@ def test_segment_ranges_printed(minis, vxc_inproc):
     # 6 heads of 10, 6 groups of state 8: rank 2 holds heads 4..5 and groups 4..5
     # z [40:60], x [60+40:60+60], B [120+32:120+48], C [168+32:168+48], dt [216+4:216+6]
     assert "role Mamba2InProj | shard dim 0 of 3 [40:60,100:120,152:168,200:216,220:222]" in r.stdout
+
+
+def test_short_conv_and_parallel_printed(minis, vxc_inproc):
+    # lfm2, 48 channels over 2 ranks: rank 1 holds channels 24..47 of each of b | c | v
+    r = vxc_inproc("passes", minis["lfm2"][1], "--tp", "2", "--rank", "1", "--print-after", "shard")
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert "role ShortConvInProj | shard dim 0 of 2 [24:48,72:96,120:144]" in r.stdout
+    assert "channels=24" in r.stdout and "state conv conv_history [24,3] compute fixed" in r.stdout
+    # falcon_h1: the reduce comes after the second mixer of the pair (never between the two: the second reads the
+    # pair's shared input)
+    r = vxc_inproc("passes", minis["falcon_h1"][1], "--tp", "3", "--rank", "0", "--print-after", "shard")
+    assert r.exit_code == 0, r.stdout + r.stderr
+    kinds = [ln.split()[3] for ln in r.stdout.splitlines() if ln.strip()[:1].isdigit() and " layer 0 " in ln]
+    assert kinds == ["add_rmsnorm", "mamba2", "softmax", "all_reduce", "add_rmsnorm", "swiglu", "all_reduce"], kinds
 
 
 @pytest.mark.parametrize("n", RANKS)
