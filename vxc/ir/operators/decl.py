@@ -195,10 +195,16 @@ class OperatorDecl:
     # the operator's own adjustment of a rank's attributes (``local``, already divided) beyond division, from the
     # whole attributes and N: returns refusal messages (empty: fine). Mamba2's gated norm whose groups span ranks.
     localise: Callable[[Attrs, dict, int], list[str]] | None = None
+    # attributes spread over the ranks rather than divided (an expert bank): ``(attribute, ranks, rank)``. The
+    # attribute keeps its whole value on every rank (the router scores all the experts); rank r of N holds the
+    # contiguous range [r·v/N, (r+1)·v/N) of them, which the shard pass declares by setting the optional attributes
+    # ``ranks`` = N and ``rank`` = r (the contracts of what the rank holds read them). v must divide by N.
+    spreads: tuple[tuple[str, str, str], ...] = ()
 
     def __post_init__(self) -> None:
         assert self.partition in PARTITIONS, self.partition
         assert not (self.divides or self.shares) or self.partition == "tensor", (self.kind, "divides needs partition tensor")
+        assert not self.spreads or self.partition == "tensor", (self.kind, "spreads needs partition tensor")
 
     def attr(self, name: str) -> Attr | None:
         for a in self.attrs:
