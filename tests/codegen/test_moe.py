@@ -287,6 +287,48 @@ def test_triton_experts_and_shared():
     R.assert_kernel_at_floor(_tri(ops.moe_shared, *args), moe.shared_twin(*args), R.shared_fp64(*args), "moe_shared")
 
 
+@triton_test
+def test_triton_experts_hold_a_range():
+    """Tensor parallel: banks holding experts [lo, lo + 4) of 12 (``expert_offset`` lo) add only the selected experts
+    they hold — twin and Triton against fp64 over the whole bank with the other slots' weights zeroed — and the
+    three ranks' parts add up to the whole bank's result."""
+    T, d, E, I, k = 6, 72, 12, 40, 3
+    x = torch.randn(T, d, device=DEVICE)
+    idx = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).to(DEVICE)
+    w = torch.rand(T, k, device=DEVICE)
+    r = lambda *s: torch.randn(*s, device=DEVICE) * 0.3  # noqa: E731
+    cases = [(r(E, I, d), r(E, I, d), None, None, "separate", "silu", None, None),
+             (r(E, 2 * I, d) * 4, None, r(E, 2 * I), r(E, d), "fused_interleaved", "clamped_glu", 1.702, 7.0)]
+    for w_in, w_up, b_in, b_dn, layout, act, al, lim in cases:
+        wd = r(E, d, I)
+        whole = (x, w, idx, w_in, w_up, wd, b_in, b_dn, layout, act, al, lim)
+        parts = []
+        for lo in (0, 4, 8):
+            held = lambda t: None if t is None else t[lo:lo + 4]  # noqa: E731
+            args = (x, w, idx, held(w_in), held(w_up), held(wd), held(b_in), held(b_dn), layout, act, al, lim, lo)
+            y0, y1 = moe.experts_twin(*args), _tri(ops.moe_experts, *args)
+            mine = w * ((idx >= lo) & (idx < lo + 4))
+            exact = R.experts_fp64(x, mine, idx, w_in, w_up, wd, b_in, b_dn, layout, act, al, lim)
+            R.assert_kernel_at_floor(y1, y0, exact, f"moe_experts {layout}/{act} experts {lo}..{lo + 3}")
+            assert exact.abs().max() > 0
+            parts.append(y0)
+        R.assert_kernel_at_floor(sum(parts), moe.experts_twin(*whole), R.experts_fp64(*whole), f"moe_experts {layout} parts")
+
+
+def test_shared_expert_split_over_ranks_adds_up():
+    """The shared expert split like a SwiGLU (gate/up rows, down columns) under its whole branch gate: the ranks'
+    partial outputs (the routed partial sums added on each) add up to the whole shared expert plus the routed sum."""
+    T, d, S, n = 4, 40, 24, 3
+    x, bg = torch.randn(T, d), torch.randn(1, d) * 0.3
+    g, u, dn = torch.randn(S, d) * 0.3, torch.randn(S, d) * 0.3, torch.randn(d, S) * 0.3
+    routed = [torch.randn(T, d) for _ in range(n)]
+    c = S // n
+    got = sum(ops.moe_shared(x, routed[i], g[i * c:(i + 1) * c], u[i * c:(i + 1) * c], dn[:, i * c:(i + 1) * c], bg)
+              for i in range(n))
+    want = R.shared_fp64(x, sum(routed), g, u, dn, bg)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------------------ (d) block lowering
 
 

@@ -444,10 +444,30 @@ def test_mla_decode(dtype, layout, split_out):
     assert torch.equal(c1[:start], c0[:start]) and torch.equal(c1[start + 1:], c0[start + 1:])
 
 
-def test_moe_experts_refuses_out_of_range_ids():
-    E, d, I = 4, 16, 8
-    w_in, w_down = _moe_banks(E, I, d, I, torch.float32)
-    up = r(E, I, d)
-    with pytest.raises(ValueError, match="outside 0..3"):
-        moe.experts_native(r(1, d), torch.rand(1, 2), torch.tensor([[1, 4]]), w_in, up, w_down, None, None, "separate",
-                      "silu", None, None)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_moe_experts_adds_only_the_experts_its_banks_hold(dtype):
+    """Tensor parallel: banks holding experts 4..7 of 12 (expert_offset 4), fused layout with biases: the slots
+    selecting 1 and 9 (other ranks' experts, ids past the banks on both sides) add nothing; the held ones add
+    their expert with its biases, checked against an fp64 evaluation over the whole bank of the held slots only.
+    The three ranks' parts add up to the whole bank's result."""
+    E, d, I = 12, 40, 24
+    w_in, w_down = _moe_banks(E, 2 * I, d, I, dtype)
+    b_in, b_down = r(E, 2 * I, dtype=dtype), r(E, d, dtype=dtype)
+    x = r(1, d, dtype=dtype)
+    experts, weights = torch.tensor([[9, 5, 1, 7]]), torch.rand(1, 4)
+    part = lambda lo, *a: (w_in[lo:lo + 4], None, w_down[lo:lo + 4], b_in[lo:lo + 4], b_down[lo:lo + 4], *a)  # noqa: E731
+    tail = ("fused_interleaved", "silu", None, None)
+    args = (x, weights, experts, *part(4, *tail), 4)
+    got = native(lambda *a: moe.experts_native(*a), *args, expect="vxc_moe_ffn_step")
+    held = [1, 3]  # the slots of experts 5 and 7
+    exact = R.experts_fp64(x, weights[:, held], experts[:, held], w_in, None, w_down, b_in, b_down, *tail)
+    close(got, moe.experts_twin(*args), dtype, exact)
+    if dtype == torch.float32:
+        assert (got.double() - exact).abs().max() < 1e-4 * exact.abs().max()  # not the other slots' sum
+    parts = [native(lambda *a: moe.experts_native(*a), x, weights, experts, *part(lo, *tail), lo, expect="vxc_moe_ffn_step")
+             for lo in (0, 4, 8)]
+    whole = moe.experts_twin(x, weights, experts, w_in, None, w_down, b_in, b_down, *tail)
+    close(sum(p.float() for p in parts).to(dtype), whole, dtype,
+          R.experts_fp64(x, weights, experts, w_in, None, w_down, b_in, b_down, *tail))
+    none = moe.experts_native(x, weights, torch.tensor([[0, 1, 2, 3]]), *part(4, *tail), 4)  # no slot held: zeros
+    assert torch.equal(none, torch.zeros_like(none))

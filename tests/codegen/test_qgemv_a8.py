@@ -249,7 +249,7 @@ def test_qmoe_experts_native_matches_its_twin(act):
     experts = torch.tensor([[0, 3], [3, 1], [4, 0]], dtype=torch.int64)
     weights = torch.tensor([[0.7, 0.3], [0.6, 0.4], [0.9, 0.1]], dtype=torch.float32)
     args = (x, weights, experts, "q4_0", blocks["gate"], "q8_0", blocks["up"], "q5_0", blocks["down"], None, None,
-            "separate", "silu", None, None, act)
+            "separate", "silu", None, None, 0, act)
     rec = N.Recorder()
     with N.recording(rec):
         got = qdense.qmoe_experts_native(*args)

@@ -98,9 +98,11 @@ def _operand_bytes(o) -> tuple[str, int, int]:
 
 
 def _streamed(p, o, nbytes: int) -> int:
-    """Bytes of ``o`` one token reads: an expert bank (leading dim = the op's declared ``experts``) is read for
-    its ``top_k`` selected experts only."""
+    """Bytes of ``o`` one token reads: an expert bank (leading dim = the op's declared ``experts``, or under tensor
+    parallelism the rank's part of them) is read for at most its ``top_k`` selected experts."""
     experts, k = p.attrs.get("experts"), p.attrs.get("top_k")
+    if isinstance(experts, int) and isinstance(p.attrs.get("expert_ranks"), int):
+        experts //= p.attrs["expert_ranks"]  # the experts this rank's banks hold
     if isinstance(experts, int) and isinstance(k, int) and len(o.shape) >= 3 and o.shape[0] == experts:
         return nbytes // experts * min(k, experts)
     return nbytes

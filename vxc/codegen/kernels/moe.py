@@ -17,8 +17,11 @@ Every argument that changes the math is a declared attribute of the ``moe`` oper
 
   then every weight is multiplied by ``routed_scaling``. Slots come out in descending order of the
   selection score.
-- ``moe_experts(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit) -> [T, d]``:
-  ``Σ_j weights[t, j] · expert_{experts[t, j]}(x[t])``. ``layout="separate"``: ``w_in`` is the gate bank
+- ``moe_experts(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit, expert_offset)
+  -> [T, d]``: ``Σ_j weights[t, j] · expert_{experts[t, j]}(x[t])`` over the slots whose expert the banks hold:
+  the banks hold the E experts ``expert_offset .. expert_offset + E - 1`` (global ids; 0 and all of them on one
+  rank), bank row ``id - expert_offset``; a slot selecting another expert (held by another tensor-parallel rank)
+  adds nothing. ``layout="separate"``: ``w_in`` is the gate bank
   ``[E, I, d]``, ``w_up`` the up bank ``[E, I, d]``; ``layout="fused_interleaved"``: ``w_in`` is one
   ``[E, 2I, d]`` bank whose even rows are the gate and odd rows the up projection (``w_up`` is None), with
   the optional bias ``b_in [E, 2I]`` in the same row order. ``w_down [E, d, I]`` and ``b_down [E, d]``.
@@ -84,7 +87,7 @@ def _(x, weight, bias, selection_bias, router, top_k, norm_topk_prob, routed_sca
 @kernel("moe_experts")
 def moe_experts(x: Tensor, weights: Tensor, experts: Tensor, w_in: Tensor, w_up: Optional[Tensor], w_down: Tensor,
                 b_in: Optional[Tensor], b_down: Optional[Tensor], layout: str, act: str, alpha: Optional[float],
-                limit: Optional[float]) -> Tensor:
+                limit: Optional[float], expert_offset: int = 0) -> Tensor:
     if layout not in LAYOUTS:
         raise ValueError(f"expert layout {layout!r} is not one of {LAYOUTS}")
     if act not in ACTS:
@@ -95,6 +98,8 @@ def moe_experts(x: Tensor, weights: Tensor, experts: Tensor, w_in: Tensor, w_up:
         raise ValueError("layout separate takes gate and up banks; fused_interleaved one gate_up bank and no up bank")
     if layout == "separate" and b_in is not None:
         raise ValueError("a gate/up bias needs the fused_interleaved layout")
+    if expert_offset < 0:
+        raise ValueError(f"expert_offset {expert_offset} is negative")
     E, I_ = w_down.shape[0], w_down.shape[2]
     rows = 2 * I_ if layout == "fused_interleaved" else I_
     if tuple(w_in.shape) != (E, rows, x.shape[1]) or w_down.shape[1] != x.shape[1]:
@@ -102,7 +107,7 @@ def moe_experts(x: Tensor, weights: Tensor, experts: Tensor, w_in: Tensor, w_up:
 
 
 @moe_experts.fake
-def _(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit):
+def _(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit, expert_offset=0):
     return x.new_empty(x.shape[0], w_down.shape[1])
 
 
@@ -170,10 +175,13 @@ def _matmul(h: Tensor, w: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 @moe_experts.impl("torch")
-def experts_twin(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit):
+def experts_twin(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit, expert_offset=0):
     out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float32, device=x.device)
-    for e in torch.unique(experts).tolist():  # ascending, as the references visit them
-        tok, slot = torch.where(experts == e)
+    for g in torch.unique(experts).tolist():  # ascending, as the references visit them
+        e = g - expert_offset  # the bank row
+        if not 0 <= e < w_down.shape[0]:
+            continue  # another rank's expert
+        tok, slot = torch.where(experts == g)
         h = x[tok]  # (at x's dtype: _matmul widens or keeps it as the GEMM needs, no round trip)
         if layout == "separate":
             g, u = _matmul(h, w_in[e], x.dtype), _matmul(h, w_up[e], x.dtype)
@@ -279,15 +287,18 @@ def _router_kernel(
 
 @triton.jit
 def _expert_in_kernel(
-    x_ptr, idx_ptr, win_ptr, wup_ptr, bin_ptr, h_ptr, K, D, I, alpha, limit,
+    x_ptr, idx_ptr, win_ptr, wup_ptr, bin_ptr, h_ptr, K, D, I, E, OFF, alpha, limit,
     FUSED: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """h[p, i] = act(gate_i, up_i) for the pair p = (token, slot) and a block of the intermediate width."""
+    """h[p, i] = act(gate_i, up_i) for the pair p = (token, slot) and a block of the intermediate width (0 for a
+    slot whose expert the banks do not hold: bank row id - OFF outside 0..E-1)."""
     p = tl.program_id(0).to(tl.int64)
     t = p // K
-    ex = tl.load(idx_ptr + p).to(tl.int64)
+    ex = tl.load(idx_ptr + p).to(tl.int64) - OFF
+    held = (ex >= 0) & (ex < E)
+    ex = tl.where(held, ex, 0)
     i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
-    im = i < I
+    im = tl.where(held, i < I, False)
     if FUSED:
         g_rows = ex * 2 * I + 2 * i
         u_rows = g_rows + 1
@@ -317,34 +328,38 @@ def _expert_in_kernel(
         h = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
     else:
         h = gate * tl.sigmoid(gate) * up
-    tl.store(h_ptr + p * I + i, h, mask=im)
+    tl.store(h_ptr + p * I + i, tl.where(held, h, 0.0), mask=i < I)
 
 
 @triton.jit
 def _expert_out_kernel(
-    h_ptr, idx_ptr, wts_ptr, wd_ptr, bd_ptr, out_ptr, K, D, I,
+    h_ptr, idx_ptr, wts_ptr, wd_ptr, bd_ptr, out_ptr, K, D, I, E, OFF,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr,
 ):
-    """out[t, n] = Σ_j weight[t, j] · (down_{e_j} h[t, j] + b_down_{e_j})[n] for a block of n."""
+    """out[t, n] = Σ_j weight[t, j] · (down_{e_j} h[t, j] + b_down_{e_j})[n] for a block of n, over the slots
+    whose expert the banks hold (bank row e_j - OFF in 0..E-1)."""
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < D
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for j in range(K):
         p = t * K + j
-        ex = tl.load(idx_ptr + p).to(tl.int64)
+        ex = tl.load(idx_ptr + p).to(tl.int64) - OFF
+        held = (ex >= 0) & (ex < E)
+        ex = tl.where(held, ex, 0)
         wt = tl.load(wts_ptr + p).to(tl.float32)
         y = tl.zeros([BLOCK_N], dtype=tl.float32)
+        hm = tl.where(held, nm, False)
         for i0 in range(0, I, BLOCK_I):
             i = i0 + tl.arange(0, BLOCK_I)
             imask = i < I
             hv = tl.load(h_ptr + p * I + i, mask=imask, other=0.0)
-            w = tl.load(wd_ptr + (ex * D + n[:, None]) * I + i[None, :], mask=nm[:, None] & imask[None, :],
+            w = tl.load(wd_ptr + (ex * D + n[:, None]) * I + i[None, :], mask=hm[:, None] & imask[None, :],
                         other=0.0).to(tl.float32)
             y += tl.sum(w * hv[None, :], axis=1)
         if HAS_BIAS:
-            y += tl.load(bd_ptr + ex * D + n, mask=nm, other=0.0).to(tl.float32)
-        acc += wt * y
+            y += tl.load(bd_ptr + ex * D + n, mask=hm, other=0.0).to(tl.float32)
+        acc += tl.where(held, wt, 0.0) * y
     tl.store(out_ptr + t * D + n, acc.to(out_ptr.dtype.element_ty), mask=nm)
 
 
@@ -371,7 +386,7 @@ _BLOCK_I, _BLOCK_D, _BLOCK_N = 32, 64, 32
 
 
 @moe_experts.impl("triton")
-def experts_triton(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit):
+def experts_triton(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit, expert_offset=0):
     x = x.contiguous()
     T, D = x.shape
     K = experts.shape[1]
@@ -383,13 +398,13 @@ def experts_triton(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout
     clamped = act == "clamped_glu"
     _expert_in_kernel[(T * K, triton.cdiv(I, _BLOCK_I))](
         x, experts, w_in, w_in if w_up is None else w_up.contiguous(), w_in if b_in is None else b_in.contiguous(), h,
-        K, D, I, float(alpha) if clamped else 0.0, float(limit) if clamped else 0.0,
+        K, D, I, w_down.shape[0], expert_offset, float(alpha) if clamped else 0.0, float(limit) if clamped else 0.0,
         FUSED=fused, HAS_BIAS=b_in is not None, CLAMPED=clamped, BLOCK_I=_BLOCK_I, BLOCK_D=_BLOCK_D,
     )
     out = x.new_empty(T, D)
     _expert_out_kernel[(T, triton.cdiv(D, _BLOCK_N))](
-        h, experts, weights, w_down, w_down if b_down is None else b_down.contiguous(), out, K, D, I,
-        HAS_BIAS=b_down is not None, BLOCK_N=_BLOCK_N, BLOCK_I=_BLOCK_I,
+        h, experts, weights, w_down, w_down if b_down is None else b_down.contiguous(), out, K, D, I, w_down.shape[0],
+        expert_offset, HAS_BIAS=b_down is not None, BLOCK_N=_BLOCK_N, BLOCK_I=_BLOCK_I,
     )
     return out
 
@@ -408,7 +423,7 @@ _MOE_ACT = {"silu": 1, "clamped_glu": 3}
 MAX_TOP_K = 64  # the MoE step sorts its selected experts on the stack
 MAX_ROUTER_EXPERTS = 4096  # the router step keeps its logits on the stack
 MAX_ROUTER_GROUPS = 256
-_MOE_FFN_STEP = N.declare("vxc_moe_ffn_step", P, P, P, L, P, P, P, P, P, P, P, P, L, L, L, L, L, I, I, Fc, Fc, I)
+_MOE_FFN_STEP = N.declare("vxc_moe_ffn_step", P, P, P, L, P, P, P, P, P, P, P, P, L, L, L, L, L, I, I, Fc, Fc, I, L, L)
 _MOE_ROUTER_STEP = N.declare("vxc_moe_router_step", P, P, P, P, P, P, L, L, I, L, I, Fc, L, L, I, I, I)
 
 
@@ -420,8 +435,8 @@ def _bank(t: Optional[Tensor], dtype: torch.dtype) -> bool:
 
 
 @moe_experts.impl("native")
-def experts_native(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit):
-    """The routed experts of one token."""
+def experts_native(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit, expert_offset=0):
+    """The routed experts of one token (those the banks hold: the kernel skips the others, whatever their id)."""
     if x.shape[0] != 1:
         raise NotCovered(N.SEQUENCE)
     if not (N.ok(x, b_in, b_down) and all(_bank(t, x.dtype) for t in (w_in, w_up, w_down))
@@ -431,15 +446,13 @@ def experts_native(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout
         raise NotCovered(N.OPERANDS)
     if experts.shape[1] > MAX_TOP_K:
         raise NotCovered(N.LIMITS)
-    E = w_down.shape[0]
-    if experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= E):  # the kernel indexes the banks
-        raise ValueError(f"expert ids {experts.tolist()} outside 0..{E - 1}")
     d, I_ = x.shape[1], w_down.shape[2]
     out = N.empty(1, d, dtype=x.dtype)
     N.call(_MOE_FFN_STEP, x.data_ptr(), experts.data_ptr(), weights.data_ptr(), experts.shape[1], w_in.data_ptr(),
            N.ptr(w_up), w_down.data_ptr(), N.ptr(b_in), N.ptr(b_down), None, None, out.data_ptr(), d, I_,
            w_in.stride(0), 0 if w_up is None else w_up.stride(0), w_down.stride(0), int(layout == "fused_interleaved"),
-           _MOE_ACT[act], 0.0 if alpha is None else alpha, 0.0 if limit is None else limit, BF[x.dtype])
+           _MOE_ACT[act], 0.0 if alpha is None else alpha, 0.0 if limit is None else limit, BF[x.dtype], expert_offset,
+           w_down.shape[0])
     return out
 
 
@@ -456,7 +469,7 @@ def shared_native(x, routed, w_gate, w_up, w_down, branch_gate):
     out = N.empty(1, d, dtype=x.dtype)
     N.call(_MOE_FFN_STEP, x.data_ptr(), None, None, 1, w_gate.data_ptr(), w_up.data_ptr(), w_down.data_ptr(),
            None, None, N.ptr(branch_gate), routed.data_ptr(), out.data_ptr(), d, I_, 0, 0, 0, 0, 1, 0.0, 0.0,
-           BF[x.dtype])
+           BF[x.dtype], 0, 0)
     return out
 
 

@@ -202,7 +202,8 @@ def qswiglu_triton(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w
 # ------------------------------------------------------------------------------------------------ qmoe_experts
 # The routed experts of an MoE FFN whose banks are ggml-encoded ([E, rows, row_bytes] as stored: a GGUF's
 # ffn_{gate,up,down}_exps), read in place — no decoded copy of a bank. Separate gate / up banks (the layout an
-# encoded GGUF bank has); the twin decodes only the selected experts' matrices, per call.
+# encoded GGUF bank has); the twin decodes only the selected experts' matrices, per call. As moe_experts: the banks
+# hold the experts ``expert_offset ..`` (tensor parallel: this rank's), a slot selecting another adds nothing.
 
 from typing import Optional as _Opt  # noqa: E402
 
@@ -213,25 +214,31 @@ from .quant import _QGEMV_A8  # noqa: E402,F401  (declared with qgemv)
 @kernel("qmoe_experts")
 def qmoe_experts(x: Tensor, weights: Tensor, experts: Tensor, encoding_in: str, w_in: Tensor, encoding_up: str,
                  w_up: Tensor, encoding_down: str, w_down: Tensor, b_in: _Opt[Tensor], b_down: _Opt[Tensor],
-                 layout: str, act: str, alpha: _Opt[float], limit: _Opt[float], activations: str = "fp32") -> Tensor:
+                 layout: str, act: str, alpha: _Opt[float], limit: _Opt[float], expert_offset: int = 0,
+                 activations: str = "fp32") -> Tensor:
     """``moe_experts`` over encoded banks: ``[T, d]`` fp32."""
     check_activations(activations)
+    if expert_offset < 0:
+        raise ValueError(f"expert_offset {expert_offset} is negative")
     if layout != "separate":
         raise ValueError(f"encoded expert banks take the separate layout, not {layout!r}")
 
 
 @qmoe_experts.fake
 def _(x, weights, experts, encoding_in, w_in, encoding_up, w_up, encoding_down, w_down, b_in, b_down, layout, act,
-      alpha, limit, activations="fp32"):
+      alpha, limit, expert_offset=0, activations="fp32"):
     return x.new_empty(x.shape[0], w_down.shape[1], dtype=torch.float32)
 
 
 @qmoe_experts.impl("torch")
 def qmoe_experts_twin(x, weights, experts, encoding_in, w_in, encoding_up, w_up, encoding_down, w_down, b_in, b_down,
-                      layout, act, alpha, limit, activations="fp32"):
+                      layout, act, alpha, limit, expert_offset=0, activations="fp32"):
     out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float32, device=x.device)
-    for e in torch.unique(experts).tolist():  # ascending, as the references visit them
-        tok, slot = torch.where(experts == e)
+    for g in torch.unique(experts).tolist():  # ascending, as the references visit them
+        e = g - expert_offset  # the bank row
+        if not 0 <= e < w_down.shape[0]:
+            continue  # another rank's expert
+        tok, slot = torch.where(experts == g)
         h = x[tok].float()
         g, u = _q(encoding_in, w_in[e], h, activations), _q(encoding_up, w_up[e], h, activations)
         y = _q(encoding_down, w_down[e], _gated(g, u, act, alpha, limit), activations)
@@ -241,12 +248,12 @@ def qmoe_experts_twin(x, weights, experts, encoding_in, w_in, encoding_up, w_up,
     return out
 
 
-_QMOE = N.declare("vxc_qmoe", I, P, I, P, I, P, P, P, P, P, L, L, L, L, L, I)
+_QMOE = N.declare("vxc_qmoe", I, P, I, P, I, P, P, P, P, P, L, L, L, L, L, I, L)
 
 
 @qmoe_experts.impl("native")
 def qmoe_experts_native(x, weights, experts, encoding_in, w_in, encoding_up, w_up, encoding_down, w_down, b_in, b_down,
-                        layout, act, alpha, limit, activations="fp32"):
+                        layout, act, alpha, limit, expert_offset=0, activations="fp32"):
     codes = [NATIVE_ENCODINGS.get(e) for e in (encoding_in, encoding_up, encoding_down)]
     if None in codes:
         raise NotCovered(ENCODING)
@@ -261,20 +268,23 @@ def qmoe_experts_native(x, weights, experts, encoding_in, w_in, encoding_up, w_u
     out = N.empty(T, d, dtype=torch.float32)
     N.call(_QMOE, codes[0], w_in.data_ptr(), codes[1], w_up.data_ptr(), codes[2], w_down.data_ptr(), x.data_ptr(),
            experts.data_ptr(), weights.data_ptr(), out.data_ptr(), T, int(experts.shape[1]), E, d, I_,
-           int(activations == "int8_block32"))
+           int(activations == "int8_block32"), expert_offset)
     return out
 
 
 @qmoe_experts.impl("triton")
 def qmoe_experts_triton(x, weights, experts, encoding_in, w_in, encoding_up, w_up, encoding_down, w_down, b_in, b_down,
-                        layout, act, alpha, limit, activations="fp32"):
+                        layout, act, alpha, limit, expert_offset=0, activations="fp32"):
     """Each selected expert's three products through qgemv's Triton implementation (on x's device)."""
     for e in (encoding_in, encoding_up, encoding_down):
         if e not in TRITON_ENCODINGS:
             raise NotCovered(TRITON_ENCODING)
     out = torch.zeros(x.shape[0], w_down.shape[1], dtype=torch.float32, device=x.device)
-    for e in torch.unique(experts).tolist():
-        tok, slot = torch.where(experts == e)
+    for g in torch.unique(experts).tolist():
+        e = g - expert_offset  # the bank row
+        if not 0 <= e < w_down.shape[0]:
+            continue  # another rank's expert
+        tok, slot = torch.where(experts == g)
         h = x[tok].float()
         g, u = _qt(encoding_in, w_in[e], h, activations), _qt(encoding_up, w_up[e], h, activations)
         y = _qt(encoding_down, w_down[e], _gated(g, u, act, alpha, limit), activations)

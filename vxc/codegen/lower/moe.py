@@ -2,7 +2,9 @@
 one shared-expert group that adds the (optionally σ-gated) shared SwiGLU branch.
 
 Reads roles and declared attributes only: the router variant, the expert layout and activation, the
-shared-expert flags. The same three groups serve prefill and decode.
+shared-expert flags. The same three groups serve prefill and decode. Under tensor parallelism (``expert_ranks`` /
+``expert_rank`` declared) the router still scores all ``experts``; the expert group is given the global id of the
+first expert the rank's banks hold, and adds only the selected experts it holds.
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ def lower_moe(e: Emitter, p: PlanOp, x: Val) -> Val:
         w_in, w_up, w_down = weight(p, Role.PerExpertGate), weight(p, Role.PerExpertUp), weight(p, Role.PerExpertDown)
     else:
         w_in, w_up, w_down = weight(p, Role.ExpertGateUp), None, weight(p, Role.ExpertDown)
+    held = a["experts"] // a.get("expert_ranks", 1)
+    first = a.get("expert_rank", 0) * held  # the global id of the first expert the banks hold
     (y,) = e.kernel(
         p, "moe_experts",
         [x, weights, experts, w_in, w_up, w_down, weight(p, Role.ExpertGateUpBias), weight(p, Role.ExpertDownBias),
-         a["expert_layout"], a["act"], a.get("glu_alpha"), a.get("glu_limit")],
-        f"selected experts: gate/up ({a['expert_layout']}) + {a['act']} + down + weighted sum")
+         a["expert_layout"], a["act"], a.get("glu_alpha"), a.get("glu_limit"), first],
+        f"selected experts: gate/up ({a['expert_layout']}) + {a['act']} + down + weighted sum"
+        + (f" (experts {first}..{first + held - 1} of {a['experts']})" if held != a["experts"] else ""))
     if a["shared_experts"]:
         (y,) = e.kernel(
             p, "moe_shared",

@@ -17,6 +17,12 @@ Activations (``act``): ``silu`` — silu(g)·u; ``clamped_glu`` — g = min(g, g
 u = clamp(u, −glu_limit, glu_limit), (u + 1)·g·σ(glu_alpha·g).
 Shared experts (``shared_experts``): a SwiGLU of width ``shared_intermediate`` added to the routed sum,
 scaled by σ(x·SharedExpertBranchGate) when ``shared_gate``.
+Tensor parallelism (expert parallel): the experts are spread over the ranks — rank r of N holds the contiguous
+experts [r·E/N, (r+1)·E/N) of every bank (and of the expert biases), declared by ``expert_ranks`` = N and
+``expert_rank`` = r (set by the shard pass; ``experts`` stays the whole count); the router (weight, bias,
+selection bias) is whole on every rank, so all ranks route alike over all E experts and each adds the
+selected experts it holds; the shared expert is split like a SwiGLU over ``shared_intermediate`` (gate/up
+rows, down columns) and its branch gate is whole. The output is a partial sum (one all-reduce after the op).
 """
 
 from __future__ import annotations
@@ -26,6 +32,11 @@ from .decl import BLOCK_SCALES, Attrs, OperatorDecl, RoleSpec, attr, register
 
 def _e(a: Attrs) -> int:
     return a["experts"]
+
+
+def _held(a: Attrs) -> int:
+    """The experts a bank holds: all of them, or this rank's range under tensor parallelism."""
+    return a["experts"] // a.get("expert_ranks", 1)
 
 
 MOE = OperatorDecl(
@@ -53,23 +64,33 @@ MOE = OperatorDecl(
         attr("shared_experts", "bool"),
         attr("shared_intermediate", "int", min=0, doc="0 when shared_experts is false"),
         attr("shared_gate", "bool", doc="shared-expert branch scaled by σ(x·SharedExpertBranchGate)"),
+        attr("expert_ranks", "int", optional=True, doc="tensor parallel: the ranks the experts are spread over (set by shard)"),
+        attr("expert_rank", "int", optional=True, min=0,
+             doc="tensor parallel: this rank, holding experts [rank·experts/expert_ranks, (rank+1)·experts/expert_ranks)"),
         *BLOCK_SCALES,
     ),
     roles=(
-        RoleSpec("MoeRouterWeight", lambda a: (_e(a), a["d_model"])),
+        RoleSpec("MoeRouterWeight", lambda a: (_e(a), a["d_model"])),  # (whole on every rank: shard None)
         RoleSpec("MoeRouterBias", lambda a: (_e(a),), when="router_bias"),
         RoleSpec("MoeRouterSelectionBias", lambda a: (_e(a),), when="selection_bias"),
-        RoleSpec("PerExpertGate", lambda a: (_e(a), a["intermediate"], a["d_model"]), when="expert_layout=separate"),
-        RoleSpec("PerExpertUp", lambda a: (_e(a), a["intermediate"], a["d_model"]), when="expert_layout=separate"),
-        RoleSpec("PerExpertDown", lambda a: (_e(a), a["d_model"], a["intermediate"]), when="expert_layout=separate"),
-        RoleSpec("ExpertGateUp", lambda a: (_e(a), 2 * a["intermediate"], a["d_model"]), when="expert_layout=fused_interleaved"),
-        RoleSpec("ExpertDown", lambda a: (_e(a), a["d_model"], a["intermediate"]), when="expert_layout=fused_interleaved"),
-        RoleSpec("ExpertGateUpBias", lambda a: (_e(a), 2 * a["intermediate"]), when="expert_bias"),
-        RoleSpec("ExpertDownBias", lambda a: (_e(a), a["d_model"]), when="expert_bias"),
-        RoleSpec("SharedExpertGate", lambda a: (a["shared_intermediate"], a["d_model"]), when="shared_experts", quantise=True),
-        RoleSpec("SharedExpertUp", lambda a: (a["shared_intermediate"], a["d_model"]), when="shared_experts", quantise=True),
+        RoleSpec("PerExpertGate", lambda a: (_held(a), a["intermediate"], a["d_model"]), when="expert_layout=separate",
+                 shard="experts"),
+        RoleSpec("PerExpertUp", lambda a: (_held(a), a["intermediate"], a["d_model"]), when="expert_layout=separate",
+                 shard="experts"),
+        RoleSpec("PerExpertDown", lambda a: (_held(a), a["d_model"], a["intermediate"]), when="expert_layout=separate",
+                 shard="experts"),
+        RoleSpec("ExpertGateUp", lambda a: (_held(a), 2 * a["intermediate"], a["d_model"]),
+                 when="expert_layout=fused_interleaved", shard="experts"),
+        RoleSpec("ExpertDown", lambda a: (_held(a), a["d_model"], a["intermediate"]), when="expert_layout=fused_interleaved",
+                 shard="experts"),
+        RoleSpec("ExpertGateUpBias", lambda a: (_held(a), 2 * a["intermediate"]), when="expert_bias", shard="experts"),
+        RoleSpec("ExpertDownBias", lambda a: (_held(a), a["d_model"]), when="expert_bias", shard="experts"),
+        RoleSpec("SharedExpertGate", lambda a: (a["shared_intermediate"], a["d_model"]), when="shared_experts", quantise=True,
+                 shard="out"),
+        RoleSpec("SharedExpertUp", lambda a: (a["shared_intermediate"], a["d_model"]), when="shared_experts", quantise=True,
+                 shard="out"),
         RoleSpec("SharedExpertDown", lambda a: (a["d_model"], a["shared_intermediate"]), when="shared_experts", quantise=True,
-                 more_bits="down"),
+                 more_bits="down", shard="in"),
         RoleSpec("SharedExpertBranchGate", lambda a: (1, a["d_model"]), when="shared_gate"),
     ),
     # reserved in the vocabulary (VINDEX3), bound by no frontend yet
@@ -81,7 +102,13 @@ MOE = OperatorDecl(
         ("expert_bias needs expert_layout fused_interleaved", lambda a: not a["expert_bias"] or a["expert_layout"] == "fused_interleaved"),
         ("shared_gate needs shared_experts", lambda a: not a["shared_gate"] or a["shared_experts"]),
         ("clamped_glu needs glu_alpha and glu_limit", lambda a: a["act"] != "clamped_glu" or ("glu_alpha" in a and "glu_limit" in a)),
+        ("expert_ranks and expert_rank are declared together, expert_rank < expert_ranks, and expert_ranks divides experts",
+         lambda a: ("expert_ranks" in a) == ("expert_rank" in a)
+         and ("expert_ranks" not in a or (a["expert_rank"] < a["expert_ranks"] and a["experts"] % a["expert_ranks"] == 0))),
     ),
+    partition="tensor",
+    divides=("shared_intermediate",),
+    spreads=(("experts", "expert_ranks", "expert_rank"),),
 )
 
 register(MOE)

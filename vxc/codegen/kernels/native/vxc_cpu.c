@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 28
+#define VXC_ABI_VERSION 29
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -892,17 +892,22 @@ void vxc_moe_router_step(const void *x, const void *W, const void *bias, const v
  *   expert's matrix is contiguous); b_in [E, rows] / b_down [E, d] or NULL; act 1 silu(g)·u, 3 clamped GLU
  *   (g = min(g, limit), u = clamp(u, ±limit), (u + 1)·g·σ(αg)).
  * Rounding as the twin materialises values at the activation dtype (bf): each GEMV output, and the activation
- * fed to the down GEMV; biases and the weighted sum stay fp32. */
+ * fed to the down GEMV; biases and the weighted sum stay fp32.
+ * Tensor parallel: the banks hold the ne experts e0 .. e0 + ne - 1 (global ids; bank row id - e0); a selected
+ * expert outside them is another rank's and adds nothing (ne = 0: the experts' ids are not read, the shared
+ * expert). */
 void vxc_moe_ffn_step(const void *x, const int64_t *experts, const float *weights, long k, const void *w_in,
                       const void *w_up, const void *w_down, const void *b_in, const void *b_down,
                       const void *branch_gate, const void *init, void *out, long d, long I, long se_in, long se_up,
-                      long se_down, int fused, int a, float alpha, float limit, int bf) {
+                      long se_down, int fused, int a, float alpha, float limit, int bf, long e0, long ne) {
     long order[64];
     float wts[64];
-    long kk = k < 64 ? k : 64;
-    for (long s = 0; s < kk; s++) {
-        order[s] = experts ? experts[s] : 0;
-        wts[s] = weights ? weights[s] : 1.0f;
+    long kk = 0;
+    for (long s = 0; s < k && s < 64; s++) {
+        long e = experts ? experts[s] - e0 : 0;
+        if (experts && ne > 0 && (e < 0 || e >= ne)) continue; /* another rank's expert */
+        order[kk] = e;
+        wts[kk++] = weights ? weights[s] : 1.0f;
     }
     for (long s = 1; s < kk; s++) /* insertion sort by expert id: the twin visits experts ascending */
         for (long t = s; t > 0 && order[t - 1] > order[t]; t--) {
@@ -2269,11 +2274,12 @@ void vxc_qgemv_a8p(int enc, const void *P, const void *x, float *y, long rows, l
  * expert some token selected, the tokens routed to it are gathered, their gate / up / down products run as one
  * block GEMV each (vxc_qgemv, or vxc_qgemv_a8 with int8_block32 activations), h = silu(g) u, and the results
  * are added to out weighted by the router — experts in ascending order, as the torch twin visits them. The
- * expert ids and weights are read from memory (the router's outputs: a replayed step's buffers); an id outside
- * 0..E-1 selects nothing. x, out fp32 [T, d]. */
+ * expert ids and weights are read from memory (the router's outputs: a replayed step's buffers). The banks hold
+ * the experts e0 .. e0 + E - 1 (global ids; tensor parallel: this rank's, bank row id - e0); an id outside them
+ * selects nothing. x, out fp32 [T, d]. */
 void vxc_qmoe(int enc_in, const void *Win, int enc_up, const void *Wup, int enc_down, const void *Wdown,
               const float *x, const int64_t *experts, const float *weights, float *out, long T, long k, long E,
-              long d, long I, int a8) {
+              long d, long I, int a8, long e0) {
     if (T <= 0) return;
     memset(out, 0, (size_t)(T * d) * sizeof(float));
     long s_in = I * (d / Q_BLOCK[enc_in] * Q_TSIZE[enc_in]), s_up = I * (d / Q_BLOCK[enc_up] * Q_TSIZE[enc_up]);
@@ -2284,7 +2290,7 @@ void vxc_qmoe(int enc_in, const void *Win, int enc_up, const void *Wup, int enc_
     for (long e = 0; e < E; e++) {
         long n = 0;
         for (long i = 0; i < T * k; i++)
-            if (experts[i] == e) sel[n++] = i;
+            if (experts[i] == e + e0) sel[n++] = i;
         if (!n) continue;
         for (long j = 0; j < n; j++) memcpy(X + j * d, x + (sel[j] / k) * d, (size_t)d * sizeof(float));
         const uint8_t *wi = (const uint8_t *)Win + e * s_in, *wu = (const uint8_t *)Wup + e * s_up;

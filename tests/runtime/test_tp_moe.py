@@ -1,0 +1,188 @@
+"""Expert parallelism of the ``moe`` FFN under tensor parallelism, on loopback (gloo), 2 and 3 ranks — one spawn per
+rank count: a qwen3_moe miniature whose experts (12), heads (12), kv heads (6), expert width (24) and dense FFN
+width (72) both 2 and 3 divide (layers: MoE, dense, MoE). Rank r holds experts [r·12/N, (r+1)·12/N) of every bank;
+the router is whole on every rank.
+
+Against TP=1 in this process: logits within 1e-5·max|logit| on every rank (and the same bits on all ranks), decode
+== prefill, 32 greedy tokens identical, save on N ranks → resume identical; the experts each rank's router
+selects at every token of the prompt and its greedy continuation identical to TP=1's and to transformers' own
+router's (hooked in the reference model); each rank's banks read alone (whole experts) and sized as
+``describe --tp`` says; a refusal when the experts do not divide. (If every rank added every selected expert,
+the reduced sum would hold the routed experts N times: the logits checks fail.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import builders as B
+from tests.families.moe_support import reference_selection, vxc_selection
+from tests.families.qwen3_moe_support import MINI as QWEN3_MOE
+from tests.runtime import tp_support as S
+
+RANKS = (2, 3)
+E, TOP_K, I_MOE, D, LAYERS = 12, 4, 24, 48, 3
+CFG = dict(QWEN3_MOE, hidden_size=D, num_attention_heads=12, num_key_value_heads=6, head_dim=8, intermediate_size=72,
+           moe_intermediate_size=I_MOE, num_experts=E, num_experts_per_tok=TOP_K, num_hidden_layers=LAYERS,
+           mlp_only_layers=[1])
+MOE_LAYERS = (0, 2)
+
+
+def selection_ids(greedy: list[int]) -> list[int]:
+    return S.prompt() + greedy
+
+
+def rank_moe(rank: int, n: int, ir: str, mdir: str, out: str, greedy: list[int]) -> None:
+    """``tp_support.rank_main``, then the experts this rank's router selects over the prompt and TP=1's greedy
+    continuation (one prefill, observed at the ``moe_router`` op)."""
+    from vxc.ir.parser import parse_file
+    from vxc.runtime.engine import Engine
+
+    S.rank_main(rank, n, ir, mdir, out)
+    engine = Engine(parse_file(Path(ir)), Path(mdir), max_context=64, tp=n, rank=rank)
+    torch.save(vxc_selection(engine, selection_ids(greedy)), Path(out) / f"tp{n}-rank{rank}-selected.pt")
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory):
+    from vxc.driver import lower_to_file
+
+    root = tmp_path_factory.mktemp("tp-moe")
+    mdir = B.build_hf(root / "q3moe", "qwen3_moe", CFG, seed=5)
+    ir = root / "q3moe.vxir"
+    lower_to_file(mdir, ir)
+    return root, mdir, ir
+
+
+@pytest.fixture(scope="module")
+def tp1(mini):
+    from vxc.ir.parser import parse_file
+    from vxc.runtime.engine import Engine
+
+    root, mdir, ir = mini
+    e = Engine(parse_file(ir), mdir, max_context=64)
+    out = S.measure(e, lambda s: s)
+    out.update(S.save_resume(e, lambda s: s, root / "state-tp1.safetensors"))
+    out["selected"] = vxc_selection(Engine(parse_file(ir), mdir, max_context=64), selection_ids(out["greedy"]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks(mini, tp1):
+    from vxc.runtime import tp as TP
+
+    root, mdir, ir = mini
+    out = {}
+    for n in RANKS:
+        TP.spawn(rank_moe, n, n, str(ir), str(mdir), str(root), tp1["greedy"])
+        out[n] = [dict(torch.load(root / f"tp{n}-rank{r}.pt"), selected=torch.load(root / f"tp{n}-rank{r}-selected.pt"))
+                  for r in range(n)]
+    return out
+
+
+def _tol(ref: torch.Tensor) -> float:
+    return 1e-5 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("n", RANKS)
+def test_logits_match_tp1(tp1, ranks, n):
+    assert len(set(tp1["greedy"])) >= 4  # not a degenerate repeat that any model would match
+    for res in ranks[n]:
+        for k in ("full", "stepped"):
+            err = (res[k] - tp1[k]).abs().max().item()
+            assert err <= _tol(tp1[k]), (n, res["rank"], k, err)
+        err = (res["stepped"] - res["full"]).abs().max().item()  # decode == prefill on the ranks
+        assert err <= _tol(res["full"]), (n, res["rank"], err)
+        assert res["greedy"] == tp1["greedy"], (n, res["rank"])
+    for res in ranks[n][1:]:  # the ranks' logits are the same bits (the head is replicated after the last all-reduce)
+        assert torch.equal(res["full"], ranks[n][0]["full"])
+
+
+@pytest.mark.parametrize("n", RANKS)
+def test_save_resume_on_n_ranks(tp1, ranks, n):
+    for res in ranks[n]:
+        assert torch.equal(res["first_resumed"], res["first"]), (n, res["rank"])
+        assert res["cont_resumed"] == res["cont"] == tp1["cont"], (n, res["rank"])
+        assert (res["first"] - tp1["first"]).abs().max().item() <= _tol(tp1["first"])
+
+
+@pytest.fixture(scope="module")
+def reference_selected(mini, tp1):
+    """transformers' own router (Qwen3MoeTopKRouter, hooked): its selected experts over the same tokens, and how far
+    every selection is from a tie."""
+    import transformers
+
+    root, mdir, ir = mini
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(mdir), dtype=torch.float32).eval()
+    return reference_selection(model, selection_ids(tp1["greedy"]),
+                               lambda layer: layer.mlp.gate if hasattr(layer.mlp, "experts") else None)
+
+
+def _as_sets(selected: list[torch.Tensor]) -> list[list[set[int]]]:
+    return [[set(row.tolist()) for row in layer] for layer in selected]
+
+
+@pytest.mark.parametrize("n", RANKS)
+def test_expert_selection_identical(tp1, ranks, reference_selected, n):
+    want, gap = reference_selected
+    tokens = len(selection_ids(tp1["greedy"]))
+    assert len(want) == len(MOE_LAYERS) and all(t.shape == (tokens, TOP_K) for t in want)
+    assert gap > 1e-4  # no selection is a near-tie
+    assert _as_sets(tp1["selected"]) == _as_sets(want)
+    for res in ranks[n]:  # every rank routes over all 12 experts, as TP=1 and the reference do
+        assert _as_sets(res["selected"]) == _as_sets(want), (n, res["rank"])
+    # the selections spread over every rank's experts: no rank is idle (the sums are not one rank's)
+    hit = torch.cat([t.flatten() for t in want])
+    assert all(((hit >= r * E // n) & (hit < (r + 1) * E // n)).sum() > 0 for r in range(n))
+
+
+@pytest.mark.parametrize("n", RANKS)
+def test_banks_read_alone_and_described(mini, ranks, n):
+    from vxc.driver import load
+    from vxc.passes.surfaces import tp_ranks
+
+    root, mdir, ir = mini
+    d = tp_ranks(lambda: load(ir), n, context=64)
+    held = E // n
+    for res in ranks[n]:
+        r = res["rank"]
+        part_bytes = sum(4 * torch.Size(shape).numel() for _, _, _, shape in res["parts"].values())
+        assert res["sliced_bytes"] == part_bytes > 0  # every cut operand read alone: whole experts, nothing more
+        for layer in MOE_LAYERS:
+            want = {f"l{layer}.PerExpertGate": [held, I_MOE, D], f"l{layer}.PerExpertUp": [held, I_MOE, D],
+                    f"l{layer}.PerExpertDown": [held, D, I_MOE]}
+            for sym, shape in want.items():
+                assert res["parts"][sym] == (0, r * held, (r + 1) * held, shape), (n, r, sym)
+            assert f"l{layer}.MoeRouterWeight" not in res["parts"]  # the router is whole on every rank
+        mine = d["per_rank"][r]
+        assert mine["weight_bytes"] == res["weight_bytes"], (n, r)
+        assert mine["state"]["at_context_bytes"] == res["state_bytes"], (n, r)
+        assert res["reduces"] == res["graph_reduces"] == 2 * LAYERS  # one all-reduce per mixer and per FFN
+    assert len({p["weight_bytes"] for p in d["per_rank"]}) == 1  # nothing is held by one rank only
+
+
+def test_sharded_ir_declares_the_expert_range(mini, vxc_inproc):
+    root, mdir, ir = mini
+    r = vxc_inproc("passes", ir, "--tp", "3", "--rank", "2", "--print-after", "shard")
+    assert r.exit_code == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "experts=12 " in out and out.count("expert_ranks=3 expert_rank=2") == len(MOE_LAYERS)
+    assert f"operand %l0.PerExpertGate f32[4,{I_MOE},{D}] = $b0 layer 0 role PerExpertGate | shard dim 0 of 3 [8:12]" in out
+    assert "role MoeRouterWeight | replicated" in out
+    r = vxc_inproc("passes", ir, "--print-after", "state")  # one rank: nothing declared
+    assert r.exit_code == 0 and "expert_rank" not in r.stdout
+
+
+def test_refuses_experts_that_do_not_divide(tmp_path, vxc_inproc):
+    mdir = B.hf_header_only(tmp_path / "q3moe", dict(CFG, model_type="qwen3_moe", num_experts=10), "F32")
+    r = vxc_inproc("passes", mdir, "--tp", "3", "--json")
+    assert r.exit_code == 2, r.stdout
+    found = json.loads(r.stdout)["findings"]
+    # heads 12, kv heads 6, widths 24 and 72 divide by 3; 10 experts do not: one finding per MoE layer, naming it
+    assert [(f["layer"], f["operator"], f["code"]) for f in found] == [(i, "moe", "indivisible") for i in MOE_LAYERS]
+    assert all(f["message"] == "experts=10 is not divisible by --tp 3" for f in found)
+    r = vxc_inproc("passes", mdir, "--tp", "2", "--json")
+    assert r.exit_code == 0, r.stdout
