@@ -228,12 +228,13 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
                   kernels=kernels, compile_decode=compile_decode, as_json=as_json, kernel_report=kernel_report,
                   ignore_eos=ignore_eos, stop=stop, chat=chat, system=system, tp=tp)
         check_tp(model, model_dir, tp)  # a model that does not split is refused before any rank starts
+        backend = TP.backend_for(device)
         if TP.under_torchrun():
-            return _exec_rank(TP.join(tp), kw)
+            return _exec_rank(TP.join(tp, backend), kw)
         import torch.multiprocessing as mp
 
         try:
-            TP.spawn(_exec_rank, tp, kw)
+            TP.spawn(_exec_rank, tp, kw, backend=backend)
         except mp.ProcessExitedException as e:
             raise SystemExit(e.exit_code) from None
         return

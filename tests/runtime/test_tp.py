@@ -206,3 +206,24 @@ def test_exec_cli_tp2(mini, tp1, vxc_proc):
     assert r.exit_code == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)  # rank 0 alone prints: one JSON object
     assert out["generated_ids"] == tp1["greedy"]
+
+
+def test_exec_under_torchrun(mini, tp1):
+    """torchrun's ranks (its environment rendezvous, two processes on this machine: the path several machines
+    take) instead of vxc's own spawn: rank 0 prints the same greedy tokens."""
+    from tests.runtime.conftest import run_python
+
+    root, mdir, ir = mini
+    ids = ",".join(map(str, S.prompt()))
+    r = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "vxc.cli", "exec",
+                    str(ir), "--tokens", ids, "--max-new-tokens", str(S.N_GREEDY), "--ignore-eos", "--max-context", "64",
+                    "--json", "--tp", "2"], timeout=240)
+    assert r.exit_code == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout[r.stdout.index("{"):])
+    assert out["generated_ids"] == tp1["greedy"]
+
+
+def test_backend_per_device():
+    from vxc.runtime.tp import backend_for
+
+    assert [backend_for(d) for d in ("cpu", "cuda", "cuda:1")] == ["gloo", "nccl", "nccl"]

@@ -1,10 +1,12 @@
 """Tensor-parallel execution over ``torch.distributed``: the process group, local launch, and what the ranks
 must agree on.
 
-- ``spawn(fn, n, *args)``: N local ranks (``torch.multiprocessing``, start method spawn), each joining a gloo
+- ``spawn(fn, n, *args, backend=)``: N local ranks (``torch.multiprocessing``, start method spawn), each joining a
   group through a FileStore in a fresh temporary directory, then calling ``fn(rank, *args)``.
-- ``join(n)``: inside ``torchrun`` (its ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` environment), the group it
-  describes (gloo); the world size must be ``n``.
+- ``join(n, backend)``: inside ``torchrun`` (its ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` environment), the group
+  it describes; the world size must be ``n``.
+- ``backend_for(device)``: gloo on CPU, NCCL on CUDA (each rank then binds GPU ``LOCAL_RANK`` mod the count; NCCL
+  has not run here: no GPU was lent to this work).
 - ``Agreed``: a sampler whose every choice is rank 0's, broadcast (the ranks' logits are the same bits after the
   last all-reduce, but a token chosen differently on one rank would split the ranks' sequences silently).
 - ``rank_path``: the file a rank's continuation state is saved to / resumed from (rank 0: the path itself).
@@ -25,7 +27,21 @@ def under_torchrun() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
-def join(n: int) -> int:
+def backend_for(device: str) -> str:
+    """The torch.distributed backend for ranks computing on ``device``: NCCL on CUDA, gloo on CPU."""
+    return "nccl" if str(device).startswith("cuda") else "gloo"
+
+
+def _bind_device(backend: str, rank: int) -> None:
+    """Under NCCL each local rank computes on its own GPU (``cuda`` then means that one)."""
+    if backend == "nccl":
+        import torch
+
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        torch.cuda.set_device(local % torch.cuda.device_count())
+
+
+def join(n: int, backend: str = "gloo") -> int:
     """Join (or check) the process group of ``n`` ranks; returns this process's rank."""
     import torch.distributed as dist
 
@@ -34,29 +50,32 @@ def join(n: int) -> int:
     if not dist.is_initialized():
         if not under_torchrun():
             raise VxcError(f"--tp {n}: no process group (launch with torchrun, or let vxc spawn the ranks)")
-        dist.init_process_group("gloo", timeout=TIMEOUT)
+        _bind_device(backend, int(os.environ["RANK"]))
+        dist.init_process_group(backend, timeout=TIMEOUT)
     if dist.get_world_size() != n:
         raise VxcError(f"--tp {n}: the process group has {dist.get_world_size()} ranks")
     return dist.get_rank()
 
 
-def _entry(rank: int, n: int, store: str, fn: Callable, args: tuple) -> None:
+def _entry(rank: int, n: int, store: str, backend: str, fn: Callable, args: tuple) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=n, timeout=TIMEOUT)
+    _bind_device(backend, rank)
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=n, timeout=TIMEOUT)
     try:
         fn(rank, *args)
     finally:
         dist.destroy_process_group()
 
 
-def spawn(fn: Callable, n: int, *args: Any) -> None:
-    """Run ``fn(rank, *args)`` on ``n`` local ranks joined in one gloo group; returns when all have finished (a
-    rank that fails stops the others: ``torch.multiprocessing``'s ProcessExitedException / ProcessRaisedException)."""
+def spawn(fn: Callable, n: int, *args: Any, backend: str = "gloo") -> None:
+    """Run ``fn(rank, *args)`` on ``n`` local ranks joined in one group (gloo; NCCL with ``backend="nccl"``, one
+    GPU per rank); returns when all have finished (a rank that fails stops the others: ``torch.multiprocessing``'s
+    ProcessExitedException / ProcessRaisedException)."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="vxc-tp-") as d:
-        mp.spawn(_entry, args=(n, str(Path(d) / "store"), fn, args), nprocs=n, join=True)
+        mp.spawn(_entry, args=(n, str(Path(d) / "store"), backend, fn, args), nprocs=n, join=True)
 
 
 def rank_path(path: Path, rank: int) -> Path:
