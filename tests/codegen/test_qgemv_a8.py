@@ -271,3 +271,32 @@ def test_qmoe_experts_native_matches_its_twin(act):
     else:
         R.assert_kernel_at_floor(got, twin, twin.double(), "qmoe int8_block32")
         assert (got - qdense.qmoe_experts_twin(*args[:-1])).abs().max() > 1e-4  # the precision is honoured
+
+
+def test_qmoe_experts_hold_a_range_of_experts():
+    """Tensor parallel: banks holding experts [lo, hi) of 5 (their blocks cut by whole experts, ``expert_offset``
+    lo): native and twin add only the selected experts the banks hold — each equal to the whole bank's result with
+    the other slots' weights zeroed — and the parts [0, 2) + [2, 5) add up to the whole."""
+    rng = np.random.default_rng(12)
+    E, d, I_ = 5, 64, 96
+    blocks = {k: torch.from_numpy(make_blocks(enc, E * r, c // 32, rng).reshape(E, r, -1))
+              for k, (enc, r, c) in {"gate": ("q4_0", I_, d), "up": ("q8_0", I_, d), "down": ("q5_0", d, I_)}.items()}
+    x = torch.randn(3, d)
+    experts = torch.tensor([[0, 3], [3, 1], [4, 0]], dtype=torch.int64)
+    weights = torch.tensor([[0.7, 0.3], [0.6, 0.4], [0.9, 0.1]], dtype=torch.float32)
+
+    def run(fn, w, lo, hi):
+        return fn(x, w, experts, "q4_0", blocks["gate"][lo:hi], "q8_0", blocks["up"][lo:hi], "q5_0",
+                  blocks["down"][lo:hi], None, None, "separate", "silu", None, None, lo)
+
+    whole = run(qdense.qmoe_experts_twin, weights, 0, E)
+    parts = []
+    for lo, hi in ((0, 2), (2, 5)):
+        mine = weights * ((experts >= lo) & (experts < hi))
+        want = run(qdense.qmoe_experts_twin, mine, 0, E)
+        got, twin = run(qdense.qmoe_experts_native, weights, lo, hi), run(qdense.qmoe_experts_twin, weights, lo, hi)
+        torch.testing.assert_close(twin, want, rtol=0, atol=1e-6)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert (got - whole).abs().max() > 1e-3  # a part, not the whole
+        parts.append(got)
+    torch.testing.assert_close(parts[0] + parts[1], whole, rtol=1e-5, atol=1e-5)

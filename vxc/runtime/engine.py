@@ -160,7 +160,7 @@ class Engine:
     def weight_bytes(self) -> int:
         seen, n = set(), 0
         for name, b in self.root.named_buffers():
-            if name.startswith("w_") and b.data_ptr() not in seen:
+            if name.startswith(("w_", "wq_")) and b.data_ptr() not in seen:  # (wq_: ggml blocks kept resident)
                 seen.add(b.data_ptr())
                 n += b.numel() * b.element_size()
         return n
