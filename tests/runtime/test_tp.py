@@ -182,8 +182,9 @@ def test_refuses_what_does_not_divide(mini, vxc_inproc):
     assert "layer 1 swiglu: intermediate=72 is not divisible by --tp 5  [indivisible]" in r.stdout
 
 
-def test_refuses_encoded_cuts(mini, tmp_path, vxc_inproc):
-    """Cutting a ggml-encoded operand has no declared partition: refused by name, operand by operand."""
+def test_refuses_encoded_cuts_off_blocks(mini, tmp_path, vxc_inproc):
+    """A ggml-encoded operand is cut on its block boundaries only: refused by name, operand by operand, otherwise
+    (tests/runtime/test_tp_encoded.py runs the cuts that fall on them)."""
     root, mdir, ir = mini
     q = tmp_path / "q8.vxir"
     r = vxc_inproc("quantize", ir, "-o", q, "--scheme", "q8_0")
@@ -192,10 +193,10 @@ def test_refuses_encoded_cuts(mini, tmp_path, vxc_inproc):
     assert r.exit_code == 2, r.stdout
     found = json.loads(r.stdout)["findings"]
     # q8_0 blocks 32 values of a row: only o's rows (12 heads x 8 = 96) are a multiple of 32 (d_model 48 and the
-    # FFN's 72 are not, so those projections stay fp32) -- one encoded, cut operand per layer
+    # FFN's 72 are not, so those projections stay fp32); o is row-parallel: a rank's 48 columns are 1.5 blocks
     assert [(f["layer"], f["code"], f["message"]) for f in found] == [
-        (i, "no-partition", f"operand %l{i}.AttnO is encoded (q8_0): cutting an encoded operand has no declared "
-                            "partition yet") for i in range(CFG["num_hidden_layers"])]
+        (i, "indivisible", f"operand %l{i}.AttnO is q8_0: this rank's columns 0:48 are not whole 32-value blocks")
+        for i in range(CFG["num_hidden_layers"])]
 
 
 def test_exec_cli_tp2(mini, tp1, vxc_proc):

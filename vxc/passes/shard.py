@@ -15,9 +15,13 @@ blocks of each, in order. An attribute in ``shares`` (Mamba2's B/C groups) is di
 rank holds the one block its part of the divided attributes reads. An operator's ``localise`` adjusts what
 division alone cannot say (a gated-norm group spanning the ranks: ``norm_ranks``).
 
+A ggml-encoded operand (GGUF, ``vxc quantize``) is cut as its blocks: experts and rows freely, a row only on block
+boundaries (its int8 activations, quantised per block, then cut on the same boundaries); each rank reads its
+blocks alone. Other encodings (MXFP4) are cut by whole experts only.
+
 Anything without a declared partition is refused by name — an operator kind, a Parallel layer pairing a split mixer
-with a replicated one, an encoded or int8-activation operand that would need cutting, an attribute that does not
-divide — never replicated silently.
+with a replicated one, an encoded operand cut off its block boundaries (``indivisible``) or in another encoding
+than ggml's, an attribute that does not divide — never replicated silently.
 At ``tp == 1`` the pass changes nothing.
 """
 
@@ -111,6 +115,33 @@ def _ranges(decl, spec, attrs: dict, local: dict, n: int, rank: int, width: int)
     return tuple(out) if off == width else None
 
 
+def _is_ggml(encoding: str | None) -> bool:
+    from ..ir.ggml import ENCODINGS
+
+    return encoding in ENCODINGS
+
+
+def _encoded_cut(o, cut: str, d: int, spans) -> tuple[str, str] | None:
+    """Why an encoded operand cannot be cut so (None: it can). A ggml row is a run of independent blocks: experts
+    and rows cut freely, a row only on block boundaries (then its int8 activations, quantised per block of the
+    same row, are cut on the same boundaries). Other encodings: whole experts only."""
+    if o.encoding is None:
+        return None
+    if not _is_ggml(o.encoding):
+        if cut == "experts":  # (a bank's experts are whole in any encoding: dim 0)
+            return None
+        return ("no-partition", f"operand %{o.sym} is encoded ({o.encoding}): only whole experts of it are cut")
+    if o.transforms:
+        return ("no-partition", f"operand %{o.sym} is encoded ({o.encoding}) under views: no declared partition")
+    from ..ir.ggml import ENCODINGS
+
+    bs = ENCODINGS[o.encoding].block_size
+    if d == len(o.shape) - 1 and any(a % bs or b % bs for a, b in spans):
+        return ("indivisible", f"operand %{o.sym} is {o.encoding}: this rank's columns "
+                + ",".join(f"{a}:{b}" for a, b in spans) + f" are not whole {bs}-value blocks")
+    return None
+
+
 def shard_module(m: Module, n: int, rank: int) -> list[Finding]:
     """Rewrite ``m`` in place into rank ``rank``'s part of ``n``: local attributes, operand parts, local regions."""
     findings: list[Finding] = []
@@ -157,11 +188,11 @@ def shard_module(m: Module, n: int, rank: int) -> list[Finding]:
                                             f"{list(full)} at the divided attributes is {list(part)}", layer_index, op.kind,
                                             role=str(role)))
                     continue
-                if o.encoding is not None:
-                    findings.append(Finding("no-partition", f"operand %{o.sym} is encoded ({o.encoding}): cutting an encoded "
-                                            f"operand has no declared partition yet", layer_index, op.kind, role=str(role)))
+                why = _encoded_cut(o, cut, d, spans)
+                if why:
+                    findings.append(Finding(*why, layer_index, op.kind, role=str(role)))
                     continue
-            if o.activations is not None:
+            if o.activations is not None and not _is_ggml(o.encoding):
                 findings.append(Finding("no-partition", f"operand %{o.sym} declares {o.activations} activations: no "
                                         f"declared partition yet under --tp {n}", layer_index, op.kind, role=str(role)))
                 continue

@@ -190,15 +190,30 @@ class Weights:
             parts = [self.files[f].read_slice(k, dim - 1, start, stop) for f, k in keys]
         return torch.stack(parts) if parts else torch.empty((0, *t.shape))
 
+    def _rows(self, sym: str, dim: int, rows: torch.Tensor) -> torch.Tensor:
+        """Indices ``rows`` (in order) of dim ``dim`` of a stored tensor, reading only the distinct ones, one run of
+        consecutive indices at a time."""
+        distinct = torch.unique(rows)  # sorted
+        cuts = [0, *((distinct[1:] - distinct[:-1]) != 1).nonzero().flatten().add(1).tolist(), len(distinct)]
+        runs = [(int(distinct[a]), int(distinct[b - 1]) + 1) for a, b in zip(cuts, cuts[1:]) if b > a]
+        x = torch.cat([self.sliced(sym, dim, a, b) for a, b in runs], dim)
+        pick = torch.searchsorted(distinct, rows)
+        return x if torch.equal(pick, torch.arange(len(distinct))) else x.index_select(dim, pick)
+
     def operand(self, o: Operand, dtype: torch.dtype | None, device: torch.device | str) -> torch.Tensor:
         from .views import apply_view, decode_mxfp4
 
         part = o.shard if o.shard is not None and o.shard.dim is not None else None
-        if part is not None and o.encoding is None and _slices_through(self.tensors[o.sources[0]].stored_shape, o.transforms, part.dim):
-            # tensor parallelism: this rank's part of a plain operand, read alone (never the whole tensor); a view
-            # that keeps the cut dim and those before it (a reshape of later dims, an elementwise one) applies after
-            x = torch.cat([self.sliced(o.sources[0], part.dim, a, b) for a, b in part.spans()], part.dim)
-            x = apply_view(x, [_local_transform(t, part.dim, x.shape[part.dim]) for t in o.transforms])
+        rows = (_rows_through(self.tensors[o.sources[0]].stored_shape, o.transforms, part.dim)
+                if part is not None and o.encoding is None else None)
+        if rows is not None:
+            # tensor parallelism: this rank's part of a plain operand, read alone (never the whole tensor): the
+            # stored indices its ranges reach through the view's slices and gathers of the cut dim, read in
+            # contiguous runs, then picked in order; the rest of the view (a reshape of later dims, an elementwise
+            # one) applies after
+            x = self._rows(o.sources[0], part.dim, torch.cat([rows[a:b] for a, b in part.spans()]))
+            x = apply_view(x, [_local_transform(t, part.dim, x.shape[part.dim]) for t in o.transforms
+                               if not _indexes(t, part.dim)])
             if tuple(x.shape) != tuple(o.shape):
                 raise WeightError(f"operand %{o.sym}: its part reads {list(x.shape)}, the IR declares {list(o.shape)}")
             if dtype is not None and x.is_floating_point() and x.dtype != dtype:
@@ -214,8 +229,13 @@ class Weights:
         elif _is_ggml(o.encoding):
             from .ggml_blocks import dequantize
 
-            # decoded to fp32 (ggml's own precision), then to the compute dtype below
-            x = dequantize(o.encoding, self.stored(o.sources[0]), torch.float32)
+            # decoded to fp32 (ggml's own precision), then to the compute dtype below; under tensor parallelism
+            # only this rank's blocks (its part, cut already)
+            if part is not None and not o.transforms:
+                x = dequantize(o.encoding, self._encoded_part(o, part), torch.float32)
+                part = None
+            else:
+                x = dequantize(o.encoding, self.stored(o.sources[0]), torch.float32)
         else:
             raise WeightError(f"operand %{o.sym}: encoding {o.encoding} has no decoder")
         x = apply_view(x, o.transforms)
@@ -233,22 +253,63 @@ class Weights:
         the mapping on CPU), for the kernels that read the encoding."""
         if not _is_ggml(o.encoding or "") or o.transforms:
             raise WeightError(f"operand %{o.sym}: not a ggml-encoded operand without views")
+        part = o.shard if o.shard is not None and o.shard.dim is not None else None
+        if part is not None:  # tensor parallelism: this rank's blocks (experts, rows or whole blocks of a row) alone
+            return self._encoded_part(o, part).to(device)
         x = self.stored(o.sources[0], copy=str(device) != "cpu")
         return x.to(device) if str(device) != "cpu" else x
+
+    def _encoded_part(self, o: Operand, part) -> torch.Tensor:
+        """This rank's stored blocks of a ggml-encoded operand (u8 ``[..., rows, row_bytes]``), read alone: a cut of
+        an outer dim (experts, rows) is the same cut of the stored bytes; a cut of the row is its whole blocks
+        (the shard pass admits only ranges on block boundaries)."""
+        from ..ir.ggml import ENCODINGS, row_bytes
+
+        e = ENCODINGS[o.encoding]
+        spans = part.spans()
+        if part.dim == len(o.shape) - 1:
+            if any(a % e.block_size or b % e.block_size for a, b in spans):
+                raise WeightError(f"operand %{o.sym}: columns {spans} are not whole {e.block_size}-value blocks")
+            spans = [(a // e.block_size * e.type_size, b // e.block_size * e.type_size) for a, b in spans]
+        x = torch.cat([self.sliced(o.sources[0], part.dim, a, b) for a, b in spans], part.dim)
+        want = (*o.shape[:-1], row_bytes(o.encoding, o.shape[-1]))
+        if tuple(x.shape) != want:
+            raise WeightError(f"operand %{o.sym}: its part reads {list(x.shape)} bytes, the IR declares {list(o.shape)} "
+                              f"({list(want)} bytes of {o.encoding})")
+        return x
 
     def nbytes(self) -> int:
         return sum(math.prod(t.stored_shape) for t in self.tensors.values())
 
 
-def _slices_through(stored: tuple[int, ...], transforms, dim: int) -> bool:
-    """Whether cutting dim ``dim`` of the stored tensor is cutting it of the view: every transform elementwise, or a
-    reshape keeping dims ``0..dim`` as they are."""
+def _indexes(t, dim: int) -> bool:
+    """Whether a transform picks indices of dim ``dim`` (a slice or gather of it)."""
+    return t.kind in ("slice", "gather") and t.dim == dim
+
+
+def _rows_through(stored: tuple[int, ...], transforms, dim: int) -> torch.Tensor | None:
+    """The stored index along ``dim`` of each index of the view's ``dim``, when cutting the view's ``dim`` is picking
+    indices of the stored tensor's: every transform a slice or gather of ``dim``, elementwise, or a reshape keeping
+    dims ``0..dim`` as they are. None for any other view (a transpose, a reshape merging the cut dim ...)."""
+    from dataclasses import replace
+
+    from ..ir.views import reshape_target, view_shape
+    from .views import apply_transform
+
+    if dim >= len(stored):
+        return None
+    shape, rows = tuple(stored), torch.arange(stored[dim])
     for t in transforms:
         if t.kind == "log_neg":
             continue
-        if t.kind != "reshape" or tuple(t.shape[:dim + 1]) != tuple(stored[:dim + 1]):
-            return False
-    return True
+        if _indexes(t, dim):
+            rows = apply_transform(rows, replace(t, dim=0))  # the same view of the index vector
+            shape = view_shape(shape, [t])
+        elif t.kind == "reshape" and tuple(reshape_target(shape, t.shape)[:dim + 1]) == shape[:dim + 1]:
+            shape = tuple(reshape_target(shape, t.shape))
+        else:
+            return None
+    return rows
 
 
 def _local_transform(t, dim: int, size: int):
