@@ -1,13 +1,15 @@
 """Expert parallelism of the ``moe`` FFN under tensor parallelism, on loopback (gloo), 2 and 3 ranks — one spawn per
-rank count: a qwen3_moe miniature whose experts (12), heads (12), kv heads (6), expert width (24) and dense FFN
-width (72) both 2 and 3 divide (layers: MoE, dense, MoE). Rank r holds experts [r·12/N, (r+1)·12/N) of every bank;
-the router is whole on every rank.
+rank count for all the miniatures: a qwen3_moe (transformers, fp32) whose experts (12), heads (12), kv heads (6),
+expert width (24) and dense FFN width (72) both 2 and 3 divide (layers: MoE, dense, MoE); a gpt_oss (fp32: sinks, sliding window, YaRN; fused interleaved gate/up banks seen through a
+transpose, expert and router biases given values, clamped GLU, top-k softmax router); a granitemoehybrid (Mamba2
++ attention + an MoE whose shared expert, a slice of one fused ``input_linear``, is split like a SwiGLU). Rank r
+holds experts [r·E/N, (r+1)·E/N) of every bank and of the expert biases; the router is whole on every rank.
 
 Against TP=1 in this process: logits within 1e-5·max|logit| on every rank (and the same bits on all ranks), decode
 == prefill, 32 greedy tokens identical, save on N ranks → resume identical; the experts each rank's router
-selects at every token of the prompt and its greedy continuation identical to TP=1's and to transformers' own
-router's (hooked in the reference model); each rank's banks read alone (whole experts) and sized as
-``describe --tp`` says; a refusal when the experts do not divide. (If every rank added every selected expert,
+selects at every token of the prompt and its greedy continuation identical to TP=1's (and, for the transformers
+miniature, to transformers' own router's, hooked in the reference model); each rank's banks read alone (whole
+experts) and sized as ``describe --tp`` says; a refusal when the experts do not divide. (If every rank added every selected expert,
 the reduced sum would hold the routed experts N times: the logits checks fail.)"""
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 
 from tests import builders as B
 from tests.families.moe_support import reference_selection, vxc_selection
+from tests.families import test_granitemoehybrid as granite
 from tests.families.qwen3_moe_support import MINI as QWEN3_MOE
 from tests.runtime import tp_support as S
 
@@ -29,57 +32,96 @@ CFG = dict(QWEN3_MOE, hidden_size=D, num_attention_heads=12, num_key_value_heads
            moe_intermediate_size=I_MOE, num_experts=E, num_experts_per_tok=TOP_K, num_hidden_layers=LAYERS,
            mlp_only_layers=[1])
 MOE_LAYERS = (0, 2)
+# two layers each (sliding + full attention; Mamba2 + attention)
+GPT_OSS = dict(num_attention_heads=6, num_key_value_heads=6, num_local_experts=6, num_hidden_layers=2,
+               layer_types=["sliding_attention", "full_attention"])  # head_dim 20, experts of width 64, top-2
+GRANITE = dict(num_attention_heads=6, num_key_value_heads=6, num_local_experts=6, shared_intermediate_size=24,
+               mamba_n_heads=12, mamba_n_groups=6, num_hidden_layers=2,
+               layer_types=["linear_attention", "full_attention"])  # experts of width 20, top-2; d_inner 120
+NAMES = ("qwen3_moe", "gpt_oss", "granitemoehybrid")
 
 
 def selection_ids(greedy: list[int]) -> list[int]:
     return S.prompt() + greedy
 
 
-def rank_moe(rank: int, n: int, ir: str, mdir: str, out: str, greedy: list[int]) -> None:
-    """``tp_support.rank_main``, then the experts this rank's router selects over the prompt and TP=1's greedy
-    continuation (one prefill, observed at the ``moe_router`` op)."""
+def rank_moe(rank: int, n: int, jobs: list[tuple[str, str, str, list[int]]]) -> None:
+    """For each miniature ``(ir, model dir, out dir, TP=1's greedy tokens)``: ``tp_support.rank_main``, then the
+    experts this rank's router selects over the prompt and that greedy continuation (one prefill, observed at the
+    ``moe_router`` op) and the kernels of its decode step."""
     from vxc.ir.parser import parse_file
     from vxc.runtime.engine import Engine
 
-    S.rank_main(rank, n, ir, mdir, out)
-    engine = Engine(parse_file(Path(ir)), Path(mdir), max_context=64, tp=n, rank=rank)
-    torch.save(vxc_selection(engine, selection_ids(greedy)), Path(out) / f"tp{n}-rank{rank}-selected.pt")
+    for ir, mdir, out, greedy in jobs:
+        S.rank_main(rank, n, ir, mdir, out)
+        engine = Engine(parse_file(Path(ir)), Path(mdir), max_context=64, tp=n, rank=rank)
+        extra = {"selected": vxc_selection(engine, selection_ids(greedy)),
+                 "kernels": sorted({c.kernel for c in engine.lowered["decode"].groups()})}
+        torch.save(extra, Path(out) / f"tp{n}-rank{rank}-moe.pt")
 
 
 @pytest.fixture(scope="module")
-def mini(tmp_path_factory):
+def minis(tmp_path_factory):
     from vxc.driver import lower_to_file
 
     root = tmp_path_factory.mktemp("tp-moe")
     mdir = B.build_hf(root / "q3moe", "qwen3_moe", CFG, seed=5)
-    ir = root / "q3moe.vxir"
-    lower_to_file(mdir, ir)
-    return root, mdir, ir
+    lower_to_file(mdir, root / "q3moe.vxir")
+    out = {"qwen3_moe": (mdir, root / "q3moe.vxir")}
+    out["gpt_oss"] = (_gpt_oss(root / "gpt_oss"), root / "gpt_oss.vxir")
+    out["granitemoehybrid"] = (granite.build(root / "granitemoehybrid", GRANITE), root / "granitemoehybrid.vxir")
+    for name in ("gpt_oss", "granitemoehybrid"):
+        lower_to_file(*out[name])
+    for name, (md, ir) in out.items():
+        (root / f"out-{name}").mkdir()
+        out[name] = (md, ir, root / f"out-{name}")
+    return out
+
+
+def _gpt_oss(d: Path) -> Path:
+    """The gpt_oss miniature in fp32 with every bias (attention, sinks, router, experts) given values: transformers
+    starts them at zero, and an expert bias added by every rank (or by none) would then pass."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.families import gpt_oss_support as G
+
+    mdir = B.build_hf(d, "gpt_oss", dict(G.MINI, **GPT_OSS), seed=G.SEED, dtype=torch.float32)
+    w = load_file(mdir / "model.safetensors")
+    g = torch.Generator().manual_seed(2)
+    biases = [k for k in w if k.endswith(("bias", "sinks"))]
+    assert any("experts" in k for k in biases) and any("router" in k for k in biases)
+    for k in biases:
+        w[k] = torch.randn(w[k].shape, generator=g) * 0.5
+    save_file(w, mdir / "model.safetensors", metadata={"format": "pt"})
+    return mdir
 
 
 @pytest.fixture(scope="module")
-def tp1(mini):
+def tp1(minis):
     from vxc.ir.parser import parse_file
     from vxc.runtime.engine import Engine
 
-    root, mdir, ir = mini
-    e = Engine(parse_file(ir), mdir, max_context=64)
-    out = S.measure(e, lambda s: s)
-    out.update(S.save_resume(e, lambda s: s, root / "state-tp1.safetensors"))
-    out["selected"] = vxc_selection(Engine(parse_file(ir), mdir, max_context=64), selection_ids(out["greedy"]))
+    out = {}
+    for name, (mdir, ir, od) in minis.items():
+        e = Engine(parse_file(ir), mdir, max_context=64)
+        res = S.measure(e, lambda s: s)
+        res.update(S.save_resume(e, lambda s: s, od / "state-tp1.safetensors"))
+        res["selected"] = vxc_selection(Engine(parse_file(ir), mdir, max_context=64), selection_ids(res["greedy"]))
+        res["kernels"] = sorted({c.kernel for c in e.lowered["decode"].groups()})
+        out[name] = res
     return out
 
 
 @pytest.fixture(scope="module")
-def ranks(mini, tp1):
+def ranks(minis, tp1):
     from vxc.runtime import tp as TP
 
-    root, mdir, ir = mini
+    jobs = [(str(ir), str(mdir), str(od), tp1[name]["greedy"]) for name, (mdir, ir, od) in minis.items()]
     out = {}
     for n in RANKS:
-        TP.spawn(rank_moe, n, n, str(ir), str(mdir), str(root), tp1["greedy"])
-        out[n] = [dict(torch.load(root / f"tp{n}-rank{r}.pt"), selected=torch.load(root / f"tp{n}-rank{r}-selected.pt"))
-                  for r in range(n)]
+        TP.spawn(rank_moe, n, n, jobs)
+        out[n] = {name: [dict(torch.load(od / f"tp{n}-rank{r}.pt"), **torch.load(od / f"tp{n}-rank{r}-moe.pt"))
+                         for r in range(n)] for name, (_, _, od) in minis.items()}
     return out
 
 
@@ -87,8 +129,10 @@ def _tol(ref: torch.Tensor) -> float:
     return 1e-5 * ref.abs().max().item()
 
 
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("n", RANKS)
-def test_logits_match_tp1(tp1, ranks, n):
+def test_logits_match_tp1(tp1, ranks, n, name):
+    tp1, ranks = tp1[name], {n: ranks[n][name]}
     assert len(set(tp1["greedy"])) >= 4  # not a degenerate repeat that any model would match
     for res in ranks[n]:
         for k in ("full", "stepped"):
@@ -101,8 +145,10 @@ def test_logits_match_tp1(tp1, ranks, n):
         assert torch.equal(res["full"], ranks[n][0]["full"])
 
 
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("n", RANKS)
-def test_save_resume_on_n_ranks(tp1, ranks, n):
+def test_save_resume_on_n_ranks(tp1, ranks, n, name):
+    tp1, ranks = tp1[name], {n: ranks[n][name]}
     for res in ranks[n]:
         assert torch.equal(res["first_resumed"], res["first"]), (n, res["rank"])
         assert res["cont_resumed"] == res["cont"] == tp1["cont"], (n, res["rank"])
@@ -110,14 +156,14 @@ def test_save_resume_on_n_ranks(tp1, ranks, n):
 
 
 @pytest.fixture(scope="module")
-def reference_selected(mini, tp1):
+def reference_selected(minis, tp1):
     """transformers' own router (Qwen3MoeTopKRouter, hooked): its selected experts over the same tokens, and how far
     every selection is from a tie."""
     import transformers
 
-    root, mdir, ir = mini
+    mdir = minis["qwen3_moe"][0]
     model = transformers.AutoModelForCausalLM.from_pretrained(str(mdir), dtype=torch.float32).eval()
-    return reference_selection(model, selection_ids(tp1["greedy"]),
+    return reference_selection(model, selection_ids(tp1["qwen3_moe"]["greedy"]),
                                lambda layer: layer.mlp.gate if hasattr(layer.mlp, "experts") else None)
 
 
@@ -127,6 +173,7 @@ def _as_sets(selected: list[torch.Tensor]) -> list[list[set[int]]]:
 
 @pytest.mark.parametrize("n", RANKS)
 def test_expert_selection_identical(tp1, ranks, reference_selected, n):
+    tp1, ranks = tp1["qwen3_moe"], {n: ranks[n]["qwen3_moe"]}
     want, gap = reference_selected
     tokens = len(selection_ids(tp1["greedy"]))
     assert len(want) == len(MOE_LAYERS) and all(t.shape == (tokens, TOP_K) for t in want)
@@ -140,11 +187,12 @@ def test_expert_selection_identical(tp1, ranks, reference_selected, n):
 
 
 @pytest.mark.parametrize("n", RANKS)
-def test_banks_read_alone_and_described(mini, ranks, n):
+def test_banks_read_alone_and_described(minis, ranks, n):
     from vxc.driver import load
     from vxc.passes.surfaces import tp_ranks
 
-    root, mdir, ir = mini
+    mdir, ir, _ = minis["qwen3_moe"]
+    ranks = {n: ranks[n]["qwen3_moe"]}
     d = tp_ranks(lambda: load(ir), n, context=64)
     held = E // n
     for res in ranks[n]:
@@ -164,8 +212,8 @@ def test_banks_read_alone_and_described(mini, ranks, n):
     assert len({p["weight_bytes"] for p in d["per_rank"]}) == 1  # nothing is held by one rank only
 
 
-def test_sharded_ir_declares_the_expert_range(mini, vxc_inproc):
-    root, mdir, ir = mini
+def test_sharded_ir_declares_the_expert_range(minis, vxc_inproc):
+    mdir, ir, _ = minis["qwen3_moe"]
     r = vxc_inproc("passes", ir, "--tp", "3", "--rank", "2", "--print-after", "shard")
     assert r.exit_code == 0, r.stdout + r.stderr
     out = r.stdout
@@ -186,3 +234,37 @@ def test_refuses_experts_that_do_not_divide(tmp_path, vxc_inproc):
     assert all(f["message"] == "experts=10 is not divisible by --tp 3" for f in found)
     r = vxc_inproc("passes", mdir, "--tp", "2", "--json")
     assert r.exit_code == 0, r.stdout
+
+
+@pytest.mark.parametrize("name", ["gpt_oss", "granitemoehybrid"])
+@pytest.mark.parametrize("n", RANKS)
+def test_expert_biases_and_shared_expert_parts(minis, tp1, ranks, n, name):
+    """gpt_oss: the expert biases are cut with their experts (each rank adds its own experts' biases); the router
+    bias is whole. granitemoehybrid: the shared expert's gate/up rows and down columns are the rank's part of
+    shared_intermediate (24), cut through the slices of the fused input_linear. Both: the routing is
+    TP=1's at every token, and the ranks' bytes are what ``describe --tp`` says."""
+    from vxc.driver import load
+    from vxc.passes.surfaces import tp_ranks
+
+    mdir, ir, _ = minis[name]
+    d = tp_ranks(lambda: load(ir), n, context=64)
+    held, layers = 6 // n, 2
+    for res in ranks[n][name]:
+        r = res["rank"]
+        assert _as_sets(res["selected"]) == _as_sets(tp1[name]["selected"]), (n, r)
+        assert len(res["selected"]) == layers
+        if name == "gpt_oss":
+            cut = {k: v for k, v in res["parts"].items() if k.split(".")[1] in (
+                "ExpertGateUp", "ExpertDown", "ExpertGateUpBias", "ExpertDownBias")}
+            assert len(cut) == 4 * layers and all(v[:3] == (0, r * held, (r + 1) * held) for v in cut.values()), cut
+            assert [v[3] for k, v in cut.items() if k.endswith("ExpertGateUpBias")] == [[held, 128]] * layers
+            assert not any("MoeRouter" in k for k in res["parts"])
+        else:
+            s = 24 // n
+            for layer in range(layers):
+                assert res["parts"][f"l{layer}.SharedExpertGate"] == (0, r * s, (r + 1) * s, [s, 60])
+                assert res["parts"][f"l{layer}.SharedExpertUp"] == (0, r * s, (r + 1) * s, [s, 60])
+                assert res["parts"][f"l{layer}.SharedExpertDown"] == (1, r * s, (r + 1) * s, [60, s])
+                assert res["parts"][f"l{layer}.PerExpertGate"][:3] == (0, r * held, (r + 1) * held)
+        assert d["per_rank"][r]["weight_bytes"] == res["weight_bytes"], (n, r)
+        assert d["per_rank"][r]["state"]["at_context_bytes"] == res["state_bytes"], (n, r)
