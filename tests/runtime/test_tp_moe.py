@@ -1,6 +1,8 @@
 """Expert parallelism of the ``moe`` FFN under tensor parallelism, on loopback (gloo), 2 and 3 ranks — one spawn per
-rank count for all the miniatures: a qwen3_moe (transformers, fp32) whose experts (12), heads (12), kv heads (6),
-expert width (24) and dense FFN width (72) both 2 and 3 divide (layers: MoE, dense, MoE); a gpt_oss (fp32: sinks, sliding window, YaRN; fused interleaved gate/up banks seen through a
+rank count for both miniatures: a qwen3_moe (transformers, fp32) whose experts (12), heads (12), kv heads (6),
+expert width (24) and dense FFN width (72) both 2 and 3 divide (layers: MoE, dense, MoE); and a qwen3moe GGUF file
+whose expert banks are ggml-encoded (q4_k / q8_0 / q4_0, 6 experts), run on their resident blocks
+(``qmoe_experts``); a gpt_oss (fp32: sinks, sliding window, YaRN; fused interleaved gate/up banks seen through a
 transpose, expert and router biases given values, clamped GLU, top-k softmax router); a granitemoehybrid (Mamba2
 + attention + an MoE whose shared expert, a slice of one fused ``input_linear``, is split like a SwiGLU). Rank r
 holds experts [r·E/N, (r+1)·E/N) of every bank and of the expert biases; the router is whole on every rank.
@@ -24,6 +26,7 @@ from tests import builders as B
 from tests.families.moe_support import reference_selection, vxc_selection
 from tests.families import test_granitemoehybrid as granite
 from tests.families.qwen3_moe_support import MINI as QWEN3_MOE
+from tests.gguf_support import MINI_LLAMA, write_llama_gguf
 from tests.runtime import tp_support as S
 
 RANKS = (2, 3)
@@ -32,13 +35,16 @@ CFG = dict(QWEN3_MOE, hidden_size=D, num_attention_heads=12, num_key_value_heads
            moe_intermediate_size=I_MOE, num_experts=E, num_experts_per_tok=TOP_K, num_hidden_layers=LAYERS,
            mlp_only_layers=[1])
 MOE_LAYERS = (0, 2)
+# the GGUF file: every layer MoE, 6 experts of width 96, top-2; heads 6 × 32, kv heads 6; the banks encoded
+GG = dict(MINI_LLAMA, heads=6, kv_heads=6, head_dim=32, experts=6, top_k=2, moe_ffn=96)
+GG_ENC = {"ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q8_0", "ffn_down_exps": "Q4_0"}  # everything else f32
 # two layers each (sliding + full attention; Mamba2 + attention)
 GPT_OSS = dict(num_attention_heads=6, num_key_value_heads=6, num_local_experts=6, num_hidden_layers=2,
                layer_types=["sliding_attention", "full_attention"])  # head_dim 20, experts of width 64, top-2
 GRANITE = dict(num_attention_heads=6, num_key_value_heads=6, num_local_experts=6, shared_intermediate_size=24,
                mamba_n_heads=12, mamba_n_groups=6, num_hidden_layers=2,
                layer_types=["linear_attention", "full_attention"])  # experts of width 20, top-2; d_inner 120
-NAMES = ("qwen3_moe", "gpt_oss", "granitemoehybrid")
+NAMES = ("qwen3_moe", "gguf", "gpt_oss", "granitemoehybrid")
 
 
 def selection_ids(greedy: list[int]) -> list[int]:
@@ -67,7 +73,10 @@ def minis(tmp_path_factory):
     root = tmp_path_factory.mktemp("tp-moe")
     mdir = B.build_hf(root / "q3moe", "qwen3_moe", CFG, seed=5)
     lower_to_file(mdir, root / "q3moe.vxir")
-    out = {"qwen3_moe": (mdir, root / "q3moe.vxir")}
+    gdir = root / "gguf"
+    write_llama_gguf(gdir / "m.gguf", GG, encodings=GG_ENC, arch="qwen3moe", seed=5)
+    lower_to_file(gdir / "m.gguf", root / "gguf.vxir")
+    out = {"qwen3_moe": (mdir, root / "q3moe.vxir"), "gguf": (gdir, root / "gguf.vxir")}
     out["gpt_oss"] = (_gpt_oss(root / "gpt_oss"), root / "gpt_oss.vxir")
     out["granitemoehybrid"] = (granite.build(root / "granitemoehybrid", GRANITE), root / "granitemoehybrid.vxir")
     for name in ("gpt_oss", "granitemoehybrid"):
@@ -234,6 +243,35 @@ def test_refuses_experts_that_do_not_divide(tmp_path, vxc_inproc):
     assert all(f["message"] == "experts=10 is not divisible by --tp 3" for f in found)
     r = vxc_inproc("passes", mdir, "--tp", "2", "--json")
     assert r.exit_code == 0, r.stdout
+
+
+@pytest.mark.parametrize("n", RANKS)
+def test_encoded_banks_cut_by_whole_experts(minis, tp1, ranks, n):
+    """The GGUF banks stay resident as the file's blocks on every rank, each rank's experts read alone; the
+    routing is TP=1's at every token; the ranks' bytes are what ``describe --tp`` says."""
+    from vxc.driver import load
+    from vxc.passes.surfaces import tp_ranks
+
+    mdir, ir, _ = minis["gguf"]
+    d = tp_ranks(lambda: load(ir), n, context=64)
+    held, layers = GG["experts"] // n, GG["layers"]
+    assert "qmoe_experts" in tp1["gguf"]["kernels"]
+    for res in ranks[n]["gguf"]:
+        r = res["rank"]
+        assert "qmoe_experts" in res["kernels"] and "moe_experts" not in res["kernels"]
+        assert _as_sets(res["selected"]) == _as_sets(tp1["gguf"]["selected"]), (n, r)
+        banks = {k: v for k, v in res["parts"].items() if "Expert" in k}
+        assert len(banks) == 3 * layers
+        assert all(v[:3] == (0, r * held, (r + 1) * held) and v[3][0] == held for v in banks.values()), banks
+        assert d["per_rank"][r]["weight_bytes"] == res["weight_bytes"], (n, r)
+        assert d["per_rank"][r]["state"]["at_context_bytes"] == res["state_bytes"], (n, r)
+    # the banks' blocks read: the ranks' parts (gate q4_k 144 B per 256, up q8_0 34 B per 32, down q4_0 18 B per
+    # 32), and the plain parts at 4 B each
+    enc = held * layers * (GG["moe_ffn"] * GG["d"] // 256 * 144 + GG["moe_ffn"] * GG["d"] // 32 * 34
+                           + GG["d"] * GG["moe_ffn"] // 32 * 18)
+    for res in ranks[n]["gguf"]:
+        plain = sum(4 * torch.Size(s).numel() for k, (_, _, _, s) in res["parts"].items() if "Expert" not in k)
+        assert res["sliced_bytes"] == enc + plain > enc
 
 
 @pytest.mark.parametrize("name", ["gpt_oss", "granitemoehybrid"])
