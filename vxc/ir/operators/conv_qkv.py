@@ -17,6 +17,11 @@ def _derive(a: Attrs) -> dict[str, int]:
     return {"q_dim": _q_dim(a), "kv_dim": _kv_dim(a), "qkv_rows": _qkv_rows(a)}
 
 
+def _qkv(a: Attrs) -> tuple[tuple[str, int], ...]:
+    """q | k | v rows of the fused projection (and channels of the conv over it): heads, kv heads, kv heads."""
+    return (("heads", a["head_dim"]), ("kv_heads", a["head_dim"]), ("kv_heads", a["head_dim"]))
+
+
 CONV_QKV = OperatorDecl(
     kind="conv_qkv",
     slot="mixer",
@@ -36,13 +41,18 @@ CONV_QKV = OperatorDecl(
         attr("scale", "float"),
         *ROTARY_ATTRS,
     ),
+    # tensor parallel: heads and kv heads split (a rank's q heads read its kv heads: contiguous GQA groups); the
+    # fused projection and the conv over it cut segment by segment; out_proj row-parallel, its bias added once
+    partition="tensor",
+    divides=("heads", "kv_heads"),
     roles=(
-        RoleSpec("ConvQkvInProj", lambda a: (_qkv_rows(a), a["d_model"]), quantise=True, more_bits="value"),
-        RoleSpec("ConvQkvInProjBias", lambda a: (_qkv_rows(a),), when="qkv_bias"),
-        RoleSpec("ConvQkvConv1d", lambda a: (_qkv_rows(a), a["conv_kernel"])),
-        RoleSpec("ConvQkvConv1dBias", lambda a: (_qkv_rows(a),), when="conv_bias"),
-        RoleSpec("ConvQkvOutProj", lambda a: (a["d_model"], _q_dim(a)), quantise=True),
-        RoleSpec("ConvQkvOutProjBias", lambda a: (a["d_model"],), when="out_bias"),
+        RoleSpec("ConvQkvInProj", lambda a: (_qkv_rows(a), a["d_model"]), quantise=True, more_bits="value", shard="out",
+                 segments=_qkv),
+        RoleSpec("ConvQkvInProjBias", lambda a: (_qkv_rows(a),), when="qkv_bias", shard="out", segments=_qkv),
+        RoleSpec("ConvQkvConv1d", lambda a: (_qkv_rows(a), a["conv_kernel"]), shard="out", segments=_qkv),
+        RoleSpec("ConvQkvConv1dBias", lambda a: (_qkv_rows(a),), when="conv_bias", shard="out", segments=_qkv),
+        RoleSpec("ConvQkvOutProj", lambda a: (a["d_model"], _q_dim(a)), quantise=True, shard="in"),
+        RoleSpec("ConvQkvOutProjBias", lambda a: (a["d_model"],), when="out_bias", shard="once"),
     ),
     regions=(
         RegionSpec("kv", "kv_rows", lambda a: (2, a["kv_heads"], a["head_dim"]), "compute", "per_token"),

@@ -18,6 +18,15 @@ Prefill computes the recurrence chunked (``chunk_size`` tokens per chunk, WY for
 decode runs it one token at a time. Roles are plain: a checkpoint's fused,
 per-key-head-grouped projections are split by the frontend with views (gather by
 group), so nothing here knows why.
+
+Tensor parallel: split by heads. Rank r of N holds value heads [r·Hv/N, (r+1)·Hv/N) (z, b, a, dt_bias,
+A_log, v, the state, out_proj's input columns) and the key heads they read: value head h reads key head
+``h // (Hv/Hk)`` (a contiguous run of Hv/Hk value heads per key head, the kernels' ``repeat_interleave``), so
+the rank's contiguous block of value heads reads a contiguous block of key heads — Hk/N of them when N divides
+Hk, else (N a multiple of Hk) the one key head its value heads share (``shares``: held by N/Hk ranks; any
+other N would make a rank's value heads read another rank's key heads, and is refused by ``k_heads``).
+The fused q|k|v projection and the conv over it are cut segment by segment; the gated norm's weight (one
+head's width) is whole; out_proj is row-parallel.
 """
 
 from __future__ import annotations
@@ -42,6 +51,11 @@ def _derive(a: Attrs) -> dict[str, int]:
     return {"key_dim": _key_dim(a), "value_dim": _value_dim(a), "conv_dim": _conv_dim(a)}
 
 
+def _qkv(a: Attrs) -> tuple[tuple[str, int], ...]:
+    """q | k | v rows of the fused projection (and channels of the conv): key heads, key heads, value heads."""
+    return (("k_heads", a["k_head_dim"]), ("k_heads", a["k_head_dim"]), ("v_heads", a["v_head_dim"]))
+
+
 GATED_DELTA = OperatorDecl(
     kind="gated_delta",
     slot="mixer",
@@ -64,16 +78,21 @@ GATED_DELTA = OperatorDecl(
         attr("norm_order", "enum", "norm_then_gate", "gate_then_norm"),
         attr("norm_act", "enum", "silu", "sigmoid", doc="activation of the output gate z"),
     ),
+    # tensor parallel: heads split (see the module docstring); the key heads shared when N is a multiple of them
+    partition="tensor",
+    divides=("v_heads",),
+    shares=("k_heads",),
     roles=(
-        RoleSpec("LinearAttnInProjQkv", lambda a: (_conv_dim(a), a["d_model"]), quantise=True, more_bits="value"),
-        RoleSpec("LinearAttnInProjZ", lambda a: (_value_dim(a), a["d_model"]), quantise=True),
-        RoleSpec("LinearAttnInProjB", lambda a: (a["v_heads"], a["d_model"]), quantise=True),
-        RoleSpec("LinearAttnInProjA", lambda a: (a["v_heads"], a["d_model"]), quantise=True),
-        RoleSpec("LinearAttnConv1d", lambda a: (_conv_dim(a), a["conv_kernel"])),
-        RoleSpec("LinearAttnDtBias", lambda a: (a["v_heads"],)),
-        RoleSpec("LinearAttnALog", lambda a: (a["v_heads"],)),
+        RoleSpec("LinearAttnInProjQkv", lambda a: (_conv_dim(a), a["d_model"]), quantise=True, more_bits="value",
+                 shard="out", segments=_qkv),
+        RoleSpec("LinearAttnInProjZ", lambda a: (_value_dim(a), a["d_model"]), quantise=True, shard="out"),
+        RoleSpec("LinearAttnInProjB", lambda a: (a["v_heads"], a["d_model"]), quantise=True, shard="out"),
+        RoleSpec("LinearAttnInProjA", lambda a: (a["v_heads"], a["d_model"]), quantise=True, shard="out"),
+        RoleSpec("LinearAttnConv1d", lambda a: (_conv_dim(a), a["conv_kernel"]), shard="out", segments=_qkv),
+        RoleSpec("LinearAttnDtBias", lambda a: (a["v_heads"],), shard="out"),
+        RoleSpec("LinearAttnALog", lambda a: (a["v_heads"],), shard="out"),
         RoleSpec("LinearAttnNorm", lambda a: (a["v_head_dim"],)),
-        RoleSpec("LinearAttnOutProj", lambda a: (a["d_model"], _value_dim(a)), quantise=True),
+        RoleSpec("LinearAttnOutProj", lambda a: (a["d_model"], _value_dim(a)), quantise=True, shard="in"),
     ),
     regions=(
         RegionSpec("delta", "recurrent", lambda a: (a["v_heads"], a["k_head_dim"], a["v_head_dim"]), "f32", "fixed"),
