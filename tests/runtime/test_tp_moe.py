@@ -2,8 +2,8 @@
 rank count for both miniatures: a qwen3_moe (transformers, fp32) whose experts (12), heads (12), kv heads (6),
 expert width (24) and dense FFN width (72) both 2 and 3 divide (layers: MoE, dense, MoE); and a qwen3moe GGUF file
 whose expert banks are ggml-encoded (q4_k / q8_0 / q4_0, 6 experts), run on their resident blocks
-(``qmoe_experts``); a gpt_oss (fp32: sinks, sliding window, YaRN; fused interleaved gate/up banks seen through a
-transpose, expert and router biases given values, clamped GLU, top-k softmax router); a granitemoehybrid (Mamba2
+(``qmoe_experts``); a gpt_oss with MXFP4-packed banks (sinks, sliding window, YaRN; fused interleaved gate/up
+banks, expert and router biases given values, clamped GLU, top-k softmax router); a granitemoehybrid (Mamba2
 + attention + an MoE whose shared expert, a slice of one fused ``input_linear``, is split like a SwiGLU). Rank r
 holds experts [r·E/N, (r+1)·E/N) of every bank and of the expert biases; the router is whole on every rank.
 
@@ -88,13 +88,14 @@ def minis(tmp_path_factory):
 
 
 def _gpt_oss(d: Path) -> Path:
-    """The gpt_oss miniature in fp32 with every bias (attention, sinks, router, experts) given values: transformers
-    starts them at zero, and an expert bias added by every rank (or by none) would then pass."""
+    """The gpt_oss miniature (fp32) with every bias (attention, sinks, router, experts) given values — transformers
+    starts them at zero, and an expert bias added by every rank (or by none) would then pass — its banks then
+    packed as MXFP4 (the hub's form)."""
     from safetensors.torch import load_file, save_file
 
     from tests.families import gpt_oss_support as G
 
-    mdir = B.build_hf(d, "gpt_oss", dict(G.MINI, **GPT_OSS), seed=G.SEED, dtype=torch.float32)
+    mdir = B.build_hf(d.with_name(d.name + "-src"), "gpt_oss", dict(G.MINI, **GPT_OSS), seed=G.SEED, dtype=torch.float32)
     w = load_file(mdir / "model.safetensors")
     g = torch.Generator().manual_seed(2)
     biases = [k for k in w if k.endswith(("bias", "sinks"))]
@@ -102,7 +103,7 @@ def _gpt_oss(d: Path) -> Path:
     for k in biases:
         w[k] = torch.randn(w[k].shape, generator=g) * 0.5
     save_file(w, mdir / "model.safetensors", metadata={"format": "pt"})
-    return mdir
+    return G.to_mxfp4(mdir, d)
 
 
 @pytest.fixture(scope="module")
@@ -277,10 +278,11 @@ def test_encoded_banks_cut_by_whole_experts(minis, tp1, ranks, n):
 @pytest.mark.parametrize("name", ["gpt_oss", "granitemoehybrid"])
 @pytest.mark.parametrize("n", RANKS)
 def test_expert_biases_and_shared_expert_parts(minis, tp1, ranks, n, name):
-    """gpt_oss: the expert biases are cut with their experts (each rank adds its own experts' biases); the router
-    bias is whole. granitemoehybrid: the shared expert's gate/up rows and down columns are the rank's part of
-    shared_intermediate (24), cut through the slices of the fused input_linear. Both: the routing is
-    TP=1's at every token, and the ranks' bytes are what ``describe --tp`` says."""
+    """gpt_oss: the MXFP4 banks' blocks and scales, and the expert biases, are cut with their experts (each rank
+    decodes only its experts and adds only their biases), every part read alone; the router bias is whole.
+    granitemoehybrid: the shared expert's gate/up rows and down columns are the rank's part of shared_intermediate
+    (24), cut through the slices of the fused input_linear. Both: the routing is TP=1's at every token, and the
+    ranks' bytes are what ``describe --tp`` says (MXFP4 banks counted as stored, held decoded)."""
     from vxc.driver import load
     from vxc.passes.surfaces import tp_ranks
 
@@ -297,6 +299,13 @@ def test_expert_biases_and_shared_expert_parts(minis, tp1, ranks, n, name):
             assert len(cut) == 4 * layers and all(v[:3] == (0, r * held, (r + 1) * held) for v in cut.values()), cut
             assert [v[3] for k, v in cut.items() if k.endswith("ExpertGateUpBias")] == [[held, 128]] * layers
             assert not any("MoeRouter" in k for k in res["parts"])
+            # bytes read: the banks' MXFP4 parts (16 B of blocks + 1 B of scale per 32 values), the rest fp32
+            mx = {"ExpertGateUp": held * 128 * (96 // 32) * 17, "ExpertDown": held * 96 * (64 // 32) * 17}
+            read = sum(mx.get(k.split(".")[1], 4 * torch.Size(v[3]).numel()) for k, v in res["parts"].items())
+            assert res["sliced_bytes"] == read, (n, r)
+            # describe counts the banks as stored (MXFP4), the rank holds them decoded (fp32), as at TP=1
+            decoded = layers * held * (128 * 96 + 96 * 64) * 4
+            assert d["per_rank"][r]["weight_bytes"] == res["weight_bytes"] - decoded + layers * sum(mx.values())
         else:
             s = 24 // n
             for layer in range(layers):
@@ -304,5 +313,5 @@ def test_expert_biases_and_shared_expert_parts(minis, tp1, ranks, n, name):
                 assert res["parts"][f"l{layer}.SharedExpertUp"] == (0, r * s, (r + 1) * s, [s, 60])
                 assert res["parts"][f"l{layer}.SharedExpertDown"] == (1, r * s, (r + 1) * s, [60, s])
                 assert res["parts"][f"l{layer}.PerExpertGate"][:3] == (0, r * held, (r + 1) * held)
-        assert d["per_rank"][r]["weight_bytes"] == res["weight_bytes"], (n, r)
+            assert d["per_rank"][r]["weight_bytes"] == res["weight_bytes"], (n, r)
         assert d["per_rank"][r]["state"]["at_context_bytes"] == res["state_bytes"], (n, r)

@@ -224,7 +224,12 @@ class Weights:
             converts = dtype is not None and src.dtype != _ir_dtype(dtype) and src.dtype.startswith(("f", "bf"))
             x = self.stored(o.sources[0], copy=converts or str(device) != "cpu")
         elif o.encoding == "mxfp4":
-            parts = dict(zip(o.part_names, (self.stored(s) for s in o.sources)))
+            if part is not None and part.dim == 0 and not o.transforms:
+                # tensor parallelism: this rank's experts (dim 0 of the blocks and of the scales alike), read alone
+                parts = {n: self.sliced(s, 0, part.start, part.stop) for n, s in zip(o.part_names, o.sources)}
+                part = None
+            else:
+                parts = dict(zip(o.part_names, (self.stored(s) for s in o.sources)))
             x = decode_mxfp4(parts["blocks"], parts["scales"], dtype or torch.bfloat16)
         elif _is_ggml(o.encoding):
             from .ggml_blocks import dequantize
