@@ -268,15 +268,25 @@ def test_triton_router():
             torch.testing.assert_close(w1, w0, rtol=1e-5, atol=1e-6)
 
 
-@triton_test
-def test_triton_experts_and_shared():
-    T, d, E, I, k = 5, 72, 9, 40, 3
+def _r(*s):
+    return torch.randn(*s, device=DEVICE) * 0.3
+
+
+def _expert_cases(T, d, E, I, k):
+    """Tokens, their top-k experts and weights, and two bank cases: separate SiLU, fused clamped GLU with biases."""
     x = torch.randn(T, d, device=DEVICE)
     idx = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).to(DEVICE)
     w = torch.rand(T, k, device=DEVICE)
-    r = lambda *s: torch.randn(*s, device=DEVICE) * 0.3  # noqa: E731
-    cases = [(r(E, I, d), r(E, I, d), None, None, "separate", "silu", None, None),
-             (r(E, 2 * I, d) * 4, None, r(E, 2 * I), r(E, d), "fused_interleaved", "clamped_glu", 1.702, 7.0)]
+    cases = [(_r(E, I, d), _r(E, I, d), None, None, "separate", "silu", None, None),
+             (_r(E, 2 * I, d) * 4, None, _r(E, 2 * I), _r(E, d), "fused_interleaved", "clamped_glu", 1.702, 7.0)]
+    return x, idx, w, cases
+
+
+@triton_test
+def test_triton_experts_and_shared():
+    T, d, E, I, k = 5, 72, 9, 40, 3
+    x, idx, w, cases = _expert_cases(T, d, E, I, k)
+    r = _r
     for w_in, w_up, b_in, b_dn, layout, act, al, lim in cases:
         wd = r(E, d, I)
         y0 = moe.experts_twin(x, w, idx, w_in, w_up, wd, b_in, b_dn, layout, act, al, lim)
@@ -293,14 +303,9 @@ def test_triton_experts_hold_a_range():
     they hold — twin and Triton against fp64 over the whole bank with the other slots' weights zeroed — and the
     three ranks' parts add up to the whole bank's result."""
     T, d, E, I, k = 6, 72, 12, 40, 3
-    x = torch.randn(T, d, device=DEVICE)
-    idx = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).to(DEVICE)
-    w = torch.rand(T, k, device=DEVICE)
-    r = lambda *s: torch.randn(*s, device=DEVICE) * 0.3  # noqa: E731
-    cases = [(r(E, I, d), r(E, I, d), None, None, "separate", "silu", None, None),
-             (r(E, 2 * I, d) * 4, None, r(E, 2 * I), r(E, d), "fused_interleaved", "clamped_glu", 1.702, 7.0)]
+    x, idx, w, cases = _expert_cases(T, d, E, I, k)
     for w_in, w_up, b_in, b_dn, layout, act, al, lim in cases:
-        wd = r(E, d, I)
+        wd = _r(E, d, I)
         whole = (x, w, idx, w_in, w_up, wd, b_in, b_dn, layout, act, al, lim)
         parts = []
         for lo in (0, 4, 8):

@@ -113,11 +113,10 @@ def tp1(minis):
 
     out = {}
     for name, (mdir, ir, od) in minis.items():
+        res = S.reference(ir, mdir, od)
         e = Engine(parse_file(ir), mdir, max_context=64)
-        res = S.measure(e, lambda s: s)
-        res.update(S.save_resume(e, lambda s: s, od / "state-tp1.safetensors"))
-        res["selected"] = vxc_selection(Engine(parse_file(ir), mdir, max_context=64), selection_ids(res["greedy"]))
-        res["kernels"] = sorted({c.kernel for c in e.lowered["decode"].groups()})
+        res.update(selected=vxc_selection(e, selection_ids(res["greedy"])),
+                   kernels=sorted({c.kernel for c in e.lowered["decode"].groups()}))
         out[name] = res
     return out
 
