@@ -60,13 +60,14 @@ def solo(engine, prompt: list[int], new: int, vocab: int) -> tuple[list[int], li
     return toks, rows
 
 
-def check(ir: Path, vocab: int, *, dtype: torch.dtype = torch.float32) -> dict:
+def check(ir: Path, vocab: int, *, dtype: torch.dtype = torch.float32, **engine_kw) -> dict:
+    """(``engine_kw``: more arguments of every engine, e.g. ``tp`` and ``rank`` on a tensor-parallel rank.)"""
     from vxc.runtime.scheduler import Scheduler
 
     ps = prompts(vocab)
-    one = _engine(ir, dtype=dtype)
+    one = _engine(ir, dtype=dtype, **engine_kw)
     ref = [solo(one, p, n, vocab) for p, n in zip(ps, NEW_TOKENS)]
-    sch = Scheduler(_engine(ir, dtype=dtype, sequences=SLOTS), chunk=CHUNK)
+    sch = Scheduler(_engine(ir, dtype=dtype, sequences=SLOTS, **engine_kw), chunk=CHUNK)
     reqs = [sch.submit(p, max_new_tokens=n, keep_logits=True) for p, n in zip(ps, NEW_TOKENS)]
     sch.run()
     max_diff = max_logit = 0.0
@@ -78,16 +79,16 @@ def check(ir: Path, vocab: int, *, dtype: torch.dtype = torch.float32) -> dict:
             max_logit = max(max_logit, b.float().abs().max().item())
     # a freed slot leaks nothing: the last request after the longest one, in one slot, vs a fresh engine
     long_p, p = ps[2], ps[4]
-    s1 = Scheduler(_engine(ir, dtype=dtype, sequences=1), chunk=CHUNK)
+    s1 = Scheduler(_engine(ir, dtype=dtype, sequences=1, **engine_kw), chunk=CHUNK)
     s1.submit(long_p, max_new_tokens=12)
     after = s1.submit(p, max_new_tokens=6, keep_logits=True)
     s1.run()
-    s2 = Scheduler(_engine(ir, dtype=dtype, sequences=1), chunk=CHUNK)
+    s2 = Scheduler(_engine(ir, dtype=dtype, sequences=1, **engine_kw), chunk=CHUNK)
     fresh = s2.submit(p, max_new_tokens=6, keep_logits=True)
     s2.run()
     leak_free = len(after.logits) == 6 and all(torch.equal(a, b) for a, b in zip(after.logits, fresh.logits))
     return {"greedy_equal": greedy_equal, "max_diff": max_diff, "max_logit": max_logit, "leak_free": leak_free,
-            "rows": sch.decoded_rows, "steps": sch.steps}
+            "rows": sch.decoded_rows, "steps": sch.steps, "generated": [r.generated for r in reqs]}
 
 
 def assert_batched(ir: Path, vocab: int, tol: float | None = None, **kw) -> dict:
