@@ -111,13 +111,11 @@ def tp1(minis):
     from vxc.ir.parser import parse_file
     from vxc.runtime.engine import Engine
 
-    out = {}
+    out = S.run_tp1(minis)
     for name, (mdir, ir, od) in minis.items():
-        res = S.reference(ir, mdir, od)
         e = Engine(parse_file(ir), mdir, max_context=64)
-        res.update(selected=vxc_selection(e, selection_ids(res["greedy"])),
-                   kernels=sorted({c.kernel for c in e.lowered["decode"].groups()}))
-        out[name] = res
+        out[name].update(selected=vxc_selection(e, selection_ids(out[name]["greedy"])),
+                         kernels=sorted({c.kernel for c in e.lowered["decode"].groups()}))
     return out
 
 

@@ -52,18 +52,6 @@ def save_resume(engine, agree, path: Path) -> dict:
     return {"first": first, "cont": cont, "first_resumed": first2, "cont_resumed": cont2}
 
 
-def reference(ir: Path, mdir: Path, out: Path) -> dict:
-    """TP=1 in this process: what ``rank_main`` measures on a rank (``measure``, then ``save_resume`` with its state
-    file in ``out``)."""
-    from vxc.ir.parser import parse_file
-    from vxc.runtime.engine import Engine
-
-    e = Engine(parse_file(Path(ir)), Path(mdir), max_context=64)
-    res = measure(e, lambda s: s)
-    res.update(save_resume(e, lambda s: s, Path(out) / "state-tp1.safetensors"))
-    return res
-
-
 def rank_main(rank: int, n: int, ir: str, mdir: str, out: str) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
