@@ -343,6 +343,8 @@ def serve_(
     kernels: str = typer.Option("auto", "--kernels", help="auto | torch | triton | native"),
     prefix_cache_mib: float = typer.Option(256.0, "--prefix-cache-mib", min=0.0, max=float(1 << 30),
                                            help="budget of the exact prefix cache (state snapshots by token prefix, LRU); 0 = off"),
+    tp: int = typer.Option(1, "--tp", min=1, max=1024, help="tensor-parallel ranks: this process serves as rank 0 and "
+                                                             "spawns the others (or is one of torchrun's)"),
 ):
     """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /v1/models, /health): requests share
     the engine's SEQUENCES state slots by continuous batching (chunked prefill beside one batched decode step)."""
@@ -357,7 +359,7 @@ def serve_(
 
         return run_serve(model=model, host=host, port=port, sequences=sequences, dtype=dtype, device=device,
                          max_context=max_context, chunk=chunk, max_queue=max_queue, model_dir=model_dir,
-                         model_name=model_name, kernels=kernels, prefix_cache_bytes=int(prefix_cache_mib * 2**20))
+                         model_name=model_name, kernels=kernels, prefix_cache_bytes=int(prefix_cache_mib * 2**20), tp=tp)
 
     _guard(go)
 

@@ -25,7 +25,7 @@ import secrets
 import threading
 import time
 import uuid
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
@@ -86,7 +86,10 @@ class EngineWorker:
                 # submit appends under the scheduler's lock before it notifies under this condition, so a request
                 # submitted while we test ``idle`` is either seen here or wakes the wait
                 while not self._stopping and sch.idle:
-                    self._cv.wait()
+                    if sch.sync is None:
+                        self._cv.wait()
+                    elif not self._cv.wait(sch.sync.HEARTBEAT_S):
+                        break  # tensor parallel: an idle step now and then keeps the other ranks' wait short
                 if self._stopping:
                     return
             try:
@@ -116,6 +119,8 @@ class EngineWorker:
                 sch.step()  # retires the cancelled requests in slots (their on_finish runs); the worker is gone
             except Exception:
                 log.exception("retiring requests at shutdown")
+            if sch.sync is not None:
+                sch.sync.close()  # tensor parallel: the other ranks stop
 
 
 # ---------------------------------------------------------------------------------------------------- errors
@@ -572,7 +577,7 @@ def create_app(engine=None, *, tokenizer, model_name: str, stop_ids=(), chat_tem
 
 def load_app(model, *, dtype: str = "fp32", device: str = "cpu", max_context: int | None = None, sequences: int = 1,
              chunk: int = 64, max_queue: int = 64, model_dir=None, model_name: str | None = None, kernels: str = "auto",
-             prefix_cache_bytes: int = 0):
+             prefix_cache_bytes: int = 0, tp: int = 1, rank: int = 0):
     """(app, loaded model): the IR loaded as ``vxc exec`` loads it (tokenizer, EOS ids, --max-context, dtype) on an
     engine with ``sequences`` slots, and the model's chat template when it has one; with ``prefix_cache_bytes`` > 0,
     an exact prefix cache (vxc.runtime.prefix_cache) of that budget shared by every request."""
@@ -589,7 +594,11 @@ def load_app(model, *, dtype: str = "fp32", device: str = "cpu", max_context: in
         raise ServeError(f"--max-queue must be at least 1, not {max_queue} (every request waits in the queue "
                          f"until the engine's thread admits it)")
     lm = load_model(model=Path(model), dtype=dtype, device=device, max_context=max_context, model_dir=model_dir,
-                    kernels=kernels, compile_decode=False, need_tokenizer="vxc serve", sequences=sequences)
+                    kernels=kernels, compile_decode=False, need_tokenizer="vxc serve", sequences=sequences,
+                    **({"tp": tp, "rank": rank} if tp > 1 else {}))
+    if rank != 0:  # a tensor-parallel rank without clients: its scheduler, stepped as rank 0 says
+        _warm(lm)
+        return _scheduler(lm.engine, chunk, max_queue, prefix_cache_bytes), lm
     try:
         tpl, tpl_error = chat_template(lm.model_dir, lm.module, lm.tok), None
     except ModelFileError as e:
@@ -597,9 +606,41 @@ def load_app(model, *, dtype: str = "fp32", device: str = "cpu", max_context: in
     from .ir.gguf_container import forget
 
     forget()  # every header read is done
+    _warm(lm)
+    app = create_app(tokenizer=lm.tok, model_name=model_name or Path(model).stem, stop_ids=lm.stop.ids,
+                     chat_template=tpl, chat_template_error=tpl_error,
+                     scheduler=_scheduler(lm.engine, chunk, max_queue, prefix_cache_bytes))
+    if tp > 1:
+        from .runtime.lockstep import Lockstep
+
+        app.state.served.scheduler.sync = Lockstep(0)
+    return app, lm
+
+
+@contextmanager
+def _graceful_signals(server):
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _warm(lm) -> None:
     if lm.max_context >= 1:  # the batched step's first call (graph build) is not a client's latency
         lm.engine.decode_batch([0], [0], [0])
         lm.engine.state.zero_(0)
+
+
+def _scheduler(engine, chunk: int, max_queue: int, prefix_cache_bytes: int):
+    from .runtime.scheduler import Scheduler
+
     cache = None
     if prefix_cache_bytes < 0:
         raise ServeError(f"--prefix-cache-mib must be >= 0 (0: no prefix cache)")
@@ -607,32 +648,73 @@ def load_app(model, *, dtype: str = "fp32", device: str = "cpu", max_context: in
         from .runtime.prefix_cache import PrefixCache
 
         cache = PrefixCache(prefix_cache_bytes)
-    app = create_app(lm.engine, tokenizer=lm.tok, model_name=model_name or Path(model).stem, stop_ids=lm.stop.ids,
-                     chat_template=tpl, chat_template_error=tpl_error, chunk=chunk, max_queue=max_queue,
-                     prefix_cache=cache)
-    return app, lm
+    return Scheduler(engine, chunk=chunk, max_queue=max_queue, prefix_cache=cache)
+
+
+def _follower(rank: int, kw: dict) -> None:
+    """Rank ``rank`` > 0 of ``vxc serve --tp N``: the model's part and a scheduler, no HTTP."""
+    from .runtime.lockstep import follow
+
+    sch, _ = load_app(**kw, rank=rank)
+    follow(sch, rank)
 
 
 def run_serve(*, model, host: str, port: int, sequences: int, dtype: str, device: str, max_context: int | None,
               chunk: int, max_queue: int, model_dir, model_name: str | None, kernels: str = "auto",
-              prefix_cache_bytes: int = 0) -> None:
+              prefix_cache_bytes: int = 0, tp: int = 1) -> None:
     import sys
 
     import uvicorn
 
     if not 0 <= port <= 65535:
         raise ServeError(f"--port {port}: expected 0..65535")
-    app, lm = load_app(model, dtype=dtype, device=device, max_context=max_context, sequences=sequences, chunk=chunk,
-                       max_queue=max_queue, model_dir=model_dir, model_name=model_name, kernels=kernels,
-                       prefix_cache_bytes=prefix_cache_bytes)
+    kw = dict(model=model, dtype=dtype, device=device, max_context=max_context, sequences=sequences, chunk=chunk,
+              max_queue=max_queue, model_dir=model_dir, model_name=model_name, kernels=kernels,
+              prefix_cache_bytes=prefix_cache_bytes, tp=tp)
+    followers = None
+    if tp > 1:  # tensor parallel: this process serves as rank 0; the others follow its scheduler (vxc.runtime.lockstep)
+        from .exec_cmd import check_tp
+        from .runtime import tp as TP
+
+        check_tp(model, model_dir, tp)  # a model that does not split is refused before any rank starts
+        backend = TP.backend_for(device)
+        if TP.under_torchrun():
+            rank = TP.join(tp, backend)
+            if rank != 0:
+                return _follower(rank, kw)
+        else:
+            followers = TP.start_followers(_follower, tp, kw, backend=backend)
+    try:
+        _serve(kw, host, port, sequences, chunk, max_queue, prefix_cache_bytes, tp)
+    finally:
+        if followers is not None:
+            followers.join(timeout=60)
+
+
+def _serve(kw: dict, host: str, port: int, sequences: int, chunk: int, max_queue: int, prefix_cache_bytes: int,
+           tp: int) -> None:
+    import sys
+
+    import uvicorn
+
+    app, lm = load_app(**kw)
     for w in lm.warnings:
         print(w, file=sys.stderr)
     served = app.state.served
-    line = (f"{sequences} slot(s) × --max-context {lm.max_context} ({lm.max_context_note}) · chunk {chunk} · queue "
+    line = (f"{sequences} slot(s) × --max-context {lm.max_context} ({lm.max_context_note}) · "
+            f"{f'--tp {tp} (this process rank 0) · ' if tp > 1 else ''}chunk {chunk} · queue "
             f"{max_queue} · prefix cache {prefix_cache_bytes / 2**20:g} MiB · stop ids {served.stop_ids} · chat template: "
             f"{served.chat_template.source if served.chat_template else 'none'}")
 
     class Server(uvicorn.Server):
+        def capture_signals(self):
+            if tp == 1:
+                return super().capture_signals()
+            # tensor parallel: SIGINT / SIGTERM stop the server gracefully (the other ranks are told to stop as the app
+            # shuts down), and run_serve then waits for them -- uvicorn would re-raise the signal and kill this
+            # process before that
+            return _graceful_signals(self)
+
         async def startup(self, sockets=None):
             await super().startup(sockets)  # binds (a failure is uvicorn's error message and exit)
             if self.started:

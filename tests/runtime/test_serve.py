@@ -589,3 +589,65 @@ def test_shared_system_prompt_hits_the_prefix_cache(mini, eos_id):
         assert s.health()["scheduler"]["prefilled_tokens"] == sum(len(system + q) for q in questions) - 2 * 32
     finally:
         s.close()
+
+
+def test_serve_tensor_parallel(mini, eos_id, tmp_path):
+    """``vxc serve --tp 2``: this process serves as rank 0, a spawned rank follows its scheduler step for step
+    (vxc.runtime.lockstep). Concurrent greedy requests (slots shared, chunked prefill beside batched steps) give
+    the solo runs' text; a stop string decided on rank 0 ends the request on both ranks; a client that disconnects
+    mid-stream frees its slot; a seeded sampled request repeats itself; SIGTERM ends both processes."""
+    import concurrent.futures as cf
+    import shutil
+    import signal
+
+    mdir, ir, tok, solo = mini
+    d = shutil.copytree(mdir, tmp_path / "m")
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_id}))
+    port = _free_port()
+    p = subprocess.Popen([sys.executable, "-m", "vxc.cli", "serve", str(ir), "--model-dir", str(d), "--port", str(port),
+                          "--sequences", "2", "--max-context", str(CONTEXT), "--chunk", "8", "--tp", "2"],
+                         env=child_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        t0 = time.monotonic()
+        while True:
+            assert p.poll() is None, p.communicate()
+            try:
+                httpx.get(url + "/health", timeout=1)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() - t0 < 120, "vxc serve --tp 2 did not come up"
+                time.sleep(0.2)
+
+        def complete(body):
+            r = httpx.post(url + "/v1/completions", json={"max_tokens": 12, "temperature": 0, **body}, timeout=60)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]
+
+        prompts = PROMPTS + [EOS_PROMPT]
+        with cf.ThreadPoolExecutor(len(prompts)) as ex:  # more requests than the 2 slots: they queue
+            got = list(ex.map(lambda s: complete({"prompt": s}), prompts))
+        for prompt, c in zip(prompts, got):
+            text, reason, _ = _expect(tok, solo, tok.encode(prompt).ids, 12, eos_id)
+            assert (c["text"], c["finish_reason"]) == (text, reason), prompt
+        # a stop string: the text ends before its first occurrence (rank 0's detokenizer decides, rank 1 follows)
+        full = got[0]["text"]
+        cut = full[3:5]
+        c = complete({"prompt": prompts[0], "stop": [cut]})
+        assert c["text"] == full[:full.index(cut)] and c["finish_reason"] == "stop"
+        # a client that leaves mid-stream: its slot is freed on both ranks, the next requests still match
+        with httpx.stream("POST", url + "/v1/completions", json={"prompt": prompts[1], "max_tokens": 40, "temperature": 0,
+                                                                   "stream": True}, timeout=60) as r:
+            for i, _ in enumerate(r.iter_lines()):
+                if i > 2:
+                    break
+        assert complete({"prompt": prompts[1]})["text"] == got[1]["text"]
+        sampled = [complete({"prompt": prompts[2], "temperature": 0.9, "seed": 11})["text"] for _ in range(2)]
+        assert sampled[0] == sampled[1]
+        h = httpx.get(url + "/health", timeout=5).json()
+        assert h["scheduler"]["active"] == 0 and h["step_failures"] == 0
+    finally:
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err[-3000:]
+    assert "--tp 2 (this process rank 0)" in err and "Traceback" not in err

@@ -93,6 +93,10 @@ class Scheduler:
         self.steps = 0
         self.decoded_rows = 0
         self.prefilled_tokens = 0
+        # tensor parallelism (vxc.runtime.lockstep): the ranks' schedulers kept in step. On rank 0 a submitted request
+        # is staged (and a cancel recorded) until the next step tells every rank at once.
+        self.sync = None
+        self.staged: list[Request] = []
 
     # ------------------------------------------------------------------ requests
 
@@ -114,15 +118,20 @@ class Scheduler:
         if sampler.vocab is None:
             sampler.vocab = e.vocab
         req = Request(prompt, max_new_tokens, sampler, frozenset(stop_ids), on_token, on_finish, keep_logits=keep_logits)
+        if self.sync is not None:
+            self.sync.leading(req)  # rank 0's choices and stop decisions, shared with the other ranks
         with self.lock:
-            if len(self.waiting) >= self.max_queue:
-                raise QueueFull(f"{len(self.waiting)} requests are already waiting for one of {e.sequences} slots")
+            queued = len(self.waiting) + len(self.staged)
+            if queued >= self.max_queue:
+                raise QueueFull(f"{queued} requests are already waiting for one of {e.sequences} slots")
             req.id = next(self._ids)
-            self.waiting.append(req)
+            (self.staged if self.sync is not None else self.waiting).append(req)
         return req
 
     def cancel(self, req: Request) -> None:
         """End ``req`` (its slot is freed at the start of the next step; a waiting request just leaves)."""
+        if self.sync is not None and self.sync.defer(req):
+            return  # rank 0: every rank cancels it at the start of the next step
         with self.lock:
             req.cancelled = True
             if req in self.waiting:
@@ -132,7 +141,7 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         with self.lock:
-            return not self.active and not self.waiting
+            return not self.active and not self.waiting and not self.staged
 
     def stats(self) -> dict:
         with self.lock:
@@ -153,6 +162,8 @@ class Scheduler:
     @torch.no_grad()
     def step(self) -> bool:
         """One iteration (see the module doc). Returns whether any request is still in flight."""
+        if self.sync is not None:
+            self.sync.exchange(self)  # the requests submitted and cancelled since the last step, on every rank
         self._retire()
         self._admit()
         try:

@@ -78,6 +78,42 @@ def spawn(fn: Callable, n: int, *args: Any, backend: str = "gloo") -> None:
         mp.spawn(_entry, args=(n, str(Path(d) / "store"), backend, fn, args), nprocs=n, join=True)
 
 
+def _follower_entry(i: int, n: int, store: str, backend: str, fn: Callable, args: tuple) -> None:
+    _entry(i + 1, n, store, backend, fn, args)
+
+
+class Followers:
+    """Ranks 1..N-1 started by :func:`start_followers` (this process is rank 0 of their group)."""
+
+    def __init__(self, context, store_dir):
+        self.context, self.store_dir = context, store_dir
+
+    def join(self, timeout: float | None = None) -> None:
+        import torch.distributed as dist
+
+        try:
+            self.context.join(timeout)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self.store_dir.cleanup()
+
+
+def start_followers(fn: Callable, n: int, *args: Any, backend: str = "gloo") -> Followers:
+    """Start ranks 1..N-1 (each calls ``fn(rank, *args)`` in a group it joins) and join this process to the group as
+    rank 0; returns at once (``Followers.join`` waits for them)."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    d = tempfile.TemporaryDirectory(prefix="vxc-tp-")
+    store = str(Path(d.name) / "store")
+    ctx = mp.start_processes(_follower_entry, args=(n, store, backend, fn, args), nprocs=n - 1, join=False,
+                             start_method="spawn")
+    _bind_device(backend, 0)
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=n, timeout=TIMEOUT)
+    return Followers(ctx, d)
+
+
 def rank_path(path: Path, rank: int) -> Path:
     path = Path(path)
     return path if rank == 0 else path.with_name(f"{path.name}.rank{rank}")
