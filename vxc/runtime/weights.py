@@ -204,8 +204,17 @@ class Weights:
         from .views import apply_view, decode_mxfp4
 
         part = o.shard if o.shard is not None and o.shard.dim is not None else None
-        rows = (_rows_through(self.tensors[o.sources[0]].stored_shape, o.transforms, part.dim)
-                if part is not None and o.encoding is None else None)
+        stored = self.tensors[o.sources[0]].stored_shape
+        rows = (_rows_through(stored, o.transforms, part.dim) if part is not None and o.encoding is None else None)
+        merged = (_merged_spans(stored, o.transforms, part) if part is not None and o.encoding is None and rows is None
+                  else None)
+        if merged is not None:
+            # a reshape whose first dim merges the stored tensor's leading dims (a gated norm's weight stored
+            # [groups, channels / groups], used [channels]): ranges on whole leading blocks are ranges of stored dim 0
+            x = torch.cat([self.sliced(o.sources[0], 0, a, b) for a, b in merged], 0).reshape(o.shape)
+            if dtype is not None and x.is_floating_point() and x.dtype != dtype:
+                x = x.to(dtype)
+            return x.to(device).contiguous()
         if rows is not None:
             # tensor parallelism: this rank's part of a plain operand, read alone (never the whole tensor): the
             # stored indices its ranges reach through the view's slices and gathers of the cut dim, read in
@@ -315,6 +324,25 @@ def _rows_through(stored: tuple[int, ...], transforms, dim: int) -> torch.Tensor
         else:
             return None
     return rows
+
+
+def _merged_spans(stored: tuple[int, ...], transforms, part) -> list[tuple[int, int]] | None:
+    """Ranges of stored dim 0 holding ``part`` (dim 0 of the view) when the view is one reshape whose dim 0 merges
+    the stored leading dims, and every range covers whole blocks of the merged inner dims; else None."""
+    if part.dim != 0 or len(transforms) != 1 or transforms[0].kind != "reshape" or len(stored) < 2:
+        return None
+    from ..ir.views import reshape_target
+
+    target = tuple(reshape_target(tuple(stored), transforms[0].shape))
+    k, inner = 1, 1
+    while k < len(stored) and inner * stored[k] <= target[0] // stored[0]:
+        inner *= stored[k]
+        k += 1
+    if stored[0] * inner != target[0] or tuple(target[1:]) != tuple(stored[k:]):
+        return None
+    if any(a % inner or b % inner for a, b in part.spans()):
+        return None
+    return [(a // inner, b // inner) for a, b in part.spans()]
 
 
 def _local_transform(t, dim: int, size: int):
