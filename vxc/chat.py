@@ -98,8 +98,17 @@ class Chat:
         return self.encode(full), False
 
 
+def _chat_follower(rank: int, kw: dict) -> None:
+    """Rank ``rank`` > 0 of ``vxc chat --tp N``: the same conversation as rank 0 (its turns, broadcast), silently."""
+    import os
+
+    sys.stdout = sys.stderr = open(os.devnull, "w")
+    run_chat(**kw, rank=rank)
+
+
 def run_chat(*, model: Path, system, max_new_tokens, temperature, top_p, top_k, seed, dtype, device, max_context,
-             model_dir, kernels, compile_decode, as_json, ignore_eos=False, stop=(), input_stream=None) -> int:
+             model_dir, kernels, compile_decode, as_json, ignore_eos=False, stop=(), input_stream=None, tp: int = 1,
+             rank: int | None = None) -> int:
     """Read one user turn per line from stdin; answer each, continuing from the state the previous turn left.
 
     Each turn prefills only the text the template adds to what the model has consumed: the end of the previous
@@ -113,8 +122,30 @@ def run_chat(*, model: Path, system, max_new_tokens, temperature, top_p, top_k, 
     stop = list(stop or ())
     if any(s == "" for s in stop):
         raise VxcError("--stop: an empty stop string would end generation at once")
+    if tp > 1 and rank is None:  # tensor parallel: this process reads the turns as rank 0; the others follow
+        from .exec_cmd import check_tp
+        from .runtime import tp as TP
+
+        check_tp(model, model_dir, tp)  # a model that does not split is refused before any rank starts
+        kw = dict(model=model, system=system, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                  top_k=top_k, seed=seed, dtype=dtype, device=device, max_context=max_context, model_dir=model_dir,
+                  kernels=kernels, compile_decode=compile_decode, as_json=as_json, ignore_eos=ignore_eos, stop=stop,
+                  tp=tp)
+        backend = TP.backend_for(device)
+        if TP.under_torchrun():
+            r = TP.join(tp, backend)
+            if r:
+                return _chat_follower(r, kw)
+            return run_chat(**kw, input_stream=input_stream, rank=0)
+        followers = TP.start_followers(_chat_follower, tp, kw, backend=backend)
+        try:
+            return run_chat(**kw, input_stream=input_stream, rank=0)
+        finally:
+            followers.join(timeout=60)
+    rank = rank or 0
     lm = load_model(model=model, dtype=dtype, device=device, max_context=max_context, model_dir=model_dir,
-                    kernels=kernels, compile_decode=compile_decode, need_tokenizer="vxc chat", ignore_eos=ignore_eos)
+                    kernels=kernels, compile_decode=compile_decode, need_tokenizer="vxc chat", ignore_eos=ignore_eos,
+                    **({"tp": tp, "rank": rank} if tp > 1 else {}))
     for w in lm.warnings:
         note(w)
     chat = Chat(lm.model_dir, lm.module, lm.tok, system)
@@ -122,6 +153,10 @@ def run_chat(*, model: Path, system, max_new_tokens, temperature, top_p, top_k, 
 
     forget()  # every header read is done: the GGUF metadata snapshot need not stay resident
     sampler = Sampler(temperature, top_k, top_p, seed, vocab=lm.engine.vocab)
+    if tp > 1:
+        from .runtime.tp import Agreed
+
+        sampler = Agreed(sampler)  # rank 0's choices (the same tokens give every rank the same text and stops)
     session = lm.session
     stream = input_stream or sys.stdin
     interactive = not as_json and stream.isatty()
@@ -139,7 +174,11 @@ def run_chat(*, model: Path, system, max_new_tokens, temperature, top_p, top_k, 
         if interactive:
             sys.stderr.write("> ")
             sys.stderr.flush()
-        line = stream.readline()
+        line = stream.readline() if rank == 0 else None
+        if tp > 1:
+            from .runtime.tp import broadcast_object
+
+            line = broadcast_object(line)  # rank 0's turn on every rank
         if not line or not line.rstrip("\n"):
             return 0
         user = line.rstrip("\n")

@@ -309,6 +309,8 @@ def chat_(
     kernels: str = typer.Option("auto", "--kernels", help="auto | torch | triton | native"),
     compile_decode: bool = typer.Option(False, "--compile", help="torch.compile the fixed-shape decode graph"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object per turn instead of streaming text"),
+    tp: int = typer.Option(1, "--tp", min=1, max=1024, help="tensor-parallel ranks: this process reads the turns as "
+                                                             "rank 0 and spawns the others (or is one of torchrun's)"),
 ):
     """A conversation: one user turn per line on stdin (an empty line or EOF ends it). The continuation state is kept
     between turns, so each turn prefills only its own tokens, not the history."""
@@ -318,7 +320,8 @@ def chat_(
 
         return run_chat(model=model, system=system, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                         top_k=top_k, seed=seed, dtype=dtype, device=device, max_context=max_context, model_dir=model_dir,
-                        kernels=kernels, compile_decode=compile_decode, as_json=as_json, ignore_eos=ignore_eos, stop=list(stop))
+                        kernels=kernels, compile_decode=compile_decode, as_json=as_json, ignore_eos=ignore_eos, stop=list(stop),
+                        tp=tp)
 
     code = _guard(go, as_json)
     if code:

@@ -651,3 +651,24 @@ def test_serve_tensor_parallel(mini, eos_id, tmp_path):
         _, err = p.communicate(timeout=60)
     assert p.returncode == 0, err[-3000:]
     assert "--tp 2 (this process rank 0)" in err and "Traceback" not in err
+
+
+def test_chat_tensor_parallel(mini):
+    """``vxc chat --tp 2``: this process reads the turns as rank 0 (a spawned rank gets each, broadcast); the turns'
+    tokens equal ``vxc chat``'s on one process, with a stop string that cuts an answer (the next turn then prefills
+    the whole conversation again, on both ranks)."""
+    mdir, ir, tok, _ = mini
+    turns = "hello there\nwhat now\nand then\n"
+
+    def chat(*extra):
+        p = subprocess.run([sys.executable, "-m", "vxc.cli", "chat", str(ir), "--json", "--max-new-tokens", "10",
+                            "--max-context", str(CONTEXT), "--stop", "b:", *extra], input=turns, env=child_env(),
+                           cwd=REPO, capture_output=True, text=True, timeout=240)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return [json.loads(line) for line in p.stdout.splitlines()]
+
+    one, two = chat(), chat("--tp", "2")
+    assert len(one) == len(two) == 3
+    assert [t["generated_ids"] for t in two] == [t["generated_ids"] for t in one]
+    assert [t["finish_reason"] for t in two] == [t["finish_reason"] for t in one]
+    assert len({t["generated_text"] for t in one}) == 3
