@@ -211,7 +211,8 @@ class Weights:
         if merged is not None:
             # a reshape whose first dim merges the stored tensor's leading dims (a gated norm's weight stored
             # [groups, channels / groups], used [channels]): ranges on whole leading blocks are ranges of stored dim 0
-            x = torch.cat([self.sliced(o.sources[0], 0, a, b) for a, b in merged], 0).reshape(o.shape)
+            d, spans = merged
+            x = torch.cat([self.sliced(o.sources[0], d, a, b) for a, b in spans], d).reshape(o.shape)
             if dtype is not None and x.is_floating_point() and x.dtype != dtype:
                 x = x.to(dtype)
             return x.to(device).contiguous()
@@ -326,9 +327,10 @@ def _rows_through(stored: tuple[int, ...], transforms, dim: int) -> torch.Tensor
     return rows
 
 
-def _merged_spans(stored: tuple[int, ...], transforms, part) -> list[tuple[int, int]] | None:
-    """Ranges of stored dim 0 holding ``part`` (dim 0 of the view) when the view is one reshape whose dim 0 merges
-    the stored leading dims, and every range covers whole blocks of the merged inner dims; else None."""
+def _merged_spans(stored: tuple[int, ...], transforms, part) -> tuple[int, list[tuple[int, int]]] | None:
+    """``(d, ranges of stored dim d)`` holding ``part`` (dim 0 of the view) when the view is one reshape whose dim 0
+    merges the stored leading dims, and every range covers whole blocks of the merged inner dims; d is the first of
+    them longer than 1 (a vector stored ``[1, 1, H, 1]``: d = 2); else None."""
     if part.dim != 0 or len(transforms) != 1 or transforms[0].kind != "reshape" or len(stored) < 2:
         return None
     from ..ir.views import reshape_target
@@ -340,9 +342,13 @@ def _merged_spans(stored: tuple[int, ...], transforms, part) -> list[tuple[int, 
         k += 1
     if stored[0] * inner != target[0] or tuple(target[1:]) != tuple(stored[k:]):
         return None
+    d = 0
+    while d + 1 < k and stored[d] == 1:  # leading unit dims: the cut falls in the first longer one
+        d += 1
+        inner //= stored[d]
     if any(a % inner or b % inner for a, b in part.spans()):
         return None
-    return [(a // inner, b // inner) for a, b in part.spans()]
+    return d, [(a // inner, b // inner) for a, b in part.spans()]
 
 
 def _local_transform(t, dim: int, size: int):

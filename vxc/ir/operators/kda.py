@@ -14,6 +14,13 @@ Math, per head h (``D = head_dim``; all of the recurrence in fp32):
 State: the matrix ``S`` ``[H, D, D]`` (fixed fp32) and the three conv histories ``[H·D, conv_kernel]``
 of raw pre-conv inputs (compute dtype). ``chunk_size`` is the prefill chunk of the reference's
 chunked form; any chunking computes the same recurrence.
+
+Tensor parallel: split by heads — nothing mixes heads (the output norm is per head, over ``head_dim``). Rank r
+of N holds heads [r·H/N, (r+1)·H/N): the rows of the q/k/v projections and of their conv taps, of the low-rank
+gates' second factors (``KdaFBProj``, ``KdaGBProj``: ``H·D`` rows over the ``D``-wide first factor), of the beta
+projection, ``A_log`` and ``dt_bias``; the out projection's input columns (row-parallel). The gates' first factors
+(``KdaFAProj``, ``KdaGAProj``) and the output norm's weight (one head's width) are whole; the state and the conv
+histories hold the rank's heads.
 """
 
 from __future__ import annotations
@@ -49,22 +56,25 @@ KDA = OperatorDecl(
         attr("out_gate_act", "enum", "sigmoid", doc="activation of the output gate g_b(g_a x)"),
         attr("chunk_size", "int", doc="prefill chunk of the reference's chunked form"),
     ),
+    # tensor parallel: heads split (see the module docstring)
+    partition="tensor",
+    divides=("heads",),
     roles=(
-        RoleSpec("KdaQProj", lambda a: (_hd(a), a["d_model"]), quantise=True),
-        RoleSpec("KdaKProj", lambda a: (_hd(a), a["d_model"]), quantise=True),
-        RoleSpec("KdaVProj", lambda a: (_hd(a), a["d_model"]), quantise=True, more_bits="value"),
-        RoleSpec("KdaQConv1d", lambda a: (_hd(a), a["conv_kernel"])),
-        RoleSpec("KdaKConv1d", lambda a: (_hd(a), a["conv_kernel"])),
-        RoleSpec("KdaVConv1d", lambda a: (_hd(a), a["conv_kernel"])),
+        RoleSpec("KdaQProj", lambda a: (_hd(a), a["d_model"]), quantise=True, shard="out"),
+        RoleSpec("KdaKProj", lambda a: (_hd(a), a["d_model"]), quantise=True, shard="out"),
+        RoleSpec("KdaVProj", lambda a: (_hd(a), a["d_model"]), quantise=True, more_bits="value", shard="out"),
+        RoleSpec("KdaQConv1d", lambda a: (_hd(a), a["conv_kernel"]), shard="out"),
+        RoleSpec("KdaKConv1d", lambda a: (_hd(a), a["conv_kernel"]), shard="out"),
+        RoleSpec("KdaVConv1d", lambda a: (_hd(a), a["conv_kernel"]), shard="out"),
         RoleSpec("KdaFAProj", lambda a: (a["head_dim"], a["d_model"]), quantise=True),
-        RoleSpec("KdaFBProj", lambda a: (_hd(a), a["head_dim"]), quantise=True),
-        RoleSpec("KdaBProj", lambda a: (a["heads"], a["d_model"]), quantise=True),
+        RoleSpec("KdaFBProj", lambda a: (_hd(a), a["head_dim"]), quantise=True, shard="out"),
+        RoleSpec("KdaBProj", lambda a: (a["heads"], a["d_model"]), quantise=True, shard="out"),
         RoleSpec("KdaGAProj", lambda a: (a["head_dim"], a["d_model"]), quantise=True),
-        RoleSpec("KdaGBProj", lambda a: (_hd(a), a["head_dim"]), quantise=True),
-        RoleSpec("KdaALog", lambda a: (a["heads"],)),
-        RoleSpec("KdaDtBias", lambda a: (_hd(a),)),
+        RoleSpec("KdaGBProj", lambda a: (_hd(a), a["head_dim"]), quantise=True, shard="out"),
+        RoleSpec("KdaALog", lambda a: (a["heads"],), shard="out"),
+        RoleSpec("KdaDtBias", lambda a: (_hd(a),), shard="out"),
         RoleSpec("KdaONorm", lambda a: (a["head_dim"],)),
-        RoleSpec("KdaOutProj", lambda a: (a["d_model"], _hd(a)), quantise=True),
+        RoleSpec("KdaOutProj", lambda a: (a["d_model"], _hd(a)), quantise=True, shard="in"),
     ),
     regions=(
         RegionSpec("delta", "recurrent", lambda a: (a["heads"], a["head_dim"], a["head_dim"]), "f32", "fixed"),

@@ -21,6 +21,14 @@ Math (``R = kv_lora_rank``, ``P = qk_rope_head_dim``, ``N = qk_nope_head_dim``, 
 ``scale`` is declared in full; with YaRN it includes the softmax mscale, recorded in
 ``rope_mscale`` / ``rope_mscale_all_dim`` (``scale = (N+P)^−½ · m²``,
 ``m = 0.1·mscale_all_dim·ln(factor) + 1``).
+
+Tensor parallel: split by heads. Rank r of N holds heads [r·H/N, (r+1)·H/N): the per-head projections' rows
+(``MlaQProj`` / ``MlaQBProj``, ``[q_nope | q_pe]`` per head, and ``MlaKvBProj``, ``[k_nope | v]`` per head — both
+head-major, so a contiguous cut is a run of whole heads) and the output projection's input columns (row-parallel).
+The latent path does not depend on the heads and is whole on every rank: the q-LoRA down-projection and its
+norm, the ``[c | k_pe]`` projection and the latent norm, and the latent rows themselves (every rank writes the
+same rows). The absorbed decode folds each held head's own ``Wk_b`` / ``Wv_b`` rows into its query and output, so
+it runs unchanged on the rank's heads.
 """
 
 from __future__ import annotations
@@ -78,16 +86,19 @@ MLA = OperatorDecl(
         attr("rope_mscale", "float", optional=True, doc="YaRN mscale (the cos/sin attention factor's numerator)"),
         attr("rope_mscale_all_dim", "float", optional=True, doc="YaRN mscale_all_dim (its square is folded into scale)"),
     ),
+    # tensor parallel: heads split (see the module docstring); the latent path and the latent rows whole
+    partition="tensor",
+    divides=("heads",),
     roles=(
-        RoleSpec("MlaQProj", lambda a: (a["heads"] * _qk(a), a["d_model"]), unless="q_lora", quantise=True),
+        RoleSpec("MlaQProj", lambda a: (a["heads"] * _qk(a), a["d_model"]), unless="q_lora", quantise=True, shard="out"),
         RoleSpec("MlaQAProj", lambda a: (a["q_lora_rank"], a["d_model"]), when="q_lora", quantise=True),
         RoleSpec("MlaQANorm", lambda a: (a["q_lora_rank"],), when="q_lora"),
-        RoleSpec("MlaQBProj", lambda a: (a["heads"] * _qk(a), a["q_lora_rank"]), when="q_lora", quantise=True),
+        RoleSpec("MlaQBProj", lambda a: (a["heads"] * _qk(a), a["q_lora_rank"]), when="q_lora", quantise=True, shard="out"),
         RoleSpec("MlaKvAProj", lambda a: (a["kv_lora_rank"] + a["qk_rope_head_dim"], a["d_model"]), quantise=True),
         RoleSpec("MlaKvANorm", lambda a: (a["kv_lora_rank"],)),
         RoleSpec("MlaKvBProj", lambda a: (a["heads"] * (a["qk_nope_head_dim"] + a["v_head_dim"]), a["kv_lora_rank"]), quantise=True,
-                 more_bits="value"),
-        RoleSpec("MlaOutProj", lambda a: (a["d_model"], _o_dim(a)), quantise=True),
+                 more_bits="value", shard="out"),
+        RoleSpec("MlaOutProj", lambda a: (a["d_model"], _o_dim(a)), quantise=True, shard="in"),
     ),
     regions=(
         RegionSpec("latent", "latent_rows", lambda a: (a["kv_lora_rank"] + a["qk_rope_head_dim"],), "compute", "per_token"),
