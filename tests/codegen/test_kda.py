@@ -117,6 +117,34 @@ def test_twin_against_transformers_kda():
     torch.testing.assert_close(S, ref_S1[0], **TOL)
 
 
+def _heads_alone(impls):
+    """Tensor parallel: a rank holding heads [1, 3) of 4 passes their q, k, v, forget logits (H·D, head-major),
+    beta logits, A_log, dt_bias and state rows: a prefill then a step give the whole run's output and state of
+    those heads."""
+    T, H, D, lo, hi = 7, 4, 8, 1, 3
+    q, k, v, f, b, A, dtb, S0 = inputs(T, H, D, seed=7)
+    mine = [q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], f[:, lo * D:hi * D], b[:, lo:hi], A[lo:hi], dtb[lo * D:hi * D],
+            S0[lo:hi]]
+    for impl in impls:
+        outs, states = [], []
+        for q_, k_, v_, f_, b_, A_, dtb_, S_ in ((q, k, v, f, b, A, dtb, S0), mine):
+            x = [t.contiguous().to(DEVICE) for t in (q_, k_, v_, f_, b_, A_, dtb_)]
+            state = S_.clone().contiguous().to(DEVICE)
+            with kernels.backend(impl):
+                o = ops.kda_prefill(*[t[:-1] for t in x[:5]], *x[5:], state, D ** -0.5, 1e-6, 4)
+                o1 = ops.kda_step(*[t[-1] for t in x[:5]], *x[5:], state, D ** -0.5, 1e-6)
+            outs.append(torch.cat([o, o1[None]]).cpu())
+            states.append(state.cpu())
+        torch.testing.assert_close(outs[1], outs[0][:, lo:hi], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(states[1], states[0][lo:hi], rtol=1e-6, atol=1e-6)
+
+
+def test_a_run_of_heads_alone():
+    from vxc.codegen.kernels import native
+
+    _heads_alone(["torch"] + (["native"] if native.available() else []))
+
+
 def test_fakes_and_schema():
     from torch.library import opcheck
 
@@ -167,3 +195,8 @@ def test_triton_triton_prefill_and_step(shape, dtype):
     want1 = ops.kda_step(*[x.cpu() for x in (q[0], k[0], v[0], f[0], b[0], A, dtb)], S1, D ** -0.5, 1e-6)
     torch.testing.assert_close(got1.cpu().float(), want1.float(), **tol)
     torch.testing.assert_close(S_tw.cpu(), S1, **TOL)
+
+
+@triton_case
+def test_triton_a_run_of_heads_alone():
+    _heads_alone(["triton"])

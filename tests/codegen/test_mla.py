@@ -123,6 +123,34 @@ def test_absorbed_equals_expanded_on_the_same_rows():
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-6, atol=1e-6)
 
 
+def _heads_alone(impls):
+    """Tensor parallel: a rank holding heads [1, 3) of 3 passes q's heads and kv_b's rows of them (head-major: per
+    head k_nope then v). After a prefill of 8 rows, a prefill and an absorbed decode of one more token: each impl
+    gives the whole run's output of those heads (the absorbed query and output per held head) and the same latent
+    rows."""
+    lo, hi, k = 1, 3, 8
+    q, kv, w, wkvb = data(k + 1, seed=6)
+    mine = (q[:, lo:hi].contiguous(), wkvb[lo * (N + V):hi * (N + V)])
+    for impl in impls:
+        for second in (ops.mla_prefill, ops.mla_decode):
+            outs, caches = [], []
+            for qq, ww in ((q, wkvb), mine):
+                cache = torch.zeros(S, R + P, device=DEVICE)
+                qq, kv_, w_, ww = (x.to(DEVICE) for x in (qq, kv, w, ww))
+                with kernels.backend(impl):
+                    call(ops.mla_prefill, qq[:k], kv_[:k], w_, ww, cache, 0, "interleaved", "split")
+                    outs.append(call(second, qq[k:], kv_[k:], w_, ww, cache, k, "interleaved", "split").cpu())
+                caches.append(cache.cpu())
+            assert torch.equal(caches[1], caches[0]), impl
+            torch.testing.assert_close(outs[1], outs[0][:, lo:hi], rtol=1e-6, atol=1e-6)
+
+
+def test_a_run_of_heads_alone():
+    from vxc.codegen.kernels import native
+
+    _heads_alone(["torch"] + (["native"] if native.available() else []))
+
+
 def test_fakes_and_schema():
     from torch.library import opcheck
 
@@ -184,3 +212,8 @@ def test_triton_triton_against_twin(layout, out_order, dtype):
         assert got.dtype == dtype
         torch.testing.assert_close(got.float(), ref.float(), **tol)
         torch.testing.assert_close(cache.cpu().float(), ref_cache.float(), **tol)
+
+
+@triton_case
+def test_triton_a_run_of_heads_alone():
+    _heads_alone(["triton"])
