@@ -253,3 +253,24 @@ def test_batched_decode_on_ranks(mini):
         assert res["max_diff"] <= 1e-5 * res["max_logit"], (r, res)
         assert res["rows"] > 0 and res["steps"] < sum(batch_check.NEW_TOKENS) + sum(batch_check.PROMPT_LENS)
         assert res["generated"] == one["generated"], r
+
+
+def _rank_sum(rank: int, n: int, out: str) -> None:
+    from vxc.codegen.kernels.collective import all_reduce_impl
+
+    a, b = 1.0, 2 ** -8 + 2 ** -15  # both exact in bf16
+    vals = [[a, b, b], [b, b, a], [b, a, b]]  # element e holds vals[e][rank]: a meets a b first in some element
+    x = torch.tensor([[vals[e][rank] for e in range(3)]], dtype=torch.bfloat16)
+    torch.save(all_reduce_impl(x, n), Path(out) / f"sum-rank{rank}.pt")
+
+
+def test_half_precision_partials_summed_once(tmp_path):
+    """bf16 partial sums over 3 ranks are added in fp32 and rounded once: 1 + 2·(2^-8 + 2^-15) = 1 + 2^-7 + 2^-14
+    rounds to 1 + 2^-7 in bf16 (whose step at 1 is 2^-7); added in bf16 one rank at a time, whichever rank comes
+    first, one element rounds 1 + 2^-8 + 2^-15 up to 1 + 2^-7 and then ends at 1 + 2^-6."""
+    from vxc.runtime import tp as TP
+
+    TP.spawn(_rank_sum, 3, 3, str(tmp_path))
+    for r in range(3):
+        y = torch.load(tmp_path / f"sum-rank{r}.pt")
+        assert y.dtype == torch.bfloat16 and y.float().tolist() == [[1 + 2 ** -7] * 3], y

@@ -3,7 +3,8 @@
 - ``all_reduce(x, ranks)``: the elementwise sum of ``x`` over the ``ranks`` processes of the default process group
   (``torch.distributed``, gloo on CPU, NCCL on CUDA), through torch's functional collectives
   (``_functional_collectives.all_reduce`` + ``wait_tensor``): a new tensor, ``x`` untouched. Every rank gets the
-  same bits (the group reduces each element once and shares the result). ``ranks`` is the count the plan was
+  same bits (the group reduces each element once and shares the result). bf16 / fp16 partials are summed in fp32
+  and rounded once. ``ranks`` is the count the plan was
   split for, checked against the group's size.
 
 A collective is not arithmetic of its own: one implementation serves every backend column (the twin included),
@@ -39,7 +40,12 @@ def all_reduce_impl(x, ranks):
     import torch.distributed as dist
     from torch.distributed import _functional_collectives as fc
 
-    y = fc.wait_tensor(fc.all_reduce(x.contiguous(), "sum", dist.group.WORLD))
+    # a half-precision partial sum is summed in fp32 and rounded once (as one process's fp32 accumulator would
+    # round the whole sum), not rounded again after every rank's addition
+    wide = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x.contiguous()
+    y = fc.wait_tensor(fc.all_reduce(wide, "sum", dist.group.WORLD))
+    if y.dtype != x.dtype:
+        return y.to(x.dtype)
     return y.clone() if y.data_ptr() == x.data_ptr() else y
 
 
