@@ -274,3 +274,32 @@ def test_half_precision_partials_summed_once(tmp_path):
     for r in range(3):
         y = torch.load(tmp_path / f"sum-rank{r}.pt")
         assert y.dtype == torch.bfloat16 and y.float().tolist() == [[1 + 2 ** -7] * 3], y
+
+
+def _rank_replay(rank: int, n: int, ir: str, mdir: str, out: str) -> None:
+    from vxc.ir.parser import parse_file
+    from vxc.runtime.engine import Engine
+    from vxc.runtime.session import Session
+
+    torch.set_num_threads(1)
+    runs = {}
+    for replay in (True, False):
+        e = Engine(parse_file(Path(ir)), Path(mdir), max_context=64, tp=n, rank=rank, replay=replay)
+        s = Session(e)
+        s.prefill(S.prompt())
+        runs[replay] = ([s.step(t).clone() for t in range(20, 30)], e.replay_status())
+    torch.save(runs, Path(out) / f"replay-rank{rank}.pt")
+
+
+def test_decode_replayed_on_ranks(mini, tmp_path):
+    """A tensor-parallel decode step is captured and replayed (its all-reduces recorded as calls on pooled
+    buffers), bit-identical to running its graph, on every rank."""
+    from vxc.runtime import tp as TP
+
+    root, mdir, ir = mini
+    TP.spawn(_rank_replay, 2, 2, str(ir), str(mdir), str(tmp_path))
+    for r in range(2):
+        runs = torch.load(tmp_path / f"replay-rank{r}.pt")
+        assert runs[True][1].startswith("replaying"), runs[True][1]
+        assert not runs[False][1].startswith("replaying")
+        assert all(torch.equal(a, b) for a, b in zip(runs[True][0], runs[False][0])), r

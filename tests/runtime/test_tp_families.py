@@ -121,6 +121,7 @@ def test_matches_tp1(tp1, ranks, n, name):
         assert (res["stepped"] - ref["stepped"]).abs().max().item() <= tol, (n, r)
         assert (res["stepped"] - res["full"]).abs().max().item() <= tol, (n, r)  # decode == prefill on N ranks
         assert res["greedy"] == ref["greedy"], (n, r)
+        assert res["replay"].startswith("replaying"), res["replay"]  # the decode step, all-reduces included
         assert torch.equal(res["full"], ranks[n][name][0]["full"])  # the ranks hold the same bits
         # save on N ranks -> resume on N ranks
         assert torch.equal(res["first_resumed"], res["first"]), (n, r)

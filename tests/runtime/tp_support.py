@@ -67,6 +67,7 @@ def rank_main(rank: int, n: int, ir: str, mdir: str, out: str) -> None:
              if o.shard is not None and o.shard.dim is not None}
     res["spans"] = {o.sym: [list(x) for x in o.shard.spans()] for o in engine.module.operands
                     if o.shard is not None and o.shard.dim is not None}
+    res["replay"] = engine.replay_status()
     res.update(weight_bytes=engine.weight_bytes(), state_bytes=engine.state.nbytes(),
                sliced_bytes=engine.weights.sliced_bytes(), parts=parts,
                kv_shapes={rid: list(b.shape) for rid, b in engine.state.buffers.items()},

@@ -37,7 +37,6 @@ class Engine:
             module = copy.deepcopy(module)
             ctx = PassManager(parse_pipeline(TP_PIPELINE), emit=lambda s: None).run(
                 Context(module, model_dir=Path(model_dir), tp=tp, rank=rank))
-            replay = False  # a step holding collectives is not captured
         self.module, self.plan = ctx.module, ctx.plan
         self.dtype, self.device, self.max_context = dtype, torch.device(device), max_context
         self.weights = Weights(module, Path(model_dir))

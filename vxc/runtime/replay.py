@@ -5,7 +5,8 @@ The decode graph is already fixed-shape and reads static buffers (weights, state
 buffer); what a step still spends outside its kernels is Python and dispatcher work per op, which on this
 kind of CPU costs as much as the small kernels themselves once the weight stream has evicted the caches.
 So the first steps run the graph normally while ``kernels.native`` records every kernel call with its raw
-arguments (pointers, sizes, flags), outputs drawn from one pool that every captured step reuses. Three
+arguments (pointers, sizes, flags), outputs drawn from one pool that every captured step reuses (a tensor-parallel
+step's all-reduce is recorded the same way: a Python call on pooled buffers, ``native.call_py``). Three
 captured steps at different positions must agree call for call; an argument that differs must be an
 integer that moves linearly with the position (a rotary table row, the attention's row count), and the
 third capture must match the line the first two define. Anything else — a kernel that ran its torch twin,
@@ -220,7 +221,7 @@ class DecodeReplay:
         for (n0, a0), (n1, a1), (n2, a2) in zip(c0, c1, c2):
             if not (n0 == n1 == n2) or not (len(a0) == len(a1) == len(a2)):
                 return self._refuse(f"captured steps differ at {n0}")
-            fn = getattr(lib, n0)
+            fn = n0 if callable(n0) else getattr(lib, n0)  # (a recorded Python call: ``native.call_py``)
             args, moving = list(a0), []
             for i, (x0, x1, x2) in enumerate(zip(a0, a1, a2)):
                 if x0 == x1 == x2:
@@ -232,8 +233,8 @@ class DecodeReplay:
                     return self._refuse(f"{n0} argument {i} changes with the position non-linearly")
                 moving.append((i, x0 - slope * p0, slope))
             # constant arguments converted once to their ctypes values
-            conv = [t(v) if (v is not None and i not in {m[0] for m in moving}) else v
-                    for i, (t, v) in enumerate(zip(fn.argtypes, args))]
+            conv = args if callable(n0) else [t(v) if (v is not None and i not in {m[0] for m in moving}) else v
+                                              for i, (t, v) in enumerate(zip(fn.argtypes, args))]
             program.append((fn, conv, moving))
         self.program, self.out, self.captures = program, out, []
         self.governor = governor()

@@ -8,8 +8,8 @@
   split for, checked against the group's size.
 
 A collective is not arithmetic of its own: one implementation serves every backend column (the twin included),
-so selecting ``native`` or ``triton`` never counts a fallback. A decode step holding it is not replayed (the
-engine turns replay off under tensor parallelism).
+so selecting ``native`` or ``triton`` never counts a fallback. In a decode step being captured for replay it sums
+into the capture's pooled buffers through a recorded Python call (``native.call_py``), which the replay repeats.
 """
 
 from __future__ import annotations
@@ -36,10 +36,43 @@ def _(x, ranks):
     return torch.empty_like(x)
 
 
+_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_DTYPES = {v: k for k, v in _CODES.items()}
+
+
+def _reduce_into(src: int, wide: int, out: int, numel: int, code: int) -> None:
+    """``out`` = the sum over the ranks of ``src`` (raw addresses of CPU buffers; ``wide``: an fp32 buffer for a half
+    precision ``src``, 0 otherwise): the replayable form (``native.call_py``)."""
+    import torch.distributed as dist
+
+    from . import native as N
+
+    dt = _DTYPES[code]
+    x = N.tensor_at(src, numel, dt)
+    if wide:
+        w = N.tensor_at(wide, numel, torch.float32)
+        w.copy_(x)
+        dist.all_reduce(w)
+        N.tensor_at(out, numel, dt).copy_(w)
+    else:
+        y = N.tensor_at(out, numel, dt)
+        y.copy_(x)
+        dist.all_reduce(y)
+
+
 def all_reduce_impl(x, ranks):
     import torch.distributed as dist
     from torch.distributed import _functional_collectives as fc
 
+    from . import native as N
+
+    if N._rec is not None and x.device.type == "cpu" and x.is_contiguous() and x.dtype in _CODES:
+        # a decode step being captured: the sum lands in a pooled buffer, so a replay repeats the call as it is
+        out = N.empty(*x.shape, dtype=x.dtype)
+        wide = N.empty(*x.shape, dtype=torch.float32) if x.dtype != torch.float32 else None
+        N.call_py(_reduce_into, x.data_ptr(), 0 if wide is None else wide.data_ptr(), out.data_ptr(), x.numel(),
+                  _CODES[x.dtype])
+        return out
     # a half-precision partial sum is summed in fp32 and rounded once (as one process's fp32 accumulator would
     # round the whole sum), not rounded again after every rank's addition
     wide = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x.contiguous()

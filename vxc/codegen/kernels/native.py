@@ -223,6 +223,21 @@ def call(symbol: str, *args) -> None:
         _rec.calls.append((symbol, args))
 
 
+def call_py(fn, *args: int) -> None:
+    """Call the Python function ``fn`` with integer arguments (raw pointers, sizes), recorded while capturing like a
+    C call: work that is not a C kernel but runs on the capture's pooled buffers alone (a collective writing into a
+    fixed buffer), so a replay can repeat it as it is."""
+    fn(*args)
+    if _rec is not None:
+        _rec.calls.append((fn, args))
+
+
+def tensor_at(address: int, numel: int, dtype: torch.dtype) -> Tensor:
+    """A CPU tensor of ``numel`` elements viewing the memory at ``address`` (a buffer the caller keeps alive)."""
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    return torch.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype=dtype, count=numel)
+
+
 def refuse_capture(why: str) -> None:
     """Mark a step being captured as not replayable (work done outside native calls)."""
     if _rec is not None:

@@ -189,7 +189,7 @@ def gated_rmsnorm_native(x, z, weight, eps, group_size, norm_before_gate, act):
 # rank: ``gated_rms_sumsq`` gives the rank's partial sum of squares (of x, or of x·act(z) when the gate comes
 # first), the plan all-reduces it, and ``gated_rmsnorm_total`` normalises by the whole group's mean
 # (``count`` channels in all). On one rank the two compose to ``gated_rmsnorm`` with one group (up to the order of
-# the sum). No native implementation: the native column runs the twin and records the fallback.
+# the sum). Their native column is the twin's arithmetic as a recorded host call (below).
 
 
 @kernel("gated_rms_sumsq")
@@ -282,4 +282,53 @@ def gated_rmsnorm_total_triton(x, z, weight, sumsq, count, eps, norm_before_gate
     _gated_rmsnorm_total_kernel[(x.numel() // D,)](x, z, weight.contiguous(), sumsq.contiguous(), out, D, count, eps,
                                                    NORM_BEFORE_GATE=norm_before_gate, ACT=ACTIVATIONS[act],
                                                    BLOCK=triton.next_power_of_2(D))
+    return out
+
+
+# The native column of the two split-norm kernels: the twin's arithmetic as a recorded host call on the output
+# buffers (``native.call_py``), so a tensor-parallel decode step holding them is still captured and replayed (their
+# work is a few hundred multiply-adds a row; no C kernel of their own).
+
+
+def _sumsq_into(x: int, z: int, out: int, rows: int, d: int, code: int, before: int, act: int) -> None:
+    dt = _HOST_DTYPES[code]
+    xs, zs = N.tensor_at(x, rows * d, dt).view(rows, d), N.tensor_at(z, rows * d, dt).view(rows, d)
+    N.tensor_at(out, rows, torch.float32).view(rows, 1).copy_(gated_rms_sumsq_twin(xs, zs, bool(before), _ACT_NAMES[act]))
+
+
+def _total_into(x: int, z: int, w: int, ss: int, out: int, rows: int, d: int, code: int, wcode: int, count: int,
+                eps: float, before: int, act: int) -> None:
+    dt = _HOST_DTYPES[code]
+    xs, zs = N.tensor_at(x, rows * d, dt).view(rows, d), N.tensor_at(z, rows * d, dt).view(rows, d)
+    y = gated_rmsnorm_total_twin(xs, zs, N.tensor_at(w, d, _HOST_DTYPES[wcode]),
+                                 N.tensor_at(ss, rows, torch.float32).view(rows, 1), count, eps, bool(before),
+                                 _ACT_NAMES[act])
+    N.tensor_at(out, rows * d, dt).view(rows, d).copy_(y)
+
+
+_HOST_DTYPES = {0: torch.float32, 1: torch.bfloat16}
+_ACT_NAMES = {v: k for k, v in N.ACT.items()}
+
+
+@gated_rms_sumsq.impl("native")
+def gated_rms_sumsq_native(x, z, norm_before_gate, act):
+    x, z = x.contiguous(), z.contiguous()  # (a decode step's one row is contiguous already: no copy to capture)
+    if not (N.ok(x, z) and z.dtype == x.dtype and z.shape == x.shape):
+        raise NotCovered(N.OPERANDS)
+    d = x.shape[-1]
+    out = N.empty(*x.shape[:-1], 1, dtype=torch.float32)
+    N.call_py(_sumsq_into, x.data_ptr(), z.data_ptr(), out.data_ptr(), x.numel() // d, d, BF[x.dtype],
+              int(norm_before_gate), N.ACT[act])
+    return out
+
+
+@gated_rmsnorm_total.impl("native")
+def gated_rmsnorm_total_native(x, z, weight, sumsq, count, eps, norm_before_gate, act):
+    x, z = x.contiguous(), z.contiguous()
+    if not (N.ok(x, z, weight, sumsq) and z.dtype == x.dtype and z.shape == x.shape and sumsq.dtype == torch.float32):
+        raise NotCovered(N.OPERANDS)
+    d = x.shape[-1]
+    out = N.empty(*x.shape, dtype=x.dtype)
+    N.call_py(_total_into, x.data_ptr(), z.data_ptr(), weight.data_ptr(), sumsq.data_ptr(), out.data_ptr(),
+              x.numel() // d, d, BF[x.dtype], BF[weight.dtype], count, eps, int(norm_before_gate), N.ACT[act])
     return out
