@@ -15,7 +15,9 @@ decodes ``--decode`` greedy steps; it records its peak RSS (``ru_maxrss``), its 
 wall time spent inside ``vxc::all_reduce`` calls (the kernel's implementation wrapped with a timer in that process;
 a call's time includes waiting for the slower rank). Printed per configuration: decode tok/s and its ratio to
 ``tp1 ×1``, prefill tok/s, all-reduces per decode step and their ms per step (mean over ranks), and per rank the
-peak RSS and weight MiB. The ranks' greedy tokens are checked equal to ``tp1``'s (exit status 1 if not).
+peak RSS and weight MiB, and how many leading greedy tokens equal ``tp1 ×1``'s (under fp32 all must: exit status
+1 if not; under bf16 each rank's partial sums are rounded to bf16 before the all-reduce, so a random-weight model's
+near-tied logits can part after a few tokens).
 
 Time only on a quiet machine (no test run or other benchmark beside it: on 2 cores a busy neighbour halves
 everything).
@@ -57,17 +59,28 @@ def _rank(rank: int, n: int, ir: str, mdir: str, threads: int, dtype: str, promp
     lib = native.load()
     if lib is not None:
         lib.vxc_set_threads(threads)
-    spent = {"calls": 0, "s": 0.0}
-    k = KERNELS["all_reduce"]
-    for name, fn in list(k.impls.items()):
-        def timed(*args, _fn=fn):
+    from vxc.codegen.kernels import collective
+
+    spent = {"calls": 0, "s": 0.0, "depth": 0}
+
+    def timer(fn):
+        def timed(*args):
+            spent["depth"] += 1
             t0 = time.perf_counter()
             try:
-                return _fn(*args)
+                return fn(*args)
             finally:
-                spent["calls"] += 1
-                spent["s"] += time.perf_counter() - t0
-        k.impls[name] = timed
+                spent["depth"] -= 1
+                if not spent["depth"]:  # (the graph's call records the replayable one inside it: counted once)
+                    spent["calls"] += 1
+                    spent["s"] += time.perf_counter() - t0
+        return timed
+
+    # the graph's calls go through the kernel's table; a replayed step calls the recorded host function
+    k = KERNELS["all_reduce"]
+    for name, fn in list(k.impls.items()):
+        k.impls[name] = timer(fn)
+    collective._reduce_into = timer(collective._reduce_into)
     t0 = time.perf_counter()
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     engine = Engine(parse_file(Path(ir)), Path(mdir), max_context=prompt + decode + 8, dtype=dt, tp=n, rank=rank)
@@ -146,8 +159,9 @@ def main() -> None:
             print(f"[{model}] tp{n} x{t} thread(s)/rank done", file=sys.stderr, flush=True)
         base = results[(1, tp1_threads[0])][0]
         for (n, t), rs in results.items():
-            same = all(r["tokens"] == base["tokens"] for r in rs)
-            failed |= not same
+            same = min(next((i for i, (a, b) in enumerate(zip(r["tokens"], base["tokens"])) if a != b), len(r["tokens"]))
+                       for r in rs)  # leading tokens equal to tp1 x1's
+            failed |= same < len(base["tokens"]) and args.dtype == "fp32"  # (bf16 partial sums round differently)
             dec = min(r["decode_tok_s"] for r in rs)
             rows.append(dict(model=model, config=f"tp{n} x{t}", decode=dec, ratio=dec / base["decode_tok_s"],
                              prefill=min(r["prefill_tok_s"] for r in rs),
@@ -158,7 +172,7 @@ def main() -> None:
                              same=same))
     print(f"\ndtype {args.dtype}, prompt {args.prompt}, {args.decode} decode steps; ratio: decode tok/s / tp1 x1's")
     print(f"{'model':<14} {'config':<8} {'decode tok/s':>12} {'ratio':>6} {'prefill tok/s':>13} {'reduces/step':>12} "
-          f"{'reduce ms/step':>14} {'step ms':>8}  per-rank peak RSS MiB / weights MiB  greedy = tp1")
+          f"{'reduce ms/step':>14} {'step ms':>8}  per-rank peak RSS MiB / weights MiB  tokens = tp1 x1's")
     for r in rows:
         per = ", ".join(f"{a:.0f}/{b:.0f}" for a, b in zip(r["rss"], r["weights"]))
         print(f"{r['model']:<14} {r['config']:<8} {r['decode']:>12.2f} {r['ratio']:>5.2f}x {r['prefill']:>13.1f} "
