@@ -82,25 +82,26 @@ def test_swiglu(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T", [2, 5, 16])
-def test_gemv_and_swiglu_over_rows(dtype, T):
+@pytest.mark.parametrize("T, K", [(2, 203), (5, 203), (16, 203), (7, 2101), (9, 389)])
+def test_gemv_and_swiglu_over_rows(dtype, T, K):
     """A batched decode step's rows (T <= dense.GEMV_MAX_ROWS): one pass over the weights for every row, each row
     bit-identical to the same row alone (so a batched step gives each sequence its single-sequence values), and
-    at the twin's tolerance; fp32 against fp64 too. Past the bound the BLAS GEMM (the twin) runs."""
-    x, w, b = r(T, 203, dtype=dtype), r(1001, 203, scale=203 ** -0.5, dtype=dtype), r(1001, dtype=dtype)
+    at the twin's tolerance; fp32 against fp64 too. Past the bound the BLAS GEMM (the twin) runs. Rows of x in
+    fours and a remainder, short (one-stream dot) and long (four-row dot, K > 2048) weight rows."""
+    x, w, b = r(T, K, dtype=dtype), r(1001, K, scale=K ** -0.5, dtype=dtype), r(1001, dtype=dtype)
     y = native(dense.linear_native, x, w, b, expect="vxc_gemv_rows")
     for t in range(T):
         assert torch.equal(y[t:t + 1], native(dense.linear_native, x[t:t + 1].clone(), w, b, expect="vxc_gemv"))
     close(y, dense.linear_twin(x, w, b), dtype)
     if dtype == torch.float32:
         torch.testing.assert_close(y.double(), x.double() @ w.double().T + b.double(), rtol=1e-5, atol=1e-5)
-    wg, wu, wd = r(70, 203, scale=0.1, dtype=dtype), r(70, 203, scale=0.1, dtype=dtype), r(203, 70, scale=0.1, dtype=dtype)
+    wg, wu, wd = r(70, K, scale=0.1, dtype=dtype), r(70, K, scale=0.1, dtype=dtype), r(K, 70, scale=0.1, dtype=dtype)
     h = native(dense.swiglu_native, x, wg, wu, wd, expect="vxc_swiglu_up_rows")
     for t in range(T):
         assert torch.equal(h[t:t + 1], native(dense.swiglu_native, x[t:t + 1].clone(), wg, wu, wd, expect="vxc_swiglu_up"))
     close(h, dense.swiglu_twin(x, wg, wu, wd), dtype)
     with pytest.raises(kernels.NotCovered):
-        dense.linear_native(r(dense.GEMV_MAX_ROWS + 1, 203, dtype=dtype), w, b)
+        dense.linear_native(r(dense.GEMV_MAX_ROWS + 1, K, dtype=dtype), w, b)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -355,16 +355,124 @@ void vxc_swiglu_up(const void *Wg, const void *Wu, const void *x, void *h, long 
     }
 }
 
+#if defined(__AVX512BF16__)
+/* dot1_bf16 of one weight row with 4 rows of x (x row stride xs elements) at once: each weight vector is loaded
+ * once for the 4 rows (16 accumulators: 4 per row of x, as dot1_bf16 keeps them), and each result is exactly the
+ * value dot1_bf16 gives that row of x alone: the same accumulators, chunks, masked tail and reduction. */
+static inline void dot1_bf16_x4(const bf16_t *w, const bf16_t *x, long xs, long K, float out[4]) {
+    __m512 a[4][4];
+    for (int t = 0; t < 4; t++)
+        for (int j = 0; j < 4; j++) a[t][j] = _mm512_setzero_ps();
+    long k = 0;
+    for (; k + 128 <= K; k += 128) {
+        __m512bh w0 = (__m512bh)_mm512_loadu_si512((const void *)(w + k));
+        __m512bh w1 = (__m512bh)_mm512_loadu_si512((const void *)(w + k + 32));
+        __m512bh w2 = (__m512bh)_mm512_loadu_si512((const void *)(w + k + 64));
+        __m512bh w3 = (__m512bh)_mm512_loadu_si512((const void *)(w + k + 96));
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) {
+            const bf16_t *xt = x + t * xs + k;
+            a[t][0] = _mm512_dpbf16_ps(a[t][0], w0, (__m512bh)_mm512_loadu_si512((const void *)xt));
+            a[t][1] = _mm512_dpbf16_ps(a[t][1], w1, (__m512bh)_mm512_loadu_si512((const void *)(xt + 32)));
+            a[t][2] = _mm512_dpbf16_ps(a[t][2], w2, (__m512bh)_mm512_loadu_si512((const void *)(xt + 64)));
+            a[t][3] = _mm512_dpbf16_ps(a[t][3], w3, (__m512bh)_mm512_loadu_si512((const void *)(xt + 96)));
+        }
+    }
+    for (; k < K; k += 32) {
+        __mmask32 m = K - k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1ull << (K - k)) - 1);
+        __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + k);
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++)
+            a[t][0] = _mm512_dpbf16_ps(a[t][0], wv, (__m512bh)_mm512_maskz_loadu_epi16(m, x + t * xs + k));
+    }
+    for (int t = 0; t < 4; t++)
+        out[t] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])));
+}
+
+/* dot4_bf16 (4 weight rows) with 4 rows of x at once: acc[t][r] is exactly what dot4_bf16 gives row r with row t
+ * of x alone (one accumulator per pair, the same 32-value chunks, masked tail and reduction). */
+static inline void dot4_bf16_x4(const bf16_t *w0, const bf16_t *x, long xs, long K, float acc[4][4]) {
+    __m512 a[4][4];
+    for (int t = 0; t < 4; t++)
+        for (int r = 0; r < 4; r++) a[t][r] = _mm512_setzero_ps();
+    const bf16_t *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+    long k = 0;
+    for (; k + 32 <= K; k += 32) {
+        PREFETCH_NEXT(w0, k);
+        PREFETCH_NEXT(w1, k);
+        PREFETCH_NEXT(w2, k);
+        PREFETCH_NEXT(w3, k);
+        __m512bh v0 = (__m512bh)_mm512_loadu_si512((const void *)(w0 + k));
+        __m512bh v1 = (__m512bh)_mm512_loadu_si512((const void *)(w1 + k));
+        __m512bh v2 = (__m512bh)_mm512_loadu_si512((const void *)(w2 + k));
+        __m512bh v3 = (__m512bh)_mm512_loadu_si512((const void *)(w3 + k));
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) {
+            __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(x + t * xs + k));
+            a[t][0] = _mm512_dpbf16_ps(a[t][0], v0, xv);
+            a[t][1] = _mm512_dpbf16_ps(a[t][1], v1, xv);
+            a[t][2] = _mm512_dpbf16_ps(a[t][2], v2, xv);
+            a[t][3] = _mm512_dpbf16_ps(a[t][3], v3, xv);
+        }
+    }
+    if (k < K) {
+        __mmask32 m = (__mmask32)((1ull << (K - k)) - 1);
+        __m512bh v0 = (__m512bh)_mm512_maskz_loadu_epi16(m, w0 + k), v1 = (__m512bh)_mm512_maskz_loadu_epi16(m, w1 + k);
+        __m512bh v2 = (__m512bh)_mm512_maskz_loadu_epi16(m, w2 + k), v3 = (__m512bh)_mm512_maskz_loadu_epi16(m, w3 + k);
+        for (int t = 0; t < 4; t++) {
+            __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x + t * xs + k);
+            a[t][0] = _mm512_dpbf16_ps(a[t][0], v0, xv);
+            a[t][1] = _mm512_dpbf16_ps(a[t][1], v1, xv);
+            a[t][2] = _mm512_dpbf16_ps(a[t][2], v2, xv);
+            a[t][3] = _mm512_dpbf16_ps(a[t][3], v3, xv);
+        }
+    }
+    for (int t = 0; t < 4; t++)
+        for (int r = 0; r < 4; r++) acc[t][r] = _mm512_reduce_add_ps(a[t][r]);
+}
+#endif
+
+/* dot4 of a block of 4 weight rows with 4 rows of x (bf16, AVX-512 BF16 builds): acc[t][r] equals
+ * dot4(W, x_t, n0, K, 4, 1, ...)[r], each weight row loaded once for the 4 rows of x. Returns 0 where not built. */
+static inline int dot4_rows4_bf16(const void *W, const void *x, long n0, long K, float acc[4][4]) {
+#if defined(__AVX512BF16__)
+    const bf16_t *w = (const bf16_t *)W + n0 * K, *xb = (const bf16_t *)x;
+    if (K <= DOT1_MAX_K) {
+        for (int r = 0; r < 4; r++) {
+            float o[4];
+            dot1_bf16_x4(w + r * K, xb, K, K, o);
+            for (int t = 0; t < 4; t++) acc[t][r] = o[t];
+        }
+    } else {
+        dot4_bf16_x4(w, xb, K, K, acc);
+    }
+    return 1;
+#else
+    (void)W; (void)x; (void)n0; (void)K; (void)acc;
+    return 0;
+#endif
+}
+
 /* vxc_gemv over T rows of x (one decode step of T sequences): each group of 4 weight rows is read from memory
- * once and dotted with every row of x while it is in cache; each row's result is computed exactly as vxc_gemv
- * computes it for that row alone (the same dot4, the same order), so a batched step gives every sequence the
- * values its single-sequence step gives. */
+ * once and dotted with every row of x while it is in cache (bf16: 4 rows of x at a time from registers); each
+ * row's result is computed exactly as vxc_gemv computes it for that row alone (the same dot products, the same
+ * order), so a batched step gives every sequence the values its single-sequence step gives. */
 void vxc_gemv_rows(const void *W, const void *x, const void *bias, void *y, long N, long K, long T, int bf) {
     const long es = bf ? 2 : 4;
 #pragma omp parallel for schedule(static)
     for (long n0 = 0; n0 < N; n0 += 4) {
         long rows = N - n0 < 4 ? N - n0 : 4;
-        for (long t = 0; t < T; t++) {
+        long t0 = 0;
+        float a4[4][4];
+        if (bf && rows == 4)
+            for (; t0 + 4 <= T && dot4_rows4_bf16(W, (const char *)x + t0 * K * es, n0, K, a4); t0 += 4)
+                for (int t = 0; t < 4; t++)
+                    for (long r = 0; r < 4; r++) {
+                        float v = rnd(a4[t][r], bf);
+                        if (bias) v += ld(bias, n0 + r, bf);
+                        st((char *)y + (t0 + t) * N * es, n0 + r, v, bf);
+                    }
+        for (long t = t0; t < T; t++) {
             float acc[4];
             void *yt = (char *)y + t * N * es;
             dot4(W, (const char *)x + t * K * es, n0, K, rows, bf, acc);
@@ -383,7 +491,15 @@ void vxc_swiglu_up_rows(const void *Wg, const void *Wu, const void *x, void *h, 
 #pragma omp parallel for schedule(static)
     for (long n0 = 0; n0 < N; n0 += 4) {
         long rows = N - n0 < 4 ? N - n0 : 4;
-        for (long t = 0; t < T; t++) {
+        long t0 = 0;
+        float g4[4][4], u4[4][4];
+        if (bf && rows == 4)
+            for (; t0 + 4 <= T && dot4_rows4_bf16(Wg, (const char *)x + t0 * K * es, n0, K, g4) &&
+                   dot4_rows4_bf16(Wu, (const char *)x + t0 * K * es, n0, K, u4); t0 += 4)
+                for (int t = 0; t < 4; t++)
+                    for (long r = 0; r < 4; r++)
+                        st((char *)h + (t0 + t) * N * es, n0 + r, rnd(silu(rnd(g4[t][r], bf)), bf) * rnd(u4[t][r], bf), bf);
+        for (long t = t0; t < T; t++) {
             float g[4], u[4];
             const void *xt = (const char *)x + t * K * es;
             void *ht = (char *)h + t * N * es;
