@@ -62,70 +62,31 @@ def _hf(model_type: str, mini: dict, overrides: dict, seed: int = 7):
 def minis(tmp_path_factory):
     from tests.families import test_falcon_h1, test_gemma3, test_lfm2
     from tests.families import test_nemotron_h as nemotron
-    from vxc.driver import lower_to_file
 
-    builds = {
+    return S.lower_minis(tmp_path_factory.mktemp("tp-families"), {
         "mamba2": lambda d: B.build_hf(d, "mamba2", M2),
         "nemotron_h": lambda d: nemotron.build(d, NH),
         "lfm2": _hf("lfm2", test_lfm2.MINI, LFM2),
         "falcon_h1": _hf("falcon_h1", test_falcon_h1.MINI, FALCON),
         "falcon_h1_plain": _hf("falcon_h1", test_falcon_h1.MINI, FALCON_PLAIN, seed=9),
         "gemma3": _hf("gemma3_text", test_gemma3.MINI, GEMMA3),
-    }
-    root = tmp_path_factory.mktemp("tp-families")
-    out = {}
-    for name in NAMES:
-        mdir = builds[name](root / name)
-        ir = root / f"{name}.vxir"
-        lower_to_file(mdir, ir)
-        (root / f"out-{name}").mkdir()
-        out[name] = (mdir, ir, root / f"out-{name}")
-    return out
+    })
 
 
 @pytest.fixture(scope="module")
 def tp1(minis):
-    from vxc.ir.parser import parse_file
-    from vxc.runtime.engine import Engine
-
-    out = {}
-    for name, (mdir, ir, od) in minis.items():
-        e = Engine(parse_file(ir), mdir, max_context=64)
-        res = S.measure(e, lambda s: s)
-        res.update(S.save_resume(e, lambda s: s, od / "state-tp1.safetensors"))
-        out[name] = res
-    return out
+    return S.run_tp1(minis)
 
 
 @pytest.fixture(scope="module")
 def ranks(minis):
-    from vxc.runtime import tp as TP
-
-    jobs = [(str(ir), str(mdir), str(od)) for mdir, ir, od in minis.values()]
-    out = {}
-    for n in RANKS:
-        TP.spawn(S.rank_many, n, n, jobs)
-        out[n] = {name: [torch.load(od / f"tp{n}-rank{r}.pt") for r in range(n)] for name, (_, _, od) in minis.items()}
-    return out
+    return S.run_ranks(minis, RANKS)
 
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("n", RANKS)
 def test_matches_tp1(tp1, ranks, n, name):
-    ref = tp1[name]
-    tol = S.tolerance(ref)
-    assert len(set(ref["greedy"])) >= 4  # not a degenerate repeat any model would match
-    for res in ranks[n][name]:
-        r = res["rank"]
-        assert (res["full"] - ref["full"]).abs().max().item() <= tol, (n, r)
-        assert (res["stepped"] - ref["stepped"]).abs().max().item() <= tol, (n, r)
-        assert (res["stepped"] - res["full"]).abs().max().item() <= tol, (n, r)  # decode == prefill on N ranks
-        assert res["greedy"] == ref["greedy"], (n, r)
-        assert res["replay"].startswith("replaying"), res["replay"]  # the decode step, all-reduces included
-        assert torch.equal(res["full"], ranks[n][name][0]["full"])  # the ranks hold the same bits
-        # save on N ranks -> resume on N ranks
-        assert torch.equal(res["first_resumed"], res["first"]), (n, r)
-        assert res["cont_resumed"] == res["cont"] == ref["cont"], (n, r)
+    S.check_matches(tp1[name], ranks[n][name])
 
 
 @pytest.mark.parametrize("n", RANKS)
@@ -181,17 +142,8 @@ def test_short_conv_and_parallel_printed(minis, vxc_inproc):
 
 @pytest.mark.parametrize("n", RANKS)
 def test_parts_read_alone_and_described(minis, ranks, n):
-    from vxc.driver import load
-    from vxc.passes.surfaces import tp_ranks
-
     for name, (mdir, ir, _) in minis.items():
-        d = tp_ranks(lambda: load(ir), n, context=64)
-        for res in ranks[n][name]:
-            part_bytes = sum(4 * torch.Size(shape).numel() for *_, shape in res["parts"].values())
-            assert res["sliced_bytes"] == part_bytes > 0, (name, n)
-            mine = d["per_rank"][res["rank"]]
-            assert mine["weight_bytes"] == res["weight_bytes"], (name, n)
-            assert mine["state"]["at_context_bytes"] == res["state_bytes"], (name, n)
+        S.check_described(ir, n, ranks[n][name])
 
 
 def test_state_follows_heads(ranks):

@@ -136,7 +136,8 @@ def run_ranks(minis: dict, counts: tuple[int, ...]) -> dict:
 
 def check_matches(ref: dict, results: list[dict]) -> None:
     """Every rank against TP=1 at ``tolerance``: logits of a prefill and of prefill-then-steps, decode == prefill,
-    32 greedy tokens identical, the same bits on every rank, save on N ranks → resume identical."""
+    32 greedy tokens identical, the decode step replayed, the same bits on every rank, save on N ranks → resume
+    identical."""
     tol = tolerance(ref)
     assert len(set(ref["greedy"])) >= 4  # not a degenerate repeat any model would match
     for res in results:
@@ -145,6 +146,7 @@ def check_matches(ref: dict, results: list[dict]) -> None:
         assert (res["stepped"] - ref["stepped"]).abs().max().item() <= tol, r
         assert (res["stepped"] - res["full"]).abs().max().item() <= tol, r  # decode == prefill on N ranks
         assert res["greedy"] == ref["greedy"], r
+        assert res["replay"].startswith("replaying"), (r, res["replay"])  # the decode step, all-reduces included
         assert torch.equal(res["full"], results[0]["full"]), r  # the ranks hold the same bits
         assert torch.equal(res["first_resumed"], res["first"]), r
         assert res["cont_resumed"] == res["cont"] == ref["cont"], r
