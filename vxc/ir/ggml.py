@@ -72,6 +72,11 @@ ENCODINGS: dict[str, BlockEncoding] = {e.name: e for e in (
 )}
 
 
+def is_block_encoded(name: str | None) -> bool:
+    """Whether ``name`` is one of the ggml block encodings (not None, not MXFP4)."""
+    return name in ENCODINGS
+
+
 def encoding(name: str) -> BlockEncoding:
     """The table entry for ``name``; an unknown name is refused, listing the known ones."""
     e = ENCODINGS.get(name) if isinstance(name, str) else None

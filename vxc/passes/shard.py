@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from ..ir.ggml import is_block_encoded
 from ..ir.module import Module, Op, Shard
 from ..ir.operators import OPERATORS
 from .context import Context
@@ -115,19 +116,13 @@ def _ranges(decl, spec, attrs: dict, local: dict, n: int, rank: int, width: int)
     return tuple(out) if off == width else None
 
 
-def _is_ggml(encoding: str | None) -> bool:
-    from ..ir.ggml import ENCODINGS
-
-    return encoding in ENCODINGS
-
-
 def _encoded_cut(o, cut: str, d: int, spans) -> tuple[str, str] | None:
     """Why an encoded operand cannot be cut so (None: it can). A ggml row is a run of independent blocks: experts
     and rows cut freely, a row only on block boundaries (then its int8 activations, quantised per block of the
     same row, are cut on the same boundaries). Other encodings: whole experts only."""
     if o.encoding is None:
         return None
-    if not _is_ggml(o.encoding):
+    if not is_block_encoded(o.encoding):
         if cut == "experts":  # (a bank's experts are whole in any encoding: dim 0)
             return None
         return ("no-partition", f"operand %{o.sym} is encoded ({o.encoding}): only whole experts of it are cut")
@@ -192,7 +187,7 @@ def shard_module(m: Module, n: int, rank: int) -> list[Finding]:
                 if why:
                     findings.append(Finding(*why, layer_index, op.kind, role=str(role)))
                     continue
-            if o.activations is not None and not _is_ggml(o.encoding):
+            if o.activations is not None and not is_block_encoded(o.encoding):
                 findings.append(Finding("no-partition", f"operand %{o.sym} declares {o.activations} activations: no "
                                         f"declared partition yet under --tp {n}", layer_index, op.kind, role=str(role)))
                 continue

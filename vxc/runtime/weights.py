@@ -358,9 +358,9 @@ def _local_transform(t, dim: int, size: int):
 
 
 def _is_ggml(encoding: str) -> bool:
-    from ..ir.ggml import ENCODINGS
+    from ..ir.ggml import is_block_encoded
 
-    return encoding in ENCODINGS
+    return is_block_encoded(encoding)
 
 
 def _ir_dtype(dt: torch.dtype) -> str:
