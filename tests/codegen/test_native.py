@@ -347,13 +347,16 @@ def test_moe_shared(dtype, gated):
     close(got, moe.shared_twin(x, routed, g, u, dn, bg), dtype, R.shared_fp64(x, routed, g, u, dn, bg))
 
 
-def test_moe_ops_take_the_native_path_for_one_token_only():
-    """Through torch.ops.vxc: one token runs natively (recorded), several tokens run the twin."""
+def test_moe_ops_take_the_native_path_for_up_to_16_tokens():
+    """Through torch.ops.vxc: up to 16 tokens (a batched decode step's rows) run natively, one recorded call per token,
+    each row exactly what the same token alone gives; 17 tokens run the twin."""
 
     E, d, I = 5, 40, 24
     gate, w_down = _moe_banks(E, I, d, I, torch.float32)
     up = r(E, I, d, scale=0.3)
-    for T_, expect_native in ((1, True), (3, False)):
+    W = r(E, d, scale=0.5)
+    wg, wu, wd = r(I, d, scale=0.3), r(I, d, scale=0.3), r(d, I, scale=0.3)
+    for T_, expect_native in ((1, True), (3, True), (16, True), (17, False)):
         x = r(T_, d)
         experts = torch.stack([torch.randperm(E)[:2] for _ in range(T_)])
         weights = torch.rand(T_, 2)
@@ -361,10 +364,22 @@ def test_moe_ops_take_the_native_path_for_one_token_only():
         with N.recording(rec):
             got = torch.ops.vxc.moe_experts(x, weights, experts, gate, up, w_down, None, None, "separate", "silu",
                                             None, None)
-        assert ([n for n, _ in rec.calls] == ["vxc_moe_ffn_step"]) == expect_native, rec.calls
+            vals, idx = torch.ops.vxc.moe_router(x, W, None, None, "softmax_topk", 2, True, 1.0, 1, 1)
+            shared = torch.ops.vxc.moe_shared(x, got, wg, wu, wd, None)
+        names = [n for n, _ in rec.calls]
+        assert (names == ["vxc_moe_ffn_step"] * T_ + ["vxc_moe_router_step"] * T_ + ["vxc_moe_ffn_step"] * T_) \
+            == expect_native, names
         assert (rec.failed is None) == expect_native
         close(got, moe.experts_twin(x, weights, experts, gate, up, w_down, None, None, "separate", "silu", None, None),
               torch.float32)
+        if expect_native and T_ > 1:
+            for t in (0, T_ - 1):
+                one = torch.ops.vxc.moe_experts(x[t:t + 1], weights[t:t + 1], experts[t:t + 1], gate, up, w_down, None,
+                                                None, "separate", "silu", None, None)
+                assert torch.equal(got[t:t + 1], one)
+                v1, i1 = torch.ops.vxc.moe_router(x[t:t + 1], W, None, None, "softmax_topk", 2, True, 1.0, 1, 1)
+                assert torch.equal(vals[t:t + 1], v1) and torch.equal(idx[t:t + 1], i1)
+                assert torch.equal(shared[t:t + 1], torch.ops.vxc.moe_shared(x[t:t + 1], one, wg, wu, wd, None))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

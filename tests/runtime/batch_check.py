@@ -10,6 +10,8 @@ It returns what the tests assert on:
   the largest |logit| (the caller compares against the floor of VINDEX3.md: 1e-5 · max|logit| when no family
   floor is at hand — the solo run prefills in the scheduler's chunks, so the batched step, which only changes
   how many rows a row-wise GEMM sees, is the one difference);
+- ``replays``: for each number of rows a batched step had, what its native replay became (replaying / capturing /
+  refused: why) and how many steps it served;
 - ``leak_free``: a request run in a one-slot scheduler right after a longer one gives logits bit-identical
   (torch.equal) to the same request on a fresh one-slot scheduler.
 """
@@ -70,6 +72,9 @@ def check(ir: Path, vocab: int, *, dtype: torch.dtype = torch.float32, **engine_
     sch = Scheduler(_engine(ir, dtype=dtype, sequences=SLOTS, **engine_kw), chunk=CHUNK)
     reqs = [sch.submit(p, max_new_tokens=n, keep_logits=True) for p, n in zip(ps, NEW_TOKENS)]
     sch.run()
+    # the batched steps' native replays, by number of rows: what each became, and how many steps it served
+    replays = {B: ("replaying" if r.ready else f"refused: {r.refused}" if r.refused else "capturing", r.steps)
+               for B, r in sorted(sch.engine.batch_replays.items())}
     max_diff = max_logit = 0.0
     greedy_equal = all(r.finish_reason == "length" for r in reqs)
     for r, (toks, rows) in zip(reqs, ref):
@@ -88,7 +93,7 @@ def check(ir: Path, vocab: int, *, dtype: torch.dtype = torch.float32, **engine_
     s2.run()
     leak_free = len(after.logits) == 6 and all(torch.equal(a, b) for a, b in zip(after.logits, fresh.logits))
     return {"greedy_equal": greedy_equal, "max_diff": max_diff, "max_logit": max_logit, "leak_free": leak_free,
-            "rows": sch.decoded_rows, "steps": sch.steps, "generated": [r.generated for r in reqs]}
+            "rows": sch.decoded_rows, "steps": sch.steps, "generated": [r.generated for r in reqs], "replays": replays}
 
 
 def assert_batched(ir: Path, vocab: int, tol: float | None = None, **kw) -> dict:
@@ -98,4 +103,13 @@ def assert_batched(ir: Path, vocab: int, tol: float | None = None, **kw) -> dict
     assert r["greedy_equal"], r
     assert r["max_diff"] <= bound, (r, bound)
     assert r["leak_free"], r
+    from vxc.codegen import kernels
+    from vxc.codegen.kernels import native
+
+    if native.available() and kernels.get_backend() in ("auto", "native"):
+        # the batched steps ran as native replays (captured twice per number of rows, then replayed whatever the
+        # slots), and none was refused: every stateful group has a native form over all rows
+        assert r["replays"] and all(state != "refused" and not state.startswith("refused") for state, _ in
+                                    r["replays"].values()), r["replays"]
+        assert sum(n for _, n in r["replays"].values()) > 0, r["replays"]
     return r

@@ -43,7 +43,7 @@ def test_native_rows_forms_equal_the_row_loop(lab, name, monkeypatch):
     from vxc.codegen.kernels import native as N
 
     _, ir = lab.built(name)
-    engines = [P.engine_for(ir, max_context=64, sequences=3) for _ in range(2)]
+    engines = [P.engine_for(ir, max_context=64, sequences=3, replay=False) for _ in range(2)]  # (the graph's calls)
     for e in engines:
         for slot, n in ((0, 9), (1, 4), (2, 13)):
             e.bind_slot(slot)
@@ -57,3 +57,36 @@ def test_native_rows_forms_equal_the_row_loop(lab, name, monkeypatch):
     slow = [engines[1].decode_batch([5 + i, 7, 11 + i], [9 + i, 4 + i, 13 + i], [2, 0, 1]) for i in range(3)]
     for a, b in zip(fast, slow):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "mamba2-native", "mamba2attn-native", "oute-base0"])
+def test_batched_replay_follows_the_slots_of_each_step(lab, name):
+    """The batched step of B rows is captured twice and then replayed for every later step of B rows, whatever
+    slots and positions it has: step by step, its logits equal (torch.equal) those of the batched graph run on a
+    second engine without replay, while the set of active slots changes at every step (and the number of rows
+    changes between steps), and so does every slot's state afterwards."""
+    _, ir = lab.built(name)
+    a = P.engine_for(ir, max_context=64, sequences=4)
+    b = P.engine_for(ir, max_context=64, sequences=4, replay=False)
+    lens = {0: 9, 1: 4, 2: 13, 3: 6}
+    for e in (a, b):
+        for slot, n in lens.items():
+            e.bind_slot(slot)
+            e.prefill_graph(torch.arange(3, 3 + n), 0)
+    pos = dict(lens)
+    schedule = [[0, 1, 2], [2, 0, 1], [1, 2, 3], [3, 0, 1], [2], [2, 3, 0], [0, 1, 2, 3], [1, 3, 2], [3, 2, 1, 0],
+                [0, 2, 1], [1], [3]]
+    for i, slots in enumerate(schedule):
+        toks = [(7 * i + 3 * s) % 40 + 2 for s in slots]
+        positions = [pos[s] for s in slots]
+        la = a.decode_batch(toks, positions, slots)
+        lb = b.batch_graph(torch.tensor(toks), positions, torch.tensor(positions), slots, torch.tensor(slots))
+        assert torch.equal(la, lb), (i, slots)
+        for s in slots:
+            pos[s] += 1
+    r3 = a.batch_replays[3]
+    assert r3.ready and r3.steps == 5, (r3.refused, r3.steps)  # 7 steps of 3 rows: 2 captured, 5 replayed
+    assert a.batch_replays[4].ready and a.batch_replays[4].steps == 0  # two steps of 4 rows: both captured
+    assert a.batch_replays[1].ready and a.batch_replays[1].steps == 1  # slots 2, 1 captured; slot 3 replayed
+    for rid, full in a.state.slots.items():
+        assert torch.equal(full, b.state.slots[rid]), rid

@@ -53,25 +53,39 @@ class BatchUnsupported(Exception):
 def _rows_forms() -> dict:
     """step kernel -> its native form over all B rows at once (``kernels.*.<name>_rows_native``), with an adapter
     from the per-row argument list (row tensors [B, ...], state buffers [S, ...])."""
-    from .kernels import attention, conv, ssd
+    from .kernels import attention, conv, delta, mla, ssd
+    from .kernels import native as N
 
     def conv_rows(a, slots_t, pos_t):
         x, w, b, act, states = a
-        return conv.conv1d_step_rows_native(x.contiguous(), w, b, act, states, slots_t)
+        return conv.conv1d_step_rows_native(N.dense_rows(x), w, b, act, states, slots_t)
 
     def ssd_rows(a, slots_t, pos_t):
         x, dt, A_log, B, C, D, dt_bias, dt_min, dt_max, states = a
-        return ssd.ssd_step_rows_native(x.contiguous(), dt.contiguous(), A_log, B.contiguous(), C.contiguous(), D, dt_bias,
-                                        dt_min, dt_max, states, slots_t)
+        return ssd.ssd_step_rows_native(N.dense_rows(x), N.dense_rows(dt), A_log, N.dense_rows(B), N.dense_rows(C), D,
+                                        dt_bias, dt_min, dt_max, states, slots_t)
 
     def attention_rows(a, slots_t, pos_t):
         q, k, v, kv, kv2, _, scale, window, sinks = (list(a) + [0, None])[:9]
         if kv is not kv2:
             raise NotCovered("K and V rows in different buffers")
-        return attention.attention_rows_native(q.contiguous(), k.contiguous(), v.contiguous(), kv, pos_t, scale,
+        return attention.attention_rows_native(N.dense_rows(q), N.dense_rows(k), N.dense_rows(v), kv, pos_t, scale,
                                                window or 0, sinks, slots_t)
 
-    return {"conv1d_step": conv_rows, "ssd_step": ssd_rows, "attention": attention_rows}
+    def delta_rows(kda):
+        def rows(a, slots_t, pos_t):
+            q, k, v, g, b, A_log, dt_bias, states, scale, l2_eps = a
+            return delta.delta_step_rows_native(kda, N.dense_rows(q), N.dense_rows(k), N.dense_rows(v), N.dense_rows(g),
+                                                N.dense_rows(b), A_log, dt_bias, states, scale, l2_eps, slots_t)
+        return rows
+
+    def mla_rows(a, slots_t, pos_t):
+        q, kv, norm_w, eps, w_kvb, cos, sin, caches, _, scale, nope, interleaved, split_out = a
+        return mla.mla_decode_rows_native(N.dense_rows(q), N.dense_rows(kv), norm_w, eps, w_kvb, cos, sin, caches,
+                                          pos_t, scale, nope, interleaved, split_out, slots_t)
+
+    return {"conv1d_step": conv_rows, "ssd_step": ssd_rows, "attention": attention_rows,
+            "gated_delta_step": delta_rows(False), "kda_step": delta_rows(True), "mla_decode": mla_rows}
 
 
 _ROWS: dict | None = None
@@ -89,7 +103,7 @@ def per_row(kernel: str, spec: tuple, args: tuple, slots: list[int], positions: 
     global _ROWS
     step, squeeze, drop = STEP_FORMS[kernel]
     n = len(args) - drop
-    if slots_t is not None and len(slots) > 1:
+    if slots_t is not None:
         from .kernels.registry import NotCovered as _NC, select
 
         if _ROWS is None:
@@ -102,6 +116,11 @@ def per_row(kernel: str, spec: tuple, args: tuple, slots: list[int], positions: 
             except _NC:
                 pass
     fn = direct(step)
+    # the row loop takes each row's slot and position from the Python lists: a captured batched step (which reads
+    # them only through the step's int64 buffers) cannot repeat it for another set of slots
+    from .kernels import native as N
+
+    N.refuse_capture(f"vxc.{step} runs row by row (no native form over all rows)")
     outs = []
     for b, (slot, pos) in enumerate(zip(slots, positions)):
         row_args = []
@@ -118,6 +137,22 @@ def per_row(kernel: str, spec: tuple, args: tuple, slots: list[int], positions: 
         y = fn(*row_args)
         outs.append(y.unsqueeze(0) if squeeze else y)
     return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+
+
+def table_rows(table: Tensor, index: Tensor) -> Tensor:
+    """Rows ``index`` (int64 [B]) of a rotary table: a native row gather (a recorded call) where the native backend
+    runs, else ``index_select`` (both copy the rows exactly)."""
+    from .kernels import native as N
+    from .kernels.dense import _EMBEDDING
+    from .kernels.registry import select
+
+    if (select(table) == "native" and table.is_contiguous() and table.dim() == 2 and index.dtype == torch.int64
+            and index.is_contiguous()):
+        out = N.empty(index.shape[0], table.shape[1], dtype=table.dtype)
+        N.call(_EMBEDDING, index.data_ptr(), table.data_ptr(), out.data_ptr(), index.shape[0], table.shape[1],
+               table.element_size())
+        return out
+    return torch.index_select(table, 0, index)
 
 
 def direct(kernel: str):
@@ -148,7 +183,7 @@ def build_batch_graph_module(lw: Lowered, root: torch.nn.Module, buffer_name) ->
     def rope(a: RopeRef) -> fx.Node:
         name = buffer_name(a)
         if name not in rope_rows:
-            rope_rows[name] = g.call_function(torch.index_select, (get(name), 0, positions_t))
+            rope_rows[name] = g.call_function(table_rows, (get(name), positions_t))
         return rope_rows[name]
 
     def plain(a: Any) -> Any:

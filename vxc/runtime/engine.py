@@ -16,7 +16,7 @@ from ..passes.context import Context
 from ..passes.manager import DEFAULT_PIPELINE, TP_PIPELINE, PassManager, parse_pipeline
 from ..passes.plan import split_region_id
 from ..codegen import kernels
-from .replay import DecodeReplay
+from .replay import BatchReplay, DecodeReplay
 from .rope import tables
 from .state import StateBuffers, StateProvider
 from .weights import Weights
@@ -81,6 +81,7 @@ class Engine:
         self.decode_ids = torch.zeros(1, dtype=torch.int64, device=self.device)
         use_replay = replay and self.device.type == "cpu" and not compile_decode
         self.replay = DecodeReplay(self.decode_graph, self.decode_ids) if use_replay else None
+        self.batch_replays: dict[int, BatchReplay] = {}  # batched steps, by their number of rows (with self.replay)
         emb = self.plan.nodes["embedding"]["op"].attrs
         self.vocab, self.padded_vocab = emb["vocab"], emb["padded_vocab"]
 
@@ -109,6 +110,13 @@ class Engine:
             # kernels on the same buffers as the batched graph's one row, without the graph's per-call overhead
             return self.decode(int(tokens[0]), int(positions[0]))
         self.full_threads()
+        if self.replay is not None and kernels.get_backend() in ("auto", "native"):
+            # the captured batched step of this many rows (any slots, any positions: it reads them from its buffers)
+            B = len(slots)
+            r = self.batch_replays.get(B)
+            if r is None:
+                r = self.batch_replays[B] = BatchReplay(lambda *a: self.batch_graph(*a), B)
+            return r([int(t) for t in tokens], [int(p) for p in positions], [int(s) for s in slots])
         ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
         slots_t = torch.tensor(slots, dtype=torch.int64, device=self.device)

@@ -14,6 +14,14 @@ an aten op at graph level other than a view, an output buffer that changed — r
 reason kept in ``refused``, and the engine keeps running the graph. Replay results are bit-identical to the
 graph's: the same kernels run on the same buffers with the same arguments.
 
+A batched decode step (:meth:`Engine.decode_batch`: one token for each of B sequences, each in its own state slot at
+its own position) is captured and replayed the same way, one :class:`BatchReplay` per B. It takes its tokens,
+positions and slots from three int64 buffers of its own, and every kernel of the captured step reads them there
+(the rotary rows, the attention rows, the conv/SSD state of each slot), so its calls are the same whatever slots
+and positions a step has: two captured steps must agree call for call, argument for argument, and the replay then
+serves every later step of B sequences, however the set of active slots changes between steps. A stateful group
+that has no native form over all rows runs row by row from the Python lists and refuses the capture.
+
 Replayed steps run under a :class:`ThreadGovernor` (``VXC_THREADS=fixed`` turns it off): on a CPU shared with
 other busy processes it moves the native kernels to fewer threads when that is faster (measured, step by step),
 and back when the cores free up (``benchmarks/shared_cpu.py``).
@@ -25,6 +33,7 @@ import os
 import time
 from typing import Callable, Optional
 
+import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -252,3 +261,81 @@ class DecodeReplay:
                     args[i] = base + slope * pos
             fn(*args)
 
+
+
+class BatchReplay:
+    """The batched decode step of ``B`` sequences captured as its native calls and replayed (see the module
+    docstring). ``graph(ids, positions, positions_t, slots, slots_t)`` is the engine's batched step."""
+
+    CAPTURES = 2
+
+    def __init__(self, graph: Callable, B: int):
+        self.graph, self.B = graph, B
+        self.ids, self.positions, self.slots = (torch.zeros(B, dtype=torch.int64) for _ in range(3))
+        self._np = [t.numpy() for t in (self.ids, self.positions, self.slots)]  # (filled without a torch op)
+        self.pool: list[Tensor] = []
+        self.captures: list[tuple[list, Tensor]] = []
+        self.program: Optional[list] = None
+        self.refused: Optional[str] = None if native.available() else native.status()
+        self.out: Optional[Tensor] = None
+        self.governor: Optional[ThreadGovernor] = None
+        self.steps = 0  # replayed steps
+
+    @property
+    def ready(self) -> bool:
+        return self.program is not None
+
+    def __call__(self, tokens: list[int], positions: list[int], slots: list[int]) -> Tensor:
+        """Logits ``[B, padded_vocab]`` (a fresh tensor) of ``tokens[b]`` at ``positions[b]`` in slot ``slots[b]``."""
+        if len(tokens) != self.B or len(positions) != self.B or len(slots) != self.B:
+            raise ValueError(f"a replay of {self.B} rows got {len(tokens)} tokens, {len(positions)} positions, "
+                             f"{len(slots)} slots")
+        for buf, vals in zip(self._np, (tokens, positions, slots)):
+            buf[:] = vals
+        if self.program is not None:
+            if self.governor is None:
+                self._calls()
+            else:
+                self.governor.step(self._calls)
+            self.steps += 1
+            return self.out.clone()
+        args = (self.ids, list(positions), self.positions, list(slots), self.slots)
+        if self.refused is not None:
+            return self.graph(*args)
+        rec = native.Recorder(self.pool)
+        with native.recording(rec), _Guard(rec):
+            out = self.graph(*args)
+        if rec.failed:
+            self._refuse(rec.failed)
+        elif self.captures and (out.data_ptr() != self.captures[0][1].data_ptr() or out.shape != self.captures[0][1].shape):
+            self._refuse("the step's output is not the same buffer on every captured step")
+        else:
+            self.captures.append((rec.calls, out))
+            if len(self.captures) == self.CAPTURES:
+                self._build()
+        return out.clone()
+
+    def _refuse(self, why: str) -> None:
+        self.refused, self.captures, self.pool = why, [], []
+
+    def _build(self) -> None:
+        calls = [c for c, _ in self.captures]
+        if len({len(c) for c in calls}) != 1:
+            return self._refuse("captured steps differ in their calls")
+        lib = native.load()
+        program = []
+        for step in zip(*calls):
+            (n0, a0) = step[0]
+            if any(n != n0 or a != a0 for n, a in step[1:]):
+                # every argument must be the same: slots and positions are read from the step's buffers, never
+                # passed by value
+                return self._refuse(f"captured steps differ at {getattr(n0, '__name__', n0)}")
+            fn = n0 if callable(n0) else getattr(lib, n0)
+            conv = list(a0) if callable(n0) else [t(v) if v is not None else v for t, v in zip(fn.argtypes, a0)]
+            program.append((fn, conv))
+        self.program, self.out, self.captures = program, self.captures[0][1], []
+        self.governor = governor()
+
+    def _calls(self) -> None:
+        for fn, args in self.program:
+            fn(*args)

@@ -104,6 +104,8 @@ _ROTARY = N.declare("vxc_rotary", P, P, P, P, L, L, L, L, I, I, I)
 
 @rotary.impl("native")
 def rotary_native(x, cos, sin, interleaved):
+    if x.device.type == "cpu" and x.dtype in N.BF and x.dim() == 3:
+        x = N.dense_rows(x)  # (heads sliced out of a fused projection's rows)
     if not (N.ok(x, cos, sin) and x.dim() == 3 and cos.dtype == sin.dtype and cos.shape == sin.shape and cos.dim() == 2):
         raise NotCovered(N.OPERANDS)
     if x.shape[-1] > N.MAX_HEAD_DIM:

@@ -350,6 +350,29 @@ def delta_step_native(kda: bool, q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: 
     return o
 
 
+_DELTA_STEP_ROWS = N.declare("vxc_delta_step_rows", P, P, P, P, P, P, P, P, P, L, L, L, L, Fc, Fc, I, I, I, L, P)
+
+
+def delta_step_rows_native(kda: bool, q, k, v, a, b, A_log, dt_bias, states, scale, l2_eps, slots) -> Tensor:
+    """The delta-rule step for B rows (``q``, ``k [B, Hk, Dk]``, ``v [B, Hv, Dv]``, ``a``, ``b``), row r on
+    ``states[slots[r]]`` (the fp32 [S, Hv, Dk, Dv] region) in one native call; each row exactly the single-row step."""
+    if not (N.ok(q, k, v, a, b, A_log, dt_bias, states) and q.dtype == k.dtype == v.dtype == a.dtype == b.dtype
+            and A_log.dtype == dt_bias.dtype and states.dtype == torch.float32 and q.dim() == v.dim() == 3
+            and states.dim() == 4 and slots.dtype == torch.int64 and slots.is_contiguous()):
+        raise NotCovered(N.OPERANDS)
+    if q.shape[-1] > N.MAX_HEAD_DIM or v.shape[-1] > N.MAX_HEAD_DIM:
+        raise NotCovered(N.LIMITS)
+    Bn, Hk, Dk = q.shape
+    Hv, Dv = v.shape[1:]
+    if a.numel() != Bn * (Hv * Dk if kda else Hv) or b.numel() != Bn * Hv or tuple(states.shape[1:]) != (Hv, Dk, Dv):
+        raise NotCovered(N.OPERANDS)
+    o = N.empty(Bn, Hv, Dv, dtype=v.dtype)
+    N.call(_DELTA_STEP_ROWS, q.data_ptr(), k.data_ptr(), v.data_ptr(), a.data_ptr(), b.data_ptr(), A_log.data_ptr(),
+           dt_bias.data_ptr(), states.data_ptr(), o.data_ptr(), Hk, Hv, Dk, Dv, scale, l2_eps, int(kda), BF[v.dtype],
+           BF[A_log.dtype], Bn, slots.data_ptr())
+    return o
+
+
 @gated_delta_step.impl("native")
 def gated_delta_step_native(q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps):
     return delta_step_native(False, q, k, v, a, b, A_log, dt_bias, state, scale, l2_eps)

@@ -124,6 +124,8 @@ _SCALE = N.declare("vxc_scale", P, P, L, N.F, I)
 
 @gated_act.impl("native")
 def gated_act_native(gate, up, act):
+    if gate.device.type == "cpu" and gate.dtype in N.BF and up.dtype == gate.dtype:
+        gate, up = N.dense_rows(gate), N.dense_rows(up)  # (halves of one fused projection's rows)
     if not (N.ok(gate, up) and gate.dtype == up.dtype):
         raise NotCovered(N.OPERANDS)
     if gate.numel() > NATIVE_MAX:
@@ -140,5 +142,5 @@ def scale_native(x, s):
     if x.numel() > NATIVE_MAX:
         raise NotCovered(N.LIMITS)
     out = N.empty(*x.shape, dtype=x.dtype)
-    N.call(_SCALE, x.data_ptr(), out.data_ptr(), x.numel(), float(torch.tensor(s, dtype=x.dtype)), BF[x.dtype])
+    N.call(_SCALE, x.data_ptr(), out.data_ptr(), x.numel(), N.rounded(s, x.dtype), BF[x.dtype])
     return out

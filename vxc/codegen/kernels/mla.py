@@ -306,6 +306,18 @@ for _k, _twin, _triton in ((mla_prefill, mla_prefill_twin, mla_prefill_triton),
 _MLA_DECODE = N.declare("vxc_mla_decode", P, P, P, P, P, P, P, P, L, L, L, L, L, L, Fc, Fc, I, I, I, I, I, I, I)
 
 
+def _native_dims(q, norm_w, w_kvb, cos, nope):
+    """(H, R, P, V) of a native MLA step on ``q [rows, H, N + P]``, within the kernel's limits."""
+    rows, H, NP = q.shape
+    R = norm_w.shape[0]
+    P_ = NP - nope
+    V = w_kvb.shape[0] // H - nope
+    M = N.MAX_HEAD_DIM
+    if not (R <= M and NP <= 2 * M and V <= M and P_ <= M and (cos is None or cos.shape == (rows, P_ // 2))):
+        raise NotCovered(N.LIMITS)
+    return H, R, P_, V
+
+
 @mla_decode.impl("native")
 def mla_decode_native(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, nope, interleaved, split_out):
     """One MLA token (absorbed attention over the latent rows)."""
@@ -313,15 +325,32 @@ def mla_decode_native(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, 
         raise NotCovered(N.SEQUENCE)
     if not (N.ok(q, kv, norm_w, w_kvb, cos, sin, cache) and q.dtype == kv.dtype and (cos is None) == (sin is None)):
         raise NotCovered(N.OPERANDS)
-    _, H, NP = q.shape
-    R = norm_w.shape[0]
-    P_ = NP - nope
-    V = w_kvb.shape[0] // H - nope
-    M = N.MAX_HEAD_DIM
-    if not (R <= M and NP <= 2 * M and V <= M and P_ <= M and (cos is None or cos.shape == (1, P_ // 2))):
-        raise NotCovered(N.LIMITS)
+    H, R, P_, V = _native_dims(q, norm_w, w_kvb, cos, nope)
     out = N.empty(1, H, V, dtype=q.dtype)
     N.call(_MLA_DECODE, q.data_ptr(), kv.data_ptr(), norm_w.data_ptr(), w_kvb.data_ptr(), N.ptr(cos), N.ptr(sin),
            cache.data_ptr(), out.data_ptr(), H, nope, P_, V, R, start, eps, scale, int(interleaved), int(split_out),
            BF[q.dtype], BF[norm_w.dtype], BF[w_kvb.dtype], BF[cos.dtype] if cos is not None else 0, BF[cache.dtype])
+    return out
+
+
+_MLA_DECODE_ROWS = N.declare("vxc_mla_decode_rows", P, P, P, P, P, P, P, L, P, L, L, L, L, L, P, Fc, Fc, I, I, I, I, I,
+                             I, I, L, P)
+
+
+def mla_decode_rows_native(q, kv, norm_w, eps, w_kvb, cos, sin, caches, starts, scale, nope, interleaved, split_out,
+                           slots):
+    """One MLA token for B rows (``q [B, H, N + P]``, ``kv [B, R + P]``, ``cos``/``sin [B, P/2]``), row b at
+    position ``starts[b]`` on the latent rows of slot ``slots[b]`` of ``caches`` (the region's [S, rows, R + P]
+    buffer), in one native call; each row exactly the single-row native step."""
+    if not (N.ok(q, kv, norm_w, w_kvb, cos, sin, caches) and q.dtype == kv.dtype and (cos is None) == (sin is None)
+            and q.dim() == 3 and kv.dim() == 2 and caches.dim() == 3 and slots.dtype == starts.dtype == torch.int64
+            and slots.is_contiguous() and starts.is_contiguous()):
+        raise NotCovered(N.OPERANDS)
+    Bn = q.shape[0]
+    H, R, P_, V = _native_dims(q, norm_w, w_kvb, cos, nope)
+    out = N.empty(Bn, H, V, dtype=q.dtype)
+    N.call(_MLA_DECODE_ROWS, q.data_ptr(), kv.data_ptr(), norm_w.data_ptr(), w_kvb.data_ptr(), N.ptr(cos), N.ptr(sin),
+           caches.data_ptr(), caches.stride(0) * caches.element_size(), out.data_ptr(), H, nope, P_, V, R,
+           starts.data_ptr(), eps, scale, int(interleaved), int(split_out), BF[q.dtype], BF[norm_w.dtype],
+           BF[w_kvb.dtype], BF[cos.dtype] if cos is not None else 0, BF[caches.dtype], Bn, slots.data_ptr())
     return out

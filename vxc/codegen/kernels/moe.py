@@ -421,6 +421,9 @@ def shared_triton(x, routed, w_gate, w_up, w_down, branch_gate):
 
 _MOE_ACT = {"silu": 1, "clamped_glu": 3}
 MAX_TOP_K = 64  # the MoE step sorts its selected experts on the stack
+# the native router / experts / shared steps take up to this many rows (a batched decode step's tokens, a short
+# prefill chunk), each row exactly the one-token step (one call per row); longer sequences run the twin's grouped GEMMs
+MAX_STEP_ROWS = 16
 MAX_ROUTER_EXPERTS = 4096  # the router step keeps its logits on the stack
 MAX_ROUTER_GROUPS = 256
 _MOE_FFN_STEP = N.declare("vxc_moe_ffn_step", P, P, P, L, P, P, P, P, P, P, P, P, L, L, L, L, L, I, I, Fc, Fc, I, L, L)
@@ -436,57 +439,70 @@ def _bank(t: Optional[Tensor], dtype: torch.dtype) -> bool:
 
 @moe_experts.impl("native")
 def experts_native(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit, expert_offset=0):
-    """The routed experts of one token (those the banks hold: the kernel skips the others, whatever their id)."""
-    if x.shape[0] != 1:
+    """The routed experts of each token (up to ``MAX_STEP_ROWS``: one call per token; only the experts the banks
+    hold: the kernel skips the others, whatever their id)."""
+    T = x.shape[0]
+    if not 1 <= T <= MAX_STEP_ROWS:
         raise NotCovered(N.SEQUENCE)
-    if not (N.ok(x, b_in, b_down) and all(_bank(t, x.dtype) for t in (w_in, w_up, w_down))
+    if not (N.ok(x, b_in, b_down) and x.dim() == 2 and all(_bank(t, x.dtype) for t in (w_in, w_up, w_down))
             and all(b is None or b.dtype == x.dtype for b in (b_in, b_down))
             and weights.dtype == torch.float32 and weights.is_contiguous() and experts.dtype == torch.int64
-            and experts.is_contiguous() and weights.shape == experts.shape):
+            and experts.is_contiguous() and weights.shape == experts.shape and experts.shape[0] == T):
         raise NotCovered(N.OPERANDS)
-    if experts.shape[1] > MAX_TOP_K:
+    k = experts.shape[1]
+    if k > MAX_TOP_K:
         raise NotCovered(N.LIMITS)
     d, I_ = x.shape[1], w_down.shape[2]
-    out = N.empty(1, d, dtype=x.dtype)
-    N.call(_MOE_FFN_STEP, x.data_ptr(), experts.data_ptr(), weights.data_ptr(), experts.shape[1], w_in.data_ptr(),
-           N.ptr(w_up), w_down.data_ptr(), N.ptr(b_in), N.ptr(b_down), None, None, out.data_ptr(), d, I_,
-           w_in.stride(0), 0 if w_up is None else w_up.stride(0), w_down.stride(0), int(layout == "fused_interleaved"),
-           _MOE_ACT[act], 0.0 if alpha is None else alpha, 0.0 if limit is None else limit, BF[x.dtype], expert_offset,
-           w_down.shape[0])
+    out = N.empty(T, d, dtype=x.dtype)
+    es = x.element_size()
+    for t in range(T):
+        N.call(_MOE_FFN_STEP, x.data_ptr() + t * d * es, experts.data_ptr() + t * k * 8, weights.data_ptr() + t * k * 4,
+               k, w_in.data_ptr(), N.ptr(w_up), w_down.data_ptr(), N.ptr(b_in), N.ptr(b_down), None, None,
+               out.data_ptr() + t * d * es, d, I_, w_in.stride(0), 0 if w_up is None else w_up.stride(0),
+               w_down.stride(0), int(layout == "fused_interleaved"), _MOE_ACT[act], 0.0 if alpha is None else alpha,
+               0.0 if limit is None else limit, BF[x.dtype], expert_offset, w_down.shape[0])
     return out
 
 
 @moe_shared.impl("native")
 def shared_native(x, routed, w_gate, w_up, w_down, branch_gate):
-    """The shared expert of one token added to the routed sum."""
-    if x.shape[0] != 1:
+    """The shared expert of each token (up to ``MAX_STEP_ROWS``: one call per token) added to the routed sum."""
+    T = x.shape[0]
+    if not 1 <= T <= MAX_STEP_ROWS:
         raise NotCovered(N.SEQUENCE)
-    if not (N.ok(x, routed, w_gate, w_up, w_down, branch_gate)
+    if not (N.ok(x, routed, w_gate, w_up, w_down, branch_gate) and x.dim() == 2 and routed.shape == x.shape
             and x.dtype == routed.dtype == w_gate.dtype == w_up.dtype == w_down.dtype
             and (branch_gate is None or (branch_gate.dtype == x.dtype and branch_gate.shape[0] == 1))):
         raise NotCovered(N.OPERANDS)
     d, I_ = x.shape[1], w_down.shape[1]
-    out = N.empty(1, d, dtype=x.dtype)
-    N.call(_MOE_FFN_STEP, x.data_ptr(), None, None, 1, w_gate.data_ptr(), w_up.data_ptr(), w_down.data_ptr(),
-           None, None, N.ptr(branch_gate), routed.data_ptr(), out.data_ptr(), d, I_, 0, 0, 0, 0, 1, 0.0, 0.0,
-           BF[x.dtype], 0, 0)
+    out = N.empty(T, d, dtype=x.dtype)
+    es = x.element_size()
+    for t in range(T):
+        N.call(_MOE_FFN_STEP, x.data_ptr() + t * d * es, None, None, 1, w_gate.data_ptr(), w_up.data_ptr(),
+               w_down.data_ptr(), None, None, N.ptr(branch_gate),
+               routed.data_ptr() + t * d * es, out.data_ptr() + t * d * es, d, I_, 0, 0, 0, 0, 1, 0.0, 0.0,
+               BF[x.dtype], 0, 0)
     return out
 
 
 @moe_router.impl("native")
 def router_native(x, weight, bias, selection_bias, router, top_k, norm_topk_prob, routed_scaling, n_group, topk_group):
-    """The router of one token."""
+    """The router of each token (up to ``MAX_STEP_ROWS``: one call per token)."""
     E, d = weight.shape
     aux = [t for t in (bias, selection_bias) if t is not None]
-    if x.shape[0] != 1:
+    T = x.shape[0]
+    if not 1 <= T <= MAX_STEP_ROWS:
         raise NotCovered(N.SEQUENCE)
-    if not (N.ok(x, weight, *aux) and x.dtype == weight.dtype and all(t.dim() == 1 and t.shape[0] == E for t in aux)):
+    if not (N.ok(x, weight, *aux) and x.dim() == 2 and x.dtype == weight.dtype
+            and all(t.dim() == 1 and t.shape[0] == E for t in aux)):
         raise NotCovered(N.OPERANDS)
     if not (E <= MAX_ROUTER_EXPERTS and top_k <= MAX_TOP_K and n_group <= MAX_ROUTER_GROUPS):
         raise NotCovered(N.LIMITS)
-    vals, idx = N.empty(1, top_k, dtype=torch.float32), N.empty(1, top_k, dtype=torch.int64)
-    N.call(_MOE_ROUTER_STEP, x.data_ptr(), weight.data_ptr(), N.ptr(bias), N.ptr(selection_bias), vals.data_ptr(),
-           idx.data_ptr(), E, d, _ROUTER_ID[router] + 1, top_k, int(norm_topk_prob), routed_scaling, n_group,
-           topk_group, BF[x.dtype], BF[bias.dtype] if bias is not None else 0,
-           BF[selection_bias.dtype] if selection_bias is not None else 0)
+    vals, idx = N.empty(T, top_k, dtype=torch.float32), N.empty(T, top_k, dtype=torch.int64)
+    es = x.element_size()
+    for t in range(T):
+        N.call(_MOE_ROUTER_STEP, x.data_ptr() + t * d * es, weight.data_ptr(), N.ptr(bias), N.ptr(selection_bias),
+               vals.data_ptr() + t * top_k * 4, idx.data_ptr() + t * top_k * 8, E, d, _ROUTER_ID[router] + 1, top_k,
+               int(norm_topk_prob), routed_scaling, n_group, topk_group, BF[x.dtype],
+               BF[bias.dtype] if bias is not None else 0, BF[selection_bias.dtype] if selection_bias is not None else 0)
     return vals, idx

@@ -184,7 +184,10 @@ class Recorder:
     def out(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
         i, self.next = self.next, self.next + 1
         if i == len(self.pool):
-            self.pool.append(torch.empty(shape, dtype=dtype))
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            with _disable_current_modes():  # (the pool's own allocation is not work of the step being watched)
+                self.pool.append(torch.empty(shape, dtype=dtype))
         t = self.pool[i]
         if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
             self.failed = f"output {i} changed shape between captured steps ({list(t.shape)} → {list(shape)})"
@@ -236,6 +239,42 @@ def tensor_at(address: int, numel: int, dtype: torch.dtype) -> Tensor:
     """A CPU tensor of ``numel`` elements viewing the memory at ``address`` (a buffer the caller keeps alive)."""
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     return torch.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype=dtype, count=numel)
+
+
+_COPY_ROWS = declare("vxc_copy_rows", P, L, P, L, L)
+
+
+def dense_rows(t: Tensor) -> Tensor:
+    """``t`` as a contiguous tensor: itself when it is; a native copy (a recorded call into an output buffer, so a
+    captured step stays native) when its rows (dim 0) are dense blocks a fixed stride apart, e.g. a column slice of
+    one projection's [B, total] output seen as [B, H, P]; else ``t.contiguous()``."""
+    if t.is_contiguous() or t.dim() == 0 or _lib is None or t.device.type != "cpu":
+        return t if t.is_contiguous() else t.contiguous()
+    rows = t.shape[0]
+    inner, expect = 1, 1
+    for size, stride in zip(reversed(t.shape[1:]), reversed(t.stride()[1:])):
+        if size != 1 and stride != expect:
+            return t.contiguous()
+        expect *= size
+        inner *= size
+    out = empty(*t.shape, dtype=t.dtype)
+    es = t.element_size()
+    call(_COPY_ROWS, t.data_ptr(), t.stride(0) * es, out.data_ptr(), rows, inner * es)
+    return out
+
+
+def rounded(s: float, dtype: torch.dtype) -> float:
+    """``s`` rounded to ``dtype`` (fp32 or bf16, to nearest even), as ``float(torch.tensor(s, dtype=dtype))`` gives it,
+    without a torch op (a captured step runs only native calls)."""
+    import struct
+
+    try:
+        bits = struct.unpack("<I", struct.pack("<f", s))[0]
+    except OverflowError:  # (past the fp32 range: torch's rounding to ±inf)
+        return float(torch.tensor(s, dtype=dtype))
+    if dtype == torch.bfloat16 and (bits & 0x7F800000) != 0x7F800000:
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
 def refuse_capture(why: str) -> None:

@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 29
+#define VXC_ABI_VERSION 31
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -514,6 +514,13 @@ void vxc_swiglu_up_rows(const void *Wg, const void *Wu, const void *x, void *h, 
 void vxc_embedding(const int64_t *ids, const void *table, void *out, long T, long D, long esize) {
     for (long t = 0; t < T; t++)
         memcpy((char *)out + t * D * esize, (const char *)table + ids[t] * D * esize, (size_t)(D * esize));
+}
+
+/* T rows of row_bytes bytes, src rows src_stride bytes apart, packed into dst (a row-strided view made dense inside a
+ * captured step: native.dense_rows). */
+void vxc_copy_rows(const void *src, long src_stride, void *dst, long T, long row_bytes) {
+    for (long t = 0; t < T; t++)
+        memcpy((char *)dst + t * row_bytes, (const char *)src + t * src_stride, (size_t)row_bytes);
 }
 
 /* --------------------------------------------------------------------------------------- norms (norms.py) */
@@ -2469,4 +2476,31 @@ void vxc_attention_step_rows(const void *q, const void *k, const void *v, void *
                            (const char *)v + b * Hkv * Dv * es, kc, kc + v_bytes, (char *)out + b * Hq * Dv * es,
                            starts[b], scale, Hq, Hkv, Dk, Dv, scratch, rows, window, sinks, s_bf, bf);
     }
+}
+
+/* delta rule (gated delta: kda = 0; KDA: kda = 1) for B rows: q, k [B, Hk, Dk], v [B, Hv, Dv], a [B, Hv] (KDA:
+ * [B, Hv·Dk]), b [B, Hv], state: the region's [S, Hv, Dk, Dv] fp32 buffer, o [B, Hv, Dv]. */
+void vxc_delta_step_rows(const void *q, const void *k, const void *v, const void *a, const void *b, const void *A_log,
+                         const void *dt_bias, float *state, void *o, long Hk, long Hv, long Dk, long Dv, float scale,
+                         float l2_eps, int kda, int bf, int w_bf, long B, const int64_t *slots) {
+    long es = bf ? 2 : 4, na = kda ? Hv * Dk : Hv;
+    for (long r = 0; r < B; r++)
+        vxc_delta_step((const char *)q + r * Hk * Dk * es, (const char *)k + r * Hk * Dk * es,
+                       (const char *)v + r * Hv * Dv * es, (const char *)a + r * na * es, (const char *)b + r * Hv * es,
+                       A_log, dt_bias, state + slots[r] * Hv * Dk * Dv, (char *)o + r * Hv * Dv * es, Hk, Hv, Dk, Dv,
+                       scale, l2_eps, kda, bf, w_bf);
+}
+
+/* MLA for B rows: q [B, H, N + P], kv [B, R + P], cos / sin [B, P/2] (or NULL), cache: the region's buffer, slot
+ * s at cache + s·slot_bytes; starts[b]: row b's position; out [B, H, V]. */
+void vxc_mla_decode_rows(const void *q, const void *kv, const void *norm_w, const void *w_kvb, const void *cos_t,
+                         const void *sin_t, void *cache, long slot_bytes, void *out, long H, long N, long P, long V,
+                         long R, const int64_t *starts, float eps, float scale, int interleaved, int split_out, int bf,
+                         int nw_bf, int w_bf, int c_bf, int cache_bf, long B, const int64_t *slots) {
+    long es = bf ? 2 : 4, ces = c_bf ? 2 : 4, half = P / 2;
+    for (long r = 0; r < B; r++)
+        vxc_mla_decode((const char *)q + r * H * (N + P) * es, (const char *)kv + r * (R + P) * es, norm_w, w_kvb,
+                       cos_t ? (const char *)cos_t + r * half * ces : NULL, sin_t ? (const char *)sin_t + r * half * ces : NULL,
+                       (char *)cache + slots[r] * slot_bytes, (char *)out + r * H * V * es, H, N, P, V, R, starts[r], eps,
+                       scale, interleaved, split_out, bf, nw_bf, w_bf, c_bf, cache_bf);
 }
