@@ -55,17 +55,41 @@ class EngineWorker:
     """The one thread that calls :meth:`Scheduler.step`: it steps while any request is in flight and sleeps on a
     condition when none is; :meth:`submit` and :meth:`cancel` (any thread) wake it."""
 
-    def __init__(self, scheduler):
+    def __init__(self, scheduler, executor=None):
+        """``executor``: a one-thread executor to step in (the thread that built the engine, see :func:`_serve`);
+        None: a thread of the worker's own."""
         self.scheduler = scheduler
+        self.executor = executor
         self._cv = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._future = None
+        self.stepped_in: str | None = None  # the name of the thread that steps
         self.step_failures = 0  # steps that raised outside the scheduler's own per-request handling
 
     def start(self) -> None:
-        if self._thread is None:
+        if self.executor is not None:
+            if self._future is None:
+                self._future = self.executor.submit(self._run)
+        elif self._thread is None:
             self._thread = threading.Thread(target=self._run, name="vxc-engine", daemon=True)
             self._thread.start()
+
+    def _alive(self) -> bool:
+        if self._future is not None:
+            return not self._future.done()
+        return self._thread is not None and self._thread.is_alive()
+
+    def _join(self, timeout: float) -> None:
+        if self._future is not None:
+            import concurrent.futures
+
+            try:
+                self._future.result(timeout)
+            except concurrent.futures.TimeoutError:
+                pass
+        elif self._thread is not None:
+            self._thread.join(timeout)
 
     def submit(self, prompt: list[int], **kw):
         req = self.scheduler.submit(prompt, **kw)  # raises QueueFull / SchedulerError: nothing was queued
@@ -81,6 +105,7 @@ class EngineWorker:
 
     def _run(self) -> None:
         sch = self.scheduler
+        self.stepped_in = threading.current_thread().name
         while True:
             with self._cv:
                 # submit appends under the scheduler's lock before it notifies under this condition, so a request
@@ -109,12 +134,11 @@ class EngineWorker:
         with self._cv:
             self._stopping = True
             self._cv.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._join(timeout)
         sch = self.scheduler
         for r in list(sch.waiting) + list(sch.active):
             sch.cancel(r)
-        if self._thread is None or not self._thread.is_alive():
+        if not self._alive():
             try:
                 sch.step()  # retires the cancelled requests in slots (their on_finish runs); the worker is gone
             except Exception:
@@ -459,12 +483,12 @@ class _Stream(StreamingResponse):
 
 def create_app(engine=None, *, tokenizer, model_name: str, stop_ids=(), chat_template=None,
                chat_template_error: str | None = None, scheduler=None, chunk: int = 64, max_queue: int = 64,
-               prefix_cache=None):
+               prefix_cache=None, executor=None):
     """The FastAPI app serving ``engine`` (an :class:`Engine` built with ``sequences=S``; or pass a ready
     ``scheduler``). ``tokenizer`` is a ``tokenizers.Tokenizer``; ``stop_ids`` the model's EOS ids (as
     :func:`vxc.model_files.stop_ids` finds them); ``chat_template`` a :class:`vxc.model_files.ChatTemplate` (None:
     ``/v1/chat/completions`` answers 400 with ``chat_template_error``). The engine worker thread starts and stops
-    with the app's lifespan."""
+    with the app's lifespan (in ``executor``'s one thread when given: see :class:`EngineWorker`)."""
     from .runtime.scheduler import Scheduler
 
     if tokenizer is None:
@@ -473,7 +497,7 @@ def create_app(engine=None, *, tokenizer, model_name: str, stop_ids=(), chat_tem
         if engine is None:
             raise ServeError("create_app needs an engine or a scheduler")
         scheduler = Scheduler(engine, chunk=chunk, max_queue=max_queue, prefix_cache=prefix_cache)
-    worker = EngineWorker(scheduler)
+    worker = EngineWorker(scheduler, executor)
     served = Served(worker, tokenizer, model_name, [int(i) for i in stop_ids], chat_template,
                     chat_template_error if chat_template is None else None)
 
@@ -567,7 +591,8 @@ def create_app(engine=None, *, tokenizer, model_name: str, stop_ids=(), chat_tem
         return {"status": "ok", "model": served.model_name, "slots": st["slots"], "active": st["active"],
                 "waiting": st["waiting"], "max_queue": served.scheduler.max_queue,
                 "max_context": served.engine.max_context, "scheduler": st, "prefix_cache": cache_stats,
-                "step_failures": worker.step_failures}
+                "step_failures": worker.step_failures,
+                "engine_threads": {"built": getattr(served.engine, "built_in", None), "stepped": worker.stepped_in}}
 
     return app
 
@@ -577,10 +602,11 @@ def create_app(engine=None, *, tokenizer, model_name: str, stop_ids=(), chat_tem
 
 def load_app(model, *, dtype: str = "fp32", device: str = "cpu", max_context: int | None = None, sequences: int = 1,
              chunk: int = 64, max_queue: int = 64, model_dir=None, model_name: str | None = None, kernels: str = "auto",
-             prefix_cache_bytes: int = 0, tp: int = 1, rank: int = 0):
+             prefix_cache_bytes: int = 0, tp: int = 1, rank: int = 0, executor=None):
     """(app, loaded model): the IR loaded as ``vxc exec`` loads it (tokenizer, EOS ids, --max-context, dtype) on an
     engine with ``sequences`` slots, and the model's chat template when it has one; with ``prefix_cache_bytes`` > 0,
-    an exact prefix cache (vxc.runtime.prefix_cache) of that budget shared by every request."""
+    an exact prefix cache (vxc.runtime.prefix_cache) of that budget shared by every request. ``executor``: the
+    one-thread executor the engine worker steps in (see :func:`_serve`)."""
     from pathlib import Path
 
     from .exec_cmd import load_model
@@ -609,7 +635,7 @@ def load_app(model, *, dtype: str = "fp32", device: str = "cpu", max_context: in
     _warm(lm)
     app = create_app(tokenizer=lm.tok, model_name=model_name or Path(model).stem, stop_ids=lm.stop.ids,
                      chat_template=tpl, chat_template_error=tpl_error,
-                     scheduler=_scheduler(lm.engine, chunk, max_queue, prefix_cache_bytes))
+                     scheduler=_scheduler(lm.engine, chunk, max_queue, prefix_cache_bytes), executor=executor)
     if tp > 1:
         from .runtime.lockstep import Lockstep
 
@@ -697,7 +723,15 @@ def _serve(kw: dict, host: str, port: int, sequences: int, chunk: int, max_queue
 
     import uvicorn
 
-    app, lm = load_app(**kw)
+    # The engine is built, warmed and stepped in one thread: the OpenMP thread team of the thread that runs a
+    # parallel region is the process's only one then. A second team (one built by loading in this thread, then
+    # stepping in another) keeps its idle threads: libgomp then counts more threads than cores and stops letting
+    # waiting threads spin between parallel regions, and each of a step's hundreds of regions pays a wake-up
+    # (qwen3-0.6b bf16: 47 -> 61 ms a step at one sequence, 86 -> 122 ms at eight).
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine_thread = ThreadPoolExecutor(1, thread_name_prefix="vxc-engine")
+    app, lm = engine_thread.submit(lambda: load_app(**kw, executor=engine_thread)).result()
     for w in lm.warnings:
         print(w, file=sys.stderr)
     served = app.state.served

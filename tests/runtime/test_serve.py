@@ -546,6 +546,9 @@ def test_vxc_serve_command(mini, eos_id, tmp_path, vxc_inproc):
         text, reason, n = _expect(tok, solo, tok.encode(EOS_PROMPT).ids, 12, eos_id)
         assert reason == "stop" and r.json()["choices"][0] == {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}
         assert r.json()["usage"]["completion_tokens"] == n
+        # the engine is built and stepped in one thread (its OpenMP team the process's only one: vxc.serve._serve)
+        threads = httpx.get(url + "/health", timeout=5).json()["engine_threads"]
+        assert threads["built"] == threads["stepped"] and threads["built"].startswith("vxc-engine"), threads
     finally:
         p.terminate()
         _, err = p.communicate(timeout=20)

@@ -29,6 +29,9 @@ class Engine:
                  max_context: int = 2048, provider: StateProvider | None = None, compile_decode: bool = False,
                  replay: bool = True, sequences: int = 1, tp: int = 1, rank: int = 0):
         self.tp, self.rank = tp, rank
+        import threading
+
+        self.built_in = threading.current_thread().name  # (vxc serve steps the engine in the thread that built it)
         if tp == 1:
             ctx = PassManager(parse_pipeline(DEFAULT_PIPELINE), emit=lambda s: None).run(Context(module, model_dir=Path(model_dir)))
         else:  # tensor parallel: this rank's part of the model (the shard pass rewrites a copy of the module)
