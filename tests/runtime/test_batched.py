@@ -90,3 +90,22 @@ def test_batched_replay_follows_the_slots_of_each_step(lab, name):
     assert a.batch_replays[1].ready and a.batch_replays[1].steps == 1  # slots 2, 1 captured; slot 3 replayed
     for rid, full in a.state.slots.items():
         assert torch.equal(full, b.state.slots[rid]), rid
+
+
+def test_scheduler_stats_count_only_requests_still_running(lab):
+    """A request that ended in a step keeps its slot until the next step's start, but ``stats()["active"]`` (what
+    /health shows) no longer counts it: a client holding its answer sees it gone."""
+    from vxc.runtime.scheduler import Scheduler
+
+    _, ir = lab.built("qwen3")
+    sch = Scheduler(P.engine_for(ir, max_context=64, sequences=2), chunk=4)
+    long = sch.submit([5, 6, 7], max_new_tokens=6)
+    short = sch.submit([8, 9, 10], max_new_tokens=2)
+    seen = []
+    while short.finish_reason is None:
+        sch.step()
+        seen.append(sch.stats()["active"])
+    assert seen[0] == 2 and seen[-1] == 1, seen  # both ran; the short one ended in the last step
+    assert short in sch.active  # (its slot is freed at the next step's start)
+    sch.run()
+    assert long.finish_reason == "length" and sch.stats()["active"] == 0

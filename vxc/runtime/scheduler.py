@@ -145,7 +145,10 @@ class Scheduler:
 
     def stats(self) -> dict:
         with self.lock:
-            return {"slots": self.engine.sequences, "active": len(self.active), "waiting": len(self.waiting),
+            # active: requests in slots still running (one that has just ended keeps its slot until the next step's
+            # start, but a client holding its answer must not see it counted)
+            running = sum(1 for r in self.active if r.finish_reason is None)
+            return {"slots": self.engine.sequences, "active": running, "waiting": len(self.waiting),
                     "steps": self.steps, "decoded_rows": self.decoded_rows, "prefilled_tokens": self.prefilled_tokens}
 
     # ------------------------------------------------------------------ the loop
