@@ -12,8 +12,9 @@ slot). The :class:`Scheduler` admits requests into free slots (FIFO, a bounded q
 4. one batched decode step (:meth:`Engine.decode_batch`) for every request that has a token to feed: each
    row at its own position in its own slot, the weights read once for all of them.
 
-A request's last prompt token, when a chunk would hold only that one, is fed through the batched step alone
-(the single-token kernels, as a single-sequence session feeds one token).
+A prompt token that a chunk would hold alone (a prompt's last token after a prefix-cache restore, or after the
+last multiple of ``chunk``) is a row of that step's batched decode: each row of a batched step gets exactly the
+values the single-token kernels give it alone, so it is fed as a single-sequence session feeds one token.
 
 Generation follows :meth:`Session.generate`: a chosen token is reported at once and fed on the next step; a
 request ends on an EOS id (``eos``), when its ``on_token`` callback returns True (``stop``), after
@@ -235,21 +236,24 @@ class Scheduler:
 
     def _decode(self) -> None:
         rows: list[Request] = []
+        tokens: list[int] = []
         for r in self.active:
             if r.finish_reason is not None:
                 continue
             if r.prefilling:
                 start, end = self.chunks(r.pos, len(r.prompt))[0]
-                if end - start == 1:  # a one-token chunk, fed alone (see the module doc)
-                    self._feed([r], [r.prompt[r.pos]])
+                if end - start == 1:  # a one-token chunk: a row of the batched step (see the module doc)
+                    rows.append(r)
+                    tokens.append(r.prompt[r.pos])
                 continue
             if r.next_token is not None:
                 if r.pos + 1 > self.engine.max_context:
                     self._finish(r, "context")
                     continue
                 rows.append(r)
+                tokens.append(r.next_token)
         if rows:
-            self._feed(rows, [r.next_token for r in rows])
+            self._feed(rows, tokens)
 
     def _feed(self, rows: list[Request], tokens: list[int]) -> None:
         logits = self.engine.decode_batch(tokens, [r.pos for r in rows], [r.slot for r in rows])
