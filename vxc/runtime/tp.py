@@ -52,9 +52,22 @@ def join(n: int, backend: str = "gloo") -> int:
             raise VxcError(f"--tp {n}: no process group (launch with torchrun, or let vxc spawn the ranks)")
         _bind_device(backend, int(os.environ["RANK"]))
         dist.init_process_group(backend, timeout=TIMEOUT)
+        # leave the group before the interpreter tears down: a gloo group still up at exit lost the race with its own
+        # threads now and then ("terminate called without an active exception", SIGABRT under torchrun, about 1 run
+        # in 5 on a busy machine)
+        import atexit
+
+        atexit.register(_leave)
     if dist.get_world_size() != n:
         raise VxcError(f"--tp {n}: the process group has {dist.get_world_size()} ranks")
     return dist.get_rank()
+
+
+def _leave() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _entry(rank: int, n: int, store: str, backend: str, fn: Callable, args: tuple) -> None:
