@@ -63,11 +63,29 @@ def join(n: int, backend: str = "gloo") -> int:
     return dist.get_rank()
 
 
-def _leave() -> None:
+def _leave(meet: bool = True) -> None:
+    """Leave the default group: first (``meet``) wait until every rank has come this far (up to ``LEAVE_TIMEOUT``;
+    a rank that died is not waited for longer), so that no rank closes its connections while another still uses
+    them, and with this process's own objects that hold the group collected; then destroy it."""
+    import gc
+
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    if not dist.is_initialized():
+        return
+    gc.collect()
+    if meet:
+        try:
+            if dist.get_backend() == "gloo":
+                dist.monitored_barrier(timeout=LEAVE_TIMEOUT, wait_all_ranks=True)
+            else:
+                dist.barrier()
+        except Exception:  # a rank that failed or left: nothing more to wait for
+            pass
+    dist.destroy_process_group()
+
+
+LEAVE_TIMEOUT = timedelta(seconds=30)
 
 
 def _entry(rank: int, n: int, store: str, backend: str, fn: Callable, args: tuple) -> None:
@@ -75,10 +93,12 @@ def _entry(rank: int, n: int, store: str, backend: str, fn: Callable, args: tupl
 
     _bind_device(backend, rank)
     dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=n, timeout=TIMEOUT)
+    ok = False
     try:
         fn(rank, *args)
+        ok = True
     finally:
-        dist.destroy_process_group()
+        _leave(meet=ok)  # (a rank that raised leaves at once: spawn stops the others)
 
 
 def spawn(fn: Callable, n: int, *args: Any, backend: str = "gloo") -> None:
@@ -105,6 +125,15 @@ class Followers:
         import torch.distributed as dist
 
         try:
+            if dist.is_initialized():  # meet the followers as they leave the group (_entry), then wait for their exit
+                import gc
+
+                gc.collect()
+                try:
+                    dist.monitored_barrier(timeout=LEAVE_TIMEOUT, wait_all_ranks=True) \
+                        if dist.get_backend() == "gloo" else dist.barrier()
+                except Exception:
+                    pass
             self.context.join(timeout)
         finally:
             if dist.is_initialized():
