@@ -75,14 +75,21 @@ def _leave(meet: bool = True) -> None:
         return
     gc.collect()
     if meet:
-        try:
-            if dist.get_backend() == "gloo":
-                dist.monitored_barrier(timeout=LEAVE_TIMEOUT, wait_all_ranks=True)
-            else:
-                dist.barrier()
-        except Exception:  # a rank that failed or left: nothing more to wait for
-            pass
+        _meet()
     dist.destroy_process_group()
+
+
+def _meet() -> None:
+    """Wait until every rank of the default group has come this far (up to ``LEAVE_TIMEOUT``)."""
+    import torch.distributed as dist
+
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=LEAVE_TIMEOUT, wait_all_ranks=True)
+        else:
+            dist.barrier()
+    except Exception:  # a rank that failed or left: nothing more to wait for
+        pass
 
 
 LEAVE_TIMEOUT = timedelta(seconds=30)
@@ -129,11 +136,7 @@ class Followers:
                 import gc
 
                 gc.collect()
-                try:
-                    dist.monitored_barrier(timeout=LEAVE_TIMEOUT, wait_all_ranks=True) \
-                        if dist.get_backend() == "gloo" else dist.barrier()
-                except Exception:
-                    pass
+                _meet()
             self.context.join(timeout)
         finally:
             if dist.is_initialized():
