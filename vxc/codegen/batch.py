@@ -140,18 +140,16 @@ def per_row(kernel: str, spec: tuple, args: tuple, slots: list[int], positions: 
 
 
 def table_rows(table: Tensor, index: Tensor) -> Tensor:
-    """Rows ``index`` (int64 [B]) of a rotary table: a native row gather (a recorded call) where the native backend
-    runs, else ``index_select`` (both copy the rows exactly)."""
-    from .kernels import native as N
-    from .kernels.dense import _EMBEDDING
+    """Rows ``index`` (int64 [B]) of a rotary table: the native embedding gather (a recorded call) where the native
+    backend runs and covers the operands, else ``index_select`` (both copy the rows exactly)."""
+    from .kernels.dense import embedding_native
     from .kernels.registry import select
 
-    if (select(table) == "native" and table.is_contiguous() and table.dim() == 2 and index.dtype == torch.int64
-            and index.is_contiguous()):
-        out = N.empty(index.shape[0], table.shape[1], dtype=table.dtype)
-        N.call(_EMBEDDING, index.data_ptr(), table.data_ptr(), out.data_ptr(), index.shape[0], table.shape[1],
-               table.element_size())
-        return out
+    if select(table) == "native":
+        try:
+            return embedding_native(index, table)
+        except NotCovered:
+            pass
     return torch.index_select(table, 0, index)
 
 
