@@ -48,3 +48,77 @@ def test_read_into_refuses_a_mismatched_buffer_and_a_short_file(tmp_path):
     path.write_bytes(raw[:-8])  # the file shrinks after it was opened
     with pytest.raises(WeightError, match="cut short"):
         mf.read("a")
+
+
+def _thp_mode() -> str:
+    try:
+        s = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return "never"
+    return s[s.index("[") + 1:s.index("]")]
+
+
+def _vma_flags(ptr: int) -> dict:
+    """The /proc/self/smaps entry of the mapping holding ``ptr`` (its counters as a dict)."""
+    cur, out = None, {}
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if "-" in head[0] and not head[0].endswith(":"):
+            lo, hi = (int(v, 16) for v in head[0].split("-"))
+            cur = lo <= ptr < hi
+            continue
+        if cur and head[0].endswith(":"):
+            out[head[0][:-1]] = head[1]
+    return out
+
+
+def test_large_plain_operands_are_one_resident_copy_in_huge_pages_small_ones_stay_views(tmp_path):
+    """A weight of >= 2 MiB used as stored (no view, no dtype change) on CPU is read once into 2 MiB-aligned
+    memory advised for transparent huge pages, one copy for every operand and reader of that tensor; smaller ones
+    stay zero-copy views of the file's mapping. The values are the checkpoint's either way."""
+    import sys
+
+    from vxc.runtime import weights as W
+
+    cfg = dict(B.MINI_HF["llama"], vocab_size=8209, hidden_size=136, tie_word_embeddings=True)
+    assert 8209 * 136 * 2 >= W.HUGE_PAGE  # the embedding qualifies (in bf16 too); the layers' matrices do not
+    mdir = B.build_hf(tmp_path / "m", "llama", cfg, seed=5)
+    m = lower(mdir)
+    w = Weights(m, mdir)
+    stored = {}
+    for f in mdir.glob("*.safetensors"):
+        stored.update(load_file(str(f)))
+    tensors = m.tensor_table()
+    (emb_sym,) = [s for s, t in tensors.items() if list(t.stored_shape) == [8209, 136]]
+    users = [o for o in m.operands if o.sources == [emb_sym] and not o.transforms]
+    assert users
+    users = [users[0], users[-1]]  # (the tied head reads the embedding's operand: the same one twice)
+    mapped = [(lo, hi) for lo, hi in W._MAPPED.values()]
+    inside = lambda t: any(lo <= t.data_ptr() < hi for lo, hi in mapped)  # noqa: E731
+    got = [w.operand(o, torch.float32, "cpu") for o in users]
+    want = stored[tensors[emb_sym].key]
+    assert all(torch.equal(g, want) for g in got)
+    assert got[0].data_ptr() == got[1].data_ptr(), "one resident copy per stored tensor"
+    assert not inside(got[0]) and got[0].data_ptr() % W.HUGE_PAGE == 0
+    if sys.platform.startswith("linux") and _thp_mode() != "never":
+        assert _vma_flags(got[0].data_ptr()).get("THPeligible") == "1"
+    small = [o for o in m.operands if o.encoding is None and not o.transforms and o.sources != [emb_sym]
+             and tensors[o.sources[0]].dtype == "f32"]
+    assert small
+    for o in small:
+        x = w.operand(o, torch.float32, "cpu")
+        assert inside(x) and torch.equal(x, stored[tensors[o.sources[0]].key])
+    # a dtype change reads into resident memory too (bf16 here), the values rounded as torch rounds them
+    h = w.operand(users[0], torch.bfloat16, "cpu")
+    assert h.data_ptr() % W.HUGE_PAGE == 0 and torch.equal(h, want.to(torch.bfloat16))
+
+
+def test_hugepage_empty_is_aligned_from_one_huge_page_on():
+    from vxc.runtime.weights import HUGE_PAGE, hugepage_empty
+
+    big = hugepage_empty(HUGE_PAGE + 12345)
+    assert big.numel() == HUGE_PAGE + 12345 and big.dtype == torch.uint8 and big.data_ptr() % HUGE_PAGE == 0
+    big.fill_(7)
+    assert int(big.sum()) == 7 * (HUGE_PAGE + 12345)
+    small = hugepage_empty(1000)
+    assert small.numel() == 1000

@@ -29,7 +29,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ...ir.ggml import ACTIVATION_PRECISIONS, GGMLError, encoding, logical_cols
 from ...runtime.ggml_blocks import dequantize
-from ...runtime.weights import drop_pages
+from ...runtime.weights import drop_pages, hugepage_empty
 from . import native as N
 from .native import I, L, P
 from .registry import NotCovered, kernel
@@ -147,7 +147,7 @@ def _packed(code: int, blocks: Tensor, rows: int, cols: int) -> Tensor | None:
     tile = int(tb(code, cols))
     if tile <= 0:
         return None
-    out = torch.empty(((rows + 15) // 16) * tile, dtype=torch.uint8)
+    out = hugepage_empty(((rows + 15) // 16) * tile)  # streamed at every step: 2 MiB pages where the kernel allows
     getattr(lib, _QPACK)(code, blocks.data_ptr(), out.data_ptr(), rows, cols)  # data preparation: never recorded
     _PACKED[blocks] = out
     drop_pages(blocks)  # a view of a weights file: its pages leave RSS (re-read from the file if ever read again)
