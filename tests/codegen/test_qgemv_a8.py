@@ -137,6 +137,22 @@ def test_bf16_x_is_quantised_from_its_exact_fp32_values(name):
 
 
 @pytest.mark.native
+@pytest.mark.parametrize("name", sorted(PACKED))
+def test_packing_in_runs_of_rows_gives_the_whole_matrix_packed_at_once(name, monkeypatch):
+    """The packed copy is made PACK_ROWS rows at a time (each run's source pages dropped as it is done): runs
+    of one 16-row tile, the last one short (37 rows), give the bytes of one run over the whole matrix."""
+    if not has_packed(name):
+        pytest.skip("this build has no packed layout for it (AVX-512 only)")
+    rng = np.random.default_rng(zlib.crc32(f"runs {name}".encode()))
+    b = make_blocks(name, 37, 1 if ENCODINGS[name].block_size == 256 else 8, rng)
+    code, cols = quant.NATIVE_ENCODINGS[name], b.shape[1] // ENCODINGS[name].type_size * ENCODINGS[name].block_size
+    whole = quant._packed(code, torch.from_numpy(b.copy()), 37, cols)
+    monkeypatch.setattr(quant, "PACK_ROWS", 16)
+    runs = quant._packed(code, torch.from_numpy(b.copy()), 37, cols)
+    assert whole.numel() == runs.numel() > 0 and torch.equal(whole, runs)
+
+
+@pytest.mark.native
 def test_packed_copy_is_made_once_and_dropped_with_its_blocks():
     import gc
 

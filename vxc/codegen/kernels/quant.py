@@ -124,6 +124,7 @@ _QUANTIZE_A8 = N.declare("vxc_quantize_a8", P, P, P, L, L)
 _QPACK = N.declare("vxc_qpack", I, P, P, L, L)
 _QGEMV_A8P = N.declare("vxc_qgemv_a8p", I, P, P, P, L, L, L, I)
 
+PACK_ROWS = 4096  # rows packed per run (a multiple of the 16-row tile)
 PACK = True  # int8_block32 products on the packed layout where the build has one (tests turn it off: the row kernel)
 
 # blocks tensor -> its packed copy (made at its first int8_block32 product, kept while the blocks live: the
@@ -148,9 +149,15 @@ def _packed(code: int, blocks: Tensor, rows: int, cols: int) -> Tensor | None:
     if tile <= 0:
         return None
     out = hugepage_empty(((rows + 15) // 16) * tile)  # streamed at every step: 2 MiB pages where the kernel allows
-    getattr(lib, _QPACK)(code, blocks.data_ptr(), out.data_ptr(), rows, cols)  # data preparation: never recorded
+    # packed PACK_ROWS rows at a time, each run's source pages dropped once it is packed (a view of a weights file:
+    # its pages leave RSS, re-read from the file if ever read again), so the source and the copy of a large matrix
+    # (a tied 151936-row head: 128 MB) are never both resident; data preparation: never recorded
+    for r0 in range(0, rows, PACK_ROWS):
+        r1 = min(rows, r0 + PACK_ROWS)
+        getattr(lib, _QPACK)(code, blocks[r0].data_ptr(), out.data_ptr() + r0 // 16 * tile, r1 - r0, cols)
+        drop_pages(blocks[r0:r1])
+    drop_pages(blocks)  # (the pages straddling two runs)
     _PACKED[blocks] = out
-    drop_pages(blocks)  # a view of a weights file: its pages leave RSS (re-read from the file if ever read again)
     return out
 
 
