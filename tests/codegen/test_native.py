@@ -193,6 +193,34 @@ def test_ssd_step(dtype, dt_limit):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T, H, P, G, Nst", [(37, 6, 5, 2, 19), (150, 4, 7, 2, 128), (70, 3, 8, 1, 48), (1, 2, 3, 1, 16)])
+def test_ssd_prefill_is_the_recurrence_and_equals_its_steps(dtype, T, H, P, G, Nst):
+    """``vxc_ssd_prefill`` against the fp64 recurrence (tests/codegen/test_kernels.naive_ssd) at the fp32
+    kernel floor, and bit for bit the state and outputs of T ``vxc_ssd_step`` calls: N = 128 / 48 / 16 take the
+    vector form (two state rows at a time, an odd P's last row alone; tokens in blocks of 64: 150 = 64 + 64 + 22),
+    N = 19 the scalar one; the clamped dt too."""
+    from tests.codegen.test_kernels import naive_ssd
+
+    x, dt, B, C = r(T, H, P, dtype=dtype), r(T, H, dtype=dtype), r(T, G, Nst, dtype=dtype), r(T, G, Nst, dtype=dtype)
+    A_log, D, dt_bias = r(H, scale=0.5), r(H), r(H, scale=0.5)
+    s0 = r(H, P, Nst)
+    for dt_limit in ((0.0, math.inf), (0.05, 0.8)):
+        s1, s2 = s0.clone(), s0.clone()
+        got = native(ssd.ssd_prefill_native, x, dt, A_log, B, C, D, dt_bias, *dt_limit, s1, 16, expect="vxc_ssd_prefill")
+        steps = torch.stack([ssd.ssd_step_native(x[t], dt[t], A_log, B[t], C[t], D, dt_bias, *dt_limit, s2)
+                             for t in range(T)])
+        assert torch.equal(got, steps) and torch.equal(s1, s2)
+        want_y, want_s = naive_ssd(x, dt, A_log, B, C, D, dt_bias, *dt_limit, s0)
+        if dtype == torch.float32:
+            s_twin = s0.clone()
+            y_twin = ssd.ssd_prefill_twin(x, dt, A_log, B, C, D, dt_bias, *dt_limit, s_twin, 16)
+            R.assert_kernel_at_floor(got, y_twin, want_y, "ssd_prefill y")
+            R.assert_kernel_at_floor(s1, s_twin, want_s, "ssd_prefill state")
+        else:  # bf16 outputs: one rounding of the fp32 values
+            torch.testing.assert_close(got.float(), want_y.float(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("interleaved, R, T_", [(False, 12, 1), (True, 20, 1), (False, 20, 1),
                                                 (False, 96, 37), (True, 64, 37)])
 def test_rotary(dtype, interleaved, R, T_):
@@ -271,8 +299,8 @@ def test_uncovered_cases_run_the_twin_and_say_so():
     assert "attention ran its torch twin" in rec.failed
     rec = N.Recorder()
     with N.recording(rec):
-        torch.ops.vxc.ssd_prefill(r(5, 2, 4), r(5, 2), r(2), r(5, 1, 3), r(5, 1, 3), r(2), r(2), 0.0, math.inf,
-                                  r(2, 4, 3), 4)  # no native form at all
+        torch.ops.vxc.ssd_prefill(r(5, 2, 4), r(5, 2), r(2), r(5, 1, 1025), r(5, 1, 1025), r(2), r(2), 0.0, math.inf,
+                                  r(2, 4, 1025), 4)  # a state past the native form's N <= 1024
     assert "ssd_prefill ran its torch twin" in rec.failed
     rec = N.Recorder()
     with N.recording(rec):  # a transposed (non-contiguous) conv weight
@@ -280,7 +308,7 @@ def test_uncovered_cases_run_the_twin_and_say_so():
     assert "conv1d_prefill ran its torch twin" in rec.failed
     assert kernels.fallbacks() == {
         "conv1d_prefill": {"native": {N.OPERANDS: 1}},
-        "ssd_prefill": {"native": {"no native implementation": 1}},
+        "ssd_prefill": {"native": {N.LIMITS: 1}},
         "attention": {"native": {N.SEQUENCE: 1}},
         "linear": {"native": {N.OPERANDS: 1}},
     }

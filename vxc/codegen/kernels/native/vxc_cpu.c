@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 31
+#define VXC_ABI_VERSION 32
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -666,6 +666,131 @@ void vxc_conv1d_prefill(const void *x, const void *weight, const void *bias, voi
 
 /* ------------------------------------------------------------------------------------------- ssd (ssd.py) */
 
+/* One state row of the SSD recurrence for one token: s[n] = s[n] decay + dx b[n], returning sum_n s[n] c[n].
+ * The step and the prefill both run exactly this (the vector form when N is a multiple of 16 up to SSD_VEC_N,
+ * on AVX-512: s held in registers across a prefill's tokens; else the one compiled scalar function), so a
+ * prefill of T tokens leaves the state and outputs that T single steps give, bit for bit. */
+#define SSD_VEC_N 128
+__attribute__((noinline)) static float ssd_row_scalar(float *s, const float *b, const float *c, float decay, float dx,
+                                                      long N) {
+    float y = 0.0f;
+    for (long n = 0; n < N; n++) {
+        float v = s[n] * decay + dx * b[n];
+        s[n] = v;
+        y += v * c[n];
+    }
+    return y;
+}
+
+#if defined(__AVX512F__)
+static inline int ssd_vec(long N) { return N % 16 == 0 && N <= SSD_VEC_N; }
+/* one token of one state row held in sv: the update and its dot with c (two accumulators, even / odd vectors) */
+#define SSD_TOKEN(sv, dec, dxv, bt, ct, NJ, yout)                                                                   \
+    do {                                                                                                           \
+        __m512 a0_ = _mm512_setzero_ps(), a1_ = _mm512_setzero_ps();                                               \
+        _Pragma("GCC unroll 8") for (int j = 0; j < (NJ); j++) {                                                   \
+            sv[j] = _mm512_fmadd_ps(sv[j], dec, _mm512_mul_ps(dxv, _mm512_loadu_ps((bt) + 16 * j)));                \
+            if (j & 1) a1_ = _mm512_fmadd_ps(sv[j], _mm512_loadu_ps((ct) + 16 * j), a1_);                          \
+            else a0_ = _mm512_fmadd_ps(sv[j], _mm512_loadu_ps((ct) + 16 * j), a0_);                                \
+        }                                                                                                          \
+        (yout) = _mm512_reduce_add_ps(_mm512_add_ps(a0_, a1_));                                                    \
+    } while (0)
+
+/* T tokens of R (1 or 2) state rows (NJ = N / 16 vectors each, in registers throughout): row r at srow + r N,
+ * its dx at dx + r T, its outputs at y + r T; each row's arithmetic is the same for R = 1 and R = 2 */
+static inline __attribute__((always_inline)) void ssd_rows_tokens(float *srow, const float *b, const float *c, long N,
+                                                                  const float *decay, const float *dx, float *y,
+                                                                  long T, int NJ, int R) {
+    __m512 s0[SSD_VEC_N / 16], s1[SSD_VEC_N / 16];
+#pragma GCC unroll 8
+    for (int j = 0; j < NJ; j++) {
+        s0[j] = _mm512_loadu_ps(srow + 16 * j);
+        if (R == 2) s1[j] = _mm512_loadu_ps(srow + N + 16 * j);
+    }
+    for (long t = 0; t < T; t++) {
+        __m512 dec = _mm512_set1_ps(decay[t]);
+        const float *bt = b + t * N, *ct = c + t * N;
+        SSD_TOKEN(s0, dec, _mm512_set1_ps(dx[t]), bt, ct, NJ, y[t]);
+        if (R == 2) SSD_TOKEN(s1, dec, _mm512_set1_ps(dx[T + t]), bt, ct, NJ, y[T + t]);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NJ; j++) {
+        _mm512_storeu_ps(srow + 16 * j, s0[j]);
+        if (R == 2) _mm512_storeu_ps(srow + N + 16 * j, s1[j]);
+    }
+}
+#define SSD_CASES(R)                                                                                               \
+    switch (N / 16) {                                                                                              \
+    case 1: ssd_rows_tokens(srow, b, c, N, decay, dx, y, T, 1, R); break;                                          \
+    case 2: ssd_rows_tokens(srow, b, c, N, decay, dx, y, T, 2, R); break;                                          \
+    case 3: ssd_rows_tokens(srow, b, c, N, decay, dx, y, T, 3, R); break;                                          \
+    case 4: ssd_rows_tokens(srow, b, c, N, decay, dx, y, T, 4, R); break;                                          \
+    case 5: ssd_rows_tokens(srow, b, c, N, decay, dx, y, T, 5, R); break;                                          \
+    case 6: ssd_rows_tokens(srow, b, c, N, decay, dx, y, T, 6, R); break;                                          \
+    case 7: ssd_rows_tokens(srow, b, c, N, decay, dx, y, T, 7, R); break;                                          \
+    default: ssd_rows_tokens(srow, b, c, N, decay, dx, y, T, 8, R); break;                                         \
+    }
+static void ssd_row_run(float *srow, const float *b, const float *c, long N, const float *decay, const float *dx,
+                        float *y, long T, int R) {
+    if (R == 2) {
+        SSD_CASES(2)
+    } else {
+        SSD_CASES(1)
+    }
+}
+#else
+static inline int ssd_vec(long N) { (void)N; return 0; }
+static void ssd_row_run(float *srow, const float *b, const float *c, long N, const float *decay, const float *dx,
+                        float *y, long T, int R) {
+    (void)srow; (void)b; (void)c; (void)N; (void)decay; (void)dx; (void)y; (void)T; (void)R;
+}
+#endif
+
+/* tokens of one head: x [T, H, P] ... (the strides of the step and the prefill alike), B, C rows of group g
+ * converted to fp32 a block of SSD_TB tokens at a time; every state row runs the block's tokens in turn */
+#define SSD_TB 64
+static void ssd_head(const void *x, const void *dt, const void *B, const void *Cm, float bias, float e, float Dh,
+                     float dt_min, float dt_max, int clamp, float *state, void *out, long T, long H, long P, long G,
+                     long N, long h, long g, int bf) {
+    long tb = T < SSD_TB ? T : SSD_TB;
+    float stackbuf[2 * 1024 + 8]; /* a step (one token, N <= 1024): no allocation */
+    float *bb = tb == 1 ? stackbuf : (float *)malloc((size_t)(2 * tb * N + 6 * tb) * sizeof(float));
+    float *cc = bb + tb * N, *dv = cc + tb * N, *decay = dv + tb, *dx = decay + tb, *y = dx + 2 * tb;
+    int vec = ssd_vec(N);
+    for (long t0 = 0; t0 < T; t0 += tb) {
+        long nt = T - t0 < tb ? T - t0 : tb;
+        for (long t = 0; t < nt; t++) {
+            for (long n = 0; n < N; n++) {
+                bb[t * N + n] = ld(B, ((t0 + t) * G + g) * N + n, bf);
+                cc[t * N + n] = ld(Cm, ((t0 + t) * G + g) * N + n, bf);
+            }
+            float d = softplus(ld(dt, (t0 + t) * H + h, bf) + bias);
+            if (clamp) d = d < dt_min ? dt_min : (d > dt_max ? dt_max : d);
+            dv[t] = d;
+            decay[t] = expf(d * -e);
+        }
+        /* two state rows at a time through a block of tokens (independent chains side by side); a step (one
+         * token) takes its rows one at a time: the same arithmetic per row either way */
+        int R = vec && nt > 1 ? 2 : 1;
+        for (long p = 0; p < P; p += R) {
+            int r_n = p + R <= P ? R : 1;
+            float *srow = state + (h * P + p) * N;
+            for (int r = 0; r < r_n; r++)
+                for (long t = 0; t < nt; t++) dx[r * nt + t] = dv[t] * ld(x, ((t0 + t) * H + h) * P + p + r, bf);
+            if (vec) {
+                ssd_row_run(srow, bb, cc, N, decay, dx, y, nt, r_n);
+            } else {
+                for (long t = 0; t < nt; t++) y[t] = ssd_row_scalar(srow, bb + t * N, cc + t * N, decay[t], dx[t], N);
+            }
+            for (int r = 0; r < r_n; r++)
+                for (long t = 0; t < nt; t++)
+                    st(out, ((t0 + t) * H + h) * P + p + r, y[r * nt + t] + Dh * ld(x, ((t0 + t) * H + h) * P + p + r, bf), bf);
+            if (r_n < R) p += r_n - R; /* an odd last row went alone: step on by one */
+        }
+    }
+    if (bb != stackbuf) free(bb);
+}
+
 /* the ssd_step twin: x [H, P], dt [H], B, C [G, N] (activation dtype); A_log, D, dt_bias [H] (w_bf);
  * state [H, P, N] fp32, updated in place in one pass that also forms y = state C + D x. */
 void vxc_ssd_step(const void *x, const void *dt, const void *A_log, const void *B, const void *Cm, const void *Dv,
@@ -673,31 +798,23 @@ void vxc_ssd_step(const void *x, const void *dt, const void *A_log, const void *
                   long G, long N, int bf, int w_bf) {
     long per_group = H / G;
 #pragma omp parallel for schedule(static)
-    for (long h = 0; h < H; h++) {
-        float b[1024], cc[1024]; /* N <= 1024, checked by the caller */
-        long g = h / per_group;
-        for (long n = 0; n < N; n++) {
-            b[n] = ld(B, g * N + n, bf);
-            cc[n] = ld(Cm, g * N + n, bf);
-        }
-        float d = softplus(ld(dt, h, bf) + ld(dt_bias, h, w_bf));
-        if (clamp) d = d < dt_min ? dt_min : (d > dt_max ? dt_max : d);
-        float decay = expf(d * -expf(ld(A_log, h, w_bf)));
-        float Dh = ld(Dv, h, w_bf);
-        for (long p = 0; p < P; p++) {
-            float xv = ld(x, h * P + p, bf);
-            float dx = d * xv;
-            float *s = state + (h * P + p) * N;
-            float y = 0.0f;
-#pragma omp simd reduction(+ : y)
-            for (long n = 0; n < N; n++) {
-                float v = s[n] * decay + dx * b[n];
-                s[n] = v;
-                y += v * cc[n];
-            }
-            st(out, h * P + p, y + Dh * xv, bf);
-        }
-    }
+    for (long h = 0; h < H; h++)
+        ssd_head(x, dt, B, Cm, ld(dt_bias, h, w_bf), expf(ld(A_log, h, w_bf)), ld(Dv, h, w_bf), dt_min, dt_max, clamp,
+                 state, out, 1, H, P, G, N, h, h / per_group, bf);
+}
+
+/* the ssd_prefill twin as the recurrence itself: x [T, H, P], dt [T, H], B, C [T, G, N]; each head walks its
+ * tokens in order (ssd_head: a state row in registers across a block of tokens), every token exactly
+ * vxc_ssd_step's arithmetic: T tokens of prefill leave the state and outputs T single steps give. One parallel
+ * region per call (over heads). */
+void vxc_ssd_prefill(const void *x, const void *dt, const void *A_log, const void *B, const void *Cm, const void *Dv,
+                     const void *dt_bias, float dt_min, float dt_max, int clamp, float *state, void *out, long T, long H,
+                     long P, long G, long N, int bf, int w_bf) {
+    long per_group = H / G;
+#pragma omp parallel for schedule(static)
+    for (long h = 0; h < H; h++)
+        ssd_head(x, dt, B, Cm, ld(dt_bias, h, w_bf), expf(ld(A_log, h, w_bf)), ld(Dv, h, w_bf), dt_min, dt_max, clamp,
+                 state, out, T, H, P, G, N, h, h / per_group, bf);
 }
 
 /* ------------------------------------------------------------------------------- attention (attention.py) */
