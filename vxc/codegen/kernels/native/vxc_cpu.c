@@ -201,7 +201,9 @@ static inline void dot4_f32(const float *w0, const float *x, long K, long rows, 
  * adjacent, so reading them one after another is a single linear stream, which the hardware prefetcher follows
  * better than four interleaved ones. Measured on Zen 4 (2 threads, bf16, 0.6 GB of matrices): K = 1024 rows
  * 31 GB/s this way against 25 for the interleaved, prefetching dot4; from K = 3072 the two are level (30-32). */
+#ifndef DOT1_MAX_K
 #define DOT1_MAX_K 2048
+#endif
 static inline float dot1_bf16(const bf16_t *w, const bf16_t *x, long K) {
 #if defined(__AVX512BF16__)
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
