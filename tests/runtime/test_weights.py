@@ -122,3 +122,23 @@ def test_hugepage_empty_is_aligned_from_one_huge_page_on():
     assert int(big.sum()) == 7 * (HUGE_PAGE + 12345)
     small = hugepage_empty(1000)
     assert small.numel() == 1000
+
+
+def test_small_resident_allocations_share_a_huge_page_chunk():
+    """``resident_empty`` below 2 MiB carves 64-byte-aligned, disjoint pieces from one 2 MiB-aligned chunk (so a
+    model's small matrices sit in huge pages too); from 2 MiB on each gets its own aligned buffer."""
+    from vxc.runtime import weights as W
+
+    with W._pool_lock:
+        W._pool["chunk"] = None  # a fresh chunk (earlier tests' pieces live in theirs)
+    a, b, c = W.resident_empty(1000), W.resident_empty(3), W.resident_empty(70000)
+    base = a.untyped_storage().data_ptr()
+    assert base == b.untyped_storage().data_ptr() == c.untyped_storage().data_ptr(), "one chunk"
+    chunk = W._pool["chunk"]
+    assert chunk.numel() == W.POOL_CHUNK and chunk.data_ptr() % W.HUGE_PAGE == 0 and a.data_ptr() == chunk.data_ptr()
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel()) for t in (a, b, c))
+    assert all(p % 64 == 0 for p, _ in spans) and all(e <= s for (_, e), (s, _) in zip(spans, spans[1:]))
+    a.fill_(1), b.fill_(2), c.fill_(3)
+    assert int(a.sum()) == 1000 and int(b.sum()) == 6 and int(c.sum()) == 210000
+    big = W.resident_empty(W.HUGE_PAGE)
+    assert big.data_ptr() % W.HUGE_PAGE == 0 and big.untyped_storage().data_ptr() != base

@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import struct
+import threading
 import weakref
 from pathlib import Path
 
@@ -65,6 +66,29 @@ def hugepage_empty(nbytes: int) -> torch.Tensor:
     view = buf[off:off + nbytes]
     _madvise(view.data_ptr(), nbytes // HUGE_PAGE * HUGE_PAGE, _MADV_HUGEPAGE)
     return view
+
+
+POOL_CHUNK = 32 << 20  # bytes per shared chunk of resident_empty's small allocations
+_POOL_ALIGN = 64
+_pool_lock = threading.Lock()
+_pool: dict = {"chunk": None, "off": 0}
+
+
+def resident_empty(nbytes: int) -> torch.Tensor:
+    """An uninitialised uint8 tensor for memory that lives as long as the model (a weight read into memory, a
+    packed copy): from 2 MiB on its own ``hugepage_empty``; smaller ones are carved (64-byte aligned) from a
+    shared ``POOL_CHUNK`` that is itself a ``hugepage_empty``, so a model's many small matrices (a 4-bit
+    1024 x 3072 layer packs to 1.7 MB) sit in 2 MiB pages too (a 0.6B-parameter q4_0 decode: ~100 -> ~109 tok/s,
+    interleaved A/B). A chunk is freed when the last tensor carved from it is: never use it for scratch."""
+    if nbytes >= HUGE_PAGE:
+        return hugepage_empty(nbytes)
+    need = max(1, (nbytes + _POOL_ALIGN - 1) // _POOL_ALIGN * _POOL_ALIGN)
+    with _pool_lock:
+        if _pool["chunk"] is None or _pool["off"] + need > POOL_CHUNK:
+            _pool["chunk"], _pool["off"] = hugepage_empty(POOL_CHUNK), 0
+        off = _pool["off"]
+        _pool["off"] = off + need
+        return _pool["chunk"][off:off + nbytes]
 
 
 def drop_pages(t: torch.Tensor) -> int:
@@ -205,7 +229,9 @@ class Weights:
             if resident and not copy:
                 got = self._resident.get(sym)
                 if got is None:
-                    got = self._resident[sym] = f.read(t.key)
+                    (a, b), dt, shape = f._entry(t.key)
+                    got = resident_empty(b - a).view(dt).reshape(shape) if b > a else f.tensor(t.key)
+                    got = self._resident[sym] = f.read(t.key, out=got) if b > a else got
                 return got
             return f.read(t.key) if copy else f.tensor(t.key)
         # a bank is stacked into one [experts, ...] tensor, a copy either way: each expert is read with file
@@ -340,8 +366,8 @@ class Weights:
 
 
 def _converted(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``x.to(dtype)`` into resident memory (``hugepage_empty``: 2 MiB pages from 2 MiB on)."""
-    out = hugepage_empty(x.numel() * torch.empty((), dtype=dtype).element_size()).view(dtype).reshape(x.shape)
+    """``x.to(dtype)`` into resident memory (``resident_empty``: 2 MiB pages)."""
+    out = resident_empty(x.numel() * torch.empty((), dtype=dtype).element_size()).view(dtype).reshape(x.shape)
     return out.copy_(x)
 
 

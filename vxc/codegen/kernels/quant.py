@@ -29,7 +29,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ...ir.ggml import ACTIVATION_PRECISIONS, GGMLError, encoding, logical_cols
 from ...runtime.ggml_blocks import dequantize
-from ...runtime.weights import drop_pages, hugepage_empty
+from ...runtime.weights import drop_pages, resident_empty
 from . import native as N
 from .native import I, L, P
 from .registry import NotCovered, kernel
@@ -148,7 +148,7 @@ def _packed(code: int, blocks: Tensor, rows: int, cols: int) -> Tensor | None:
     tile = int(tb(code, cols))
     if tile <= 0:
         return None
-    out = hugepage_empty(((rows + 15) // 16) * tile)  # streamed at every step: 2 MiB pages where the kernel allows
+    out = resident_empty(((rows + 15) // 16) * tile)  # streamed at every step: 2 MiB pages where the kernel allows
     # packed PACK_ROWS rows at a time, each run's source pages dropped once it is packed (a view of a weights file:
     # its pages leave RSS, re-read from the file if ever read again), so the source and the copy of a large matrix
     # (a tied 151936-row head: 128 MB) are never both resident; data preparation: never recorded
