@@ -15,13 +15,18 @@ MINI = dict(vocab_size=61, hidden_size=24, intermediate_size=40, moe_intermediat
             decoder_sparse_step=1, norm_topk_prob=True, tie_word_embeddings=False)
 
 
-def test_banks_equal_the_stacked_checkpoint_tensors(tmp_path):
-    mdir = B.build_hf(tmp_path / "m", "qwen3_moe", MINI, seed=3)
+def _built(tmp_path, model_type: str, cfg: dict, seed: int):
+    """A miniature checkpoint lowered: its module, its Weights and every stored tensor as safetensors reads it."""
+    mdir = B.build_hf(tmp_path / "m", model_type, cfg, seed=seed)
     m = lower(mdir)
-    w = Weights(m, mdir)
     stored = {}
     for f in mdir.glob("*.safetensors"):
         stored.update(load_file(str(f)))
+    return m, Weights(m, mdir), stored
+
+
+def test_banks_equal_the_stacked_checkpoint_tensors(tmp_path):
+    m, w, stored = _built(tmp_path, "qwen3_moe", MINI, 3)
     banks = [t for t in m.tensor_table().values() if t.is_bank]
     assert banks, "the miniature stores its experts as per-expert keys"
     for t in banks:
@@ -82,12 +87,7 @@ def test_plain_operands_are_one_private_copy_in_huge_pages_from_2_mib(tmp_path):
 
     cfg = dict(B.MINI_HF["llama"], vocab_size=8209, hidden_size=136, tie_word_embeddings=True)
     assert 8209 * 136 * 2 >= W.HUGE_PAGE  # the embedding qualifies (in bf16 too); the layers' matrices do not
-    mdir = B.build_hf(tmp_path / "m", "llama", cfg, seed=5)
-    m = lower(mdir)
-    w = Weights(m, mdir)
-    stored = {}
-    for f in mdir.glob("*.safetensors"):
-        stored.update(load_file(str(f)))
+    m, w, stored = _built(tmp_path, "llama", cfg, 5)
     tensors = m.tensor_table()
     (emb_sym,) = [s for s, t in tensors.items() if list(t.stored_shape) == [8209, 136]]
     users = [o for o in m.operands if o.sources == [emb_sym] and not o.transforms]

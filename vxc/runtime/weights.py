@@ -96,7 +96,6 @@ def drop_pages(t: torch.Tensor) -> int:
     ``madvise(MADV_DONTNEED)`` drops them, a later read faults them in again from the file); anything else is
     left alone. For a matrix whose only reader now is a packed copy (``quant``'s int8 kernels): its bytes stop
     counting twice. Returns the bytes released."""
-    import ctypes
     import sys
 
     if not sys.platform.startswith("linux") or t.numel() == 0:
