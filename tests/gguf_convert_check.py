@@ -1,13 +1,14 @@
-"""Check tests/gguf_support.write_mamba2_gguf against llama.cpp's own converter, key by key and byte by byte.
+"""Check tests/gguf_support.write_mamba2_gguf and write_qwen3next_gguf against llama.cpp's own converter, key by
+key and byte by byte.
 
 Not a CI test (it needs a llama.cpp tree: ``$VXC_LLAMA_CPP`` or tests/gguf_convert.DEFAULT_LLAMA_CPP): run it
 where a tree is present, after a change to the writer or to a new llama.cpp::
 
     python -m tests.gguf_convert_check            # exit 0: every outtype identical; 1: the differences, listed
 
-For each ``--outtype`` (f32, bf16, q8_0) it converts one random Mamba2ForCausalLM miniature with
-``convert_hf_to_gguf.py`` (through tests/gguf_convert's wrapper) and writes the same model with
-``write_mamba2_gguf``, then compares every metadata key and value (the ``general.*`` keys the converter derives
+For each ``--outtype`` (f32, bf16, q8_0) it converts one random Mamba2ForCausalLM and one Qwen3NextForCausalLM
+miniature (``--no-mtp``: it has no MTP layers) with ``convert_hf_to_gguf.py`` (through tests/gguf_convert's
+wrapper) and writes the same models with the writers, then compares every metadata key and value (the ``general.*`` keys the converter derives
 from the directory name and its own version are listed, not compared) and every tensor's name, type, shape and
 bytes.
 """
@@ -47,12 +48,12 @@ def compare(ours: Path, theirs: Path) -> list[str]:
         if k not in a_kv:
             out.append(f"key {k}: only the converter writes it ({b_kv[k]!r:.80})")
         elif k not in b_kv:
-            out.append(f"key {k}: only write_mamba2_gguf writes it ({a_kv[k]!r:.80})")
+            out.append(f"key {k}: only the test writer writes it ({a_kv[k]!r:.80})")
         elif a_kv[k] != b_kv[k]:
             out.append(f"key {k}: {a_kv[k]!r:.80} != converter {b_kv[k]!r:.80}")
     for n in sorted(set(a_t) | set(b_t)):
         if n not in a_t or n not in b_t:
-            out.append(f"tensor {n}: only in {'the converter' if n in b_t else 'write_mamba2_gguf'}")
+            out.append(f"tensor {n}: only in {'the converter' if n in b_t else 'the test writer'}")
             continue
         (ta, sa, da), (tb, sb, db) = a_t[n], b_t[n]
         if (ta, sa) != (tb, sb):
@@ -73,16 +74,19 @@ def main() -> int:
     bad = 0
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
-        model = S.write_mamba2_hf_dir(root / "hf", seed=21)
-        for outtype in ("f32", "bf16", "q8_0"):
-            theirs = convert_hf_to_gguf(root / "hf", root / f"conv-{outtype}.gguf", outtype)
-            ours = S.write_mamba2_gguf(root / f"ours-{outtype}.gguf", model, root / "hf", outtype)
-            diffs = compare(ours, theirs)
-            n = len(_fields(theirs)[1])
-            print(f"mamba2 --outtype {outtype}: {n} tensors, {'identical' if not diffs else f'{len(diffs)} differences'}")
-            for line in diffs:
-                print("   ", line)
-            bad += bool(diffs)
+        cases = (("mamba2", S.write_mamba2_hf_dir, S.write_mamba2_gguf, []),
+                 ("qwen3next", S.write_qwen3next_hf_dir, S.write_qwen3next_gguf, ["--no-mtp"]))
+        for arch, make, write, args in cases:
+            model = make(root / arch, seed=21)
+            for outtype in ("f32", "bf16", "q8_0"):
+                theirs = convert_hf_to_gguf(root / arch, root / f"conv-{arch}-{outtype}.gguf", outtype, extra_args=args)
+                ours = write(root / f"ours-{arch}-{outtype}.gguf", model, root / arch, outtype)
+                diffs = compare(ours, theirs)
+                n = len(_fields(theirs)[1])
+                print(f"{arch} --outtype {outtype}: {n} tensors, {'identical' if not diffs else f'{len(diffs)} differences'}")
+                for line in diffs:
+                    print("   ", line)
+                bad += bool(diffs)
     return 1 if bad else 0
 
 

@@ -403,3 +403,261 @@ def reference_on_gguf_weights(model, gguf_path: Path, arch: str):
     if tied:
         ref.tie_weights()
     return ref.eval(), types
+
+
+# ---------------------------------------------------------------------------------------------------- qwen3next
+
+# Miniature Qwen3-Next for GGUF files: every quantised matrix's row whole 32-blocks (d 64, expert widths 32 / 64,
+# value dim 4 x 32), Hv = 2 Hk, layers linear / full / linear / linear / full, MoE with a shared expert everywhere
+# (llama.cpp's qwen3next loads no dense FFN)
+MINI_Q3N = {
+    "vocab_size": 301, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 5,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+    "linear_conv_kernel_dim": 4,
+    "layer_types": ["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"],
+    "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0, "partial_rotary_factor": 0.25},
+    "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+    "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+    "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+}
+MINI_Q3N_TOKENS = 290
+
+
+def write_qwen3next_hf_dir(out_dir: Path, cfg: dict = MINI_Q3N, seed: int = 0, tokens: int = MINI_Q3N_TOKENS):
+    """A random Qwen3NextForCausalLM (norms off their initial values, decay rates as tests/families/
+    qwen3_next_support builds them) saved with a trained byte-level BPE tokenizer in ``out_dir``; returns it."""
+    from tests.builders import HF_INITIALIZER_RANGE, hf_config
+    from tests.gguf_convert import write_bpe_tokenizer
+    from tests.hf_random import random_hf_model
+
+    model = random_hf_model(hf_config("qwen3_next", {"initializer_range": HF_INITIALIZER_RANGE, **cfg}), seed,
+                            norm_std=0.15, dt_bias="add")
+    model.save_pretrained(str(out_dir))
+    write_bpe_tokenizer(out_dir, tokens)
+    return model
+
+
+_Q3N_NAMES = {  # HF name under model.layers.{i}. -> GGUF name under blk.{i}. (in_proj_qkvz and the experts apart)
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "linear_attn.in_proj_ba.weight": "ssm_ba.weight", "linear_attn.conv1d.weight": "ssm_conv1d.weight",
+    "linear_attn.dt_bias": "ssm_dt.bias", "linear_attn.A_log": "ssm_a", "linear_attn.norm.weight": "ssm_norm.weight",
+    "linear_attn.out_proj.weight": "ssm_out.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight", "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight", "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+    "mlp.experts.down_proj": "ffn_down_exps.weight",
+}
+_Q3N_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+            "lm_head.weight": "output.weight"}
+
+
+def _qkvz_split(w, cfg):
+    """Qwen3NextModel.modify_tensors' split of the per-key-head grouped in_proj_qkvz: (attn_qkv, attn_gate)."""
+    import torch
+
+    Dk, Dv, Hk, Hv, d = (cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_num_key_heads,
+                         cfg.linear_num_value_heads, cfg.hidden_size)
+    sizes = [Dk, Dk, Hv // Hk * Dv, Hv // Hk * Dv]
+    t = w.permute(1, 0).contiguous().view(-1, Hk, sum(sizes))
+    q, k, v, z = torch.split(t, sizes, dim=-1)
+    q, k, v, z = (x.contiguous().view(d, -1) for x in (q, k, v, z))
+    return torch.cat([q, k, v], dim=-1).permute(1, 0).contiguous(), z.permute(1, 0).contiguous()
+
+
+def _qkvz_join(qkv, z, cfg):
+    """The inverse of :func:`_qkvz_split`: the grouped in_proj_qkvz from attn_qkv and attn_gate."""
+    import torch
+
+    Dk, Dv, Hk, Hv = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    r = Hv // Hk
+    q, k, v = torch.split(qkv, [Hk * Dk, Hk * Dk, Hv * Dv], dim=0)
+    parts = [q.reshape(Hk, Dk, -1), k.reshape(Hk, Dk, -1), v.reshape(Hk, r * Dv, -1), z.reshape(Hk, r * Dv, -1)]
+    return torch.cat(parts, dim=1).reshape(-1, qkv.shape[1])
+
+
+def qwen3next_gguf_tensors(model, legacy: bool = False) -> dict[str, np.ndarray]:
+    """GGUF name -> f32 array, as Qwen3NextModel.modify_tensors (and Qwen2MoeModel's expert split) make them
+    (torch f32 arithmetic): A_log -> -exp(A_log), dt_bias -> ssm_dt.bias, the conv squeezed, every norm weight but
+    the gated norm's + 1, in_proj_qkvz split into attn_qkv / attn_gate (``legacy``: kept grouped as ``ssm_in``),
+    the fused gate_up bank split in two."""
+    import torch
+
+    cfg = model.config
+    out = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().to(torch.float32)
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        if name in _Q3N_TOP:
+            g = _Q3N_TOP[name]
+        else:
+            parts = name.split(".")
+            assert parts[:2] == ["model", "layers"], name
+            i, rest = parts[2], ".".join(parts[3:])
+            pre = f"blk.{i}."
+            if rest == "linear_attn.in_proj_qkvz.weight":
+                if legacy:
+                    out[pre + "ssm_in.weight"] = t.numpy()
+                else:
+                    qkv, z = _qkvz_split(t, cfg)
+                    out[pre + "attn_qkv.weight"], out[pre + "attn_gate.weight"] = qkv.numpy(), z.numpy()
+                continue
+            if rest == "mlp.experts.gate_up_proj":
+                n = t.shape[-2] // 2
+                out[pre + "ffn_gate_exps.weight"] = t[..., :n, :].contiguous().numpy()
+                out[pre + "ffn_up_exps.weight"] = t[..., n:, :].contiguous().numpy()
+                continue
+            g = pre + _Q3N_NAMES[rest]
+        if name.endswith(".A_log"):
+            t = -torch.exp(t)
+        elif "conv1d" in name:
+            t = t.squeeze()
+        elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            t = t + 1
+        out[g] = t.numpy()
+    return out
+
+
+_F32_ALWAYS = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")  # the converter's FFN_GATE_INP(_SHEXP): F32
+
+
+def write_qwen3next_gguf(path: Path, model, tokenizer_dir: Path, outtype: str = "f32", *,
+                         override: dict[str, str] | None = None, legacy: bool = False, name: str = "Hf",
+                         drop: tuple[str, ...] = (), extra: dict[str, np.ndarray] | None = None) -> Path:
+    """``model`` (a Qwen3NextForCausalLM without MTP layers) as ``convert_hf_to_gguf.py DIR --outtype OUTTYPE
+    --no-mtp`` writes it (``override``: see :func:`converter_qtype`; ``legacy``: the grouped ``ssm_in`` of older
+    converters), the tokenizer from ``tokenizer_dir`` (pre-tokenizer ``gpt-2``). ``drop`` / ``extra``: for
+    refusal tests."""
+    import gguf
+
+    cfg = model.config
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+             "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[outtype]
+    w = gguf.GGUFWriter(str(path), "qwen3next")
+    w.add_type("model")
+    w.add_name(name)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    rp = cfg.rope_parameters
+    w.add_rope_freq_base(rp["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_expert_count(cfg.num_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_file_type(ftype)
+    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+    w.add_ssm_conv_kernel(cfg.linear_conv_kernel_dim)
+    w.add_ssm_state_size(cfg.linear_key_head_dim)
+    w.add_ssm_group_count(cfg.linear_num_key_heads)
+    w.add_ssm_time_step_rank(cfg.linear_num_value_heads)
+    w.add_ssm_inner_size(cfg.linear_value_head_dim * cfg.linear_num_value_heads)
+    # (GGUFWriter.add_recurrent_layers of newer gguf-py: the key and its bool array, written by hand here)
+    w.add_array("qwen3next.attention.recurrent_layers", [t == "linear_attention" for t in cfg.layer_types])
+    w.add_full_attention_interval(getattr(cfg, "full_attention_interval", None) or 4)
+    w.add_rope_dimension_count(int(cfg.head_dim * rp.get("partial_rotary_factor", 0.25)))
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    tokens, types, merges = _gpt2_vocab(Path(tokenizer_dir), cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    # SpecialVocab's order: a special token named in tokenizer_config.json (its id in the token list), else config.json
+    import json as _json
+
+    tc = _json.loads((Path(tokenizer_dir) / "tokenizer_config.json").read_text())
+    for key, fn in (("eos", w.add_eos_token_id), ("bos", w.add_bos_token_id), ("pad", w.add_pad_token_id)):
+        named = tc.get(f"{key}_token")
+        v = tokens.index(named) if isinstance(named, str) and named in tokens else getattr(cfg, f"{key}_token_id", None)
+        if v is not None:
+            fn(int(v))
+    tensors = {k: v for k, v in qwen3next_gguf_tensors(model, legacy).items() if k not in drop}
+    tensors.update(extra or {})
+    T = gguf.GGMLQuantizationType
+    for gname, arr in tensors.items():
+        qt = T.F32 if gname.endswith(_F32_ALWAYS) else converter_qtype(gname, arr.shape, outtype, override)
+        w.add_tensor(gname, gguf.quants.quantize(arr, qt), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def qwen3next_reference_on_gguf_weights(model, gguf_path: Path):
+    """``model`` with every parameter replaced by the file's decoded tensor, the converter's transforms undone
+    (attn_qkv / attn_gate joined back into the grouped in_proj_qkvz, the two expert banks joined). Checked on the
+    way: every parameter comes from the file; every F32 tensor is bit-equal to the checkpoint's, through the
+    converter's transform (a shifted norm's ``1 + w``: the value transformers' zero-centred norm computes in f32,
+    so the checkpoint's ``w`` stays; ``ssm_a`` as ``-exp(A_log)``). Returns (model copy, {ggml type: count})."""
+    import copy
+
+    import torch
+
+    ref = copy.deepcopy(model).float()
+    cfg = ref.config
+    params = dict(ref.state_dict())
+    arrays = {k: (tn, torch.from_numpy(a)) for k, (tn, a) in _gguf_arrays(gguf_path).items()}
+    types: dict[str, int] = {}
+    for tn, _ in arrays.values():
+        types[tn] = types.get(tn, 0) + 1
+    inv_top = {v: k for k, v in _Q3N_TOP.items()}
+    inv = {v: k for k, v in _Q3N_NAMES.items()}
+    seen = set()
+
+    def put(hname: str, t, exact: bool) -> None:
+        orig = params[hname]
+        t = t.reshape(orig.shape)
+        if exact:
+            assert torch.equal(t, orig.float()), f"{hname}: the file's F32 tensor differs from the checkpoint"
+        with torch.no_grad():
+            orig.copy_(t)
+        seen.add(hname)
+
+    for gname, (tn, t) in arrays.items():
+        if gname in inv_top:
+            hname = inv_top[gname]
+        else:
+            _, i, rest = gname.split(".", 2)
+            pre = f"model.layers.{i}."
+            if rest == "attn_qkv.weight":
+                z_tn, z = arrays[f"blk.{i}.attn_gate.weight"]
+                put(pre + "linear_attn.in_proj_qkvz.weight", _qkvz_join(t, z, cfg), tn == z_tn == "F32")
+                continue
+            if rest == "attn_gate.weight":
+                continue
+            if rest == "ssm_in.weight":
+                put(pre + "linear_attn.in_proj_qkvz.weight", t, tn == "F32")
+                continue
+            if rest in ("ffn_gate_exps.weight", "ffn_up_exps.weight"):
+                if rest == "ffn_gate_exps.weight":
+                    u_tn, u = arrays[f"blk.{i}.ffn_up_exps.weight"]
+                    put(pre + "mlp.experts.gate_up_proj", torch.cat([t, u], dim=-2), tn == u_tn == "F32")
+                continue
+            hname = pre + inv[rest]
+        if gname.endswith(".ssm_a"):
+            want = -torch.exp(params[hname].float())
+            assert tn == "F32" and torch.equal(t.reshape(want.shape), want), f"{gname}: not -exp(A_log)"
+            seen.add(hname)
+            continue
+        if hname.endswith("norm.weight") and not hname.endswith("linear_attn.norm.weight"):
+            want = params[hname].float() + 1  # what the reference's (1 + w) is in f32, and what the file stores
+            assert tn == "F32" and torch.equal(t.reshape(want.shape), want), f"{gname}: not 1 + w"
+            seen.add(hname)
+            continue
+        put(hname, t, tn == "F32")
+    missing = sorted(set(params) - seen - ({"lm_head.weight"} if cfg.tie_word_embeddings else set()))
+    assert not missing, f"parameters the file does not hold: {missing}"
+    return ref.eval(), types

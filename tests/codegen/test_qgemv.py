@@ -395,6 +395,33 @@ def test_qswiglu_native(names, B):
 
 
 @pytest.mark.native
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("B", [1, 3])
+def test_qmoe_shared_native(gated, B):
+    """A shared expert over blocks added to the routed sum, scaled by σ(x·branch gate) per token (or not)."""
+    from vxc.codegen.kernels import qdense
+
+    names = ("q4_0", "q8_0", "q4_k")
+    rng = np.random.default_rng(zlib.crc32(f"qsh{gated}{B}".encode()))
+    d, inter = 256, 512
+    wg, wu = (make_blocks(n, inter, d // ENCODINGS[n].block_size, rng) for n in names[:2])
+    wd = make_blocks(names[2], d, inter // ENCODINGS[names[2]].block_size, rng)
+    x = torch.from_numpy(rng.standard_normal((B, d)).astype(np.float32))
+    routed = torch.from_numpy(rng.standard_normal((B, d)).astype(np.float32))
+    bg = torch.from_numpy((rng.standard_normal((1, d)) * 0.2).astype(np.float32)) if gated else None
+    args = (x, routed, names[0], torch.from_numpy(wg), names[1], torch.from_numpy(wu), names[2], torch.from_numpy(wd), bg)
+    y, calls = _native_calls(qdense.qmoe_shared_native, *args)
+    assert calls == ["vxc_qgemv", "vxc_qgemv", "vxc_qsilu_mul", "vxc_qgemv", "vxc_shared_add"]
+    g, u = oracle(names[0], wg, x), oracle(names[1], wu, x)
+    h = oracle(names[2], wd, g * torch.sigmoid(g) * u)
+    s = torch.sigmoid(x.double() @ bg.double().T) if gated else torch.ones(B, 1, dtype=torch.float64)
+    want = routed.double() + s * h
+    R.assert_kernel_at_floor(y, qdense.qmoe_shared_twin(*args), want, f"qmoe_shared gated={gated}")
+    if gated:  # the gate is applied: without it the result is far off
+        assert (y.double() - (routed.double() + h)).abs().max() > 1e-2
+
+
+@pytest.mark.native
 @pytest.mark.parametrize("name", NATIVE)
 def test_qembedding_native_is_bit_exact(name):
     """The gathered rows decoded in C equal gguf-py's decoding of those rows bit for bit (first, last, repeats)."""

@@ -122,6 +122,23 @@ def test_triton_decoder_bit_exact_and_qembedding():
 
 
 @triton_case
+def test_triton_qmoe_shared_at_the_floor():
+    """The shared expert over blocks (Triton GEMVs), σ-gated per token, added to the routed sum."""
+    rng = np.random.default_rng(zlib.crc32(b"qmoe_shared"))
+    d, inter, B = 64, 96, 3
+    names = ("q4_0", "q8_0", "q4_1")
+    wg, wu = (make_blocks(n, inter, d // 32, rng) for n in names[:2])
+    wd = make_blocks(names[2], d, inter // 32, rng)
+    x, routed = _x(rng, B, d), _x(rng, B, d)
+    bg = torch.from_numpy((rng.standard_normal((1, d)) * 0.2).astype(np.float32))
+    args = (x, routed, names[0], torch.from_numpy(wg), names[1], torch.from_numpy(wu), names[2], torch.from_numpy(wd), bg)
+    got = qdense.qmoe_shared_triton(*(a.to(DEV) if isinstance(a, torch.Tensor) else a for a in args)).cpu()
+    g, u = oracle(names[0], wg, x), oracle(names[1], wu, x)
+    want = routed.double() + torch.sigmoid(x.double() @ bg.double().T) * oracle(names[2], wd, g * torch.sigmoid(g) * u)
+    R.assert_kernel_at_floor(got, qdense.qmoe_shared_twin(*args), want, "triton qmoe_shared")
+
+
+@triton_case
 def test_gguf_miniature_end_to_end_on_triton(tmp_path, monkeypatch, vxc_sub):
     import transformers
 

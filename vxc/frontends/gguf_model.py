@@ -18,6 +18,10 @@ read back through the ``log_neg`` view — and reshapes D, A to ``[heads, 1]``, 
 ``gemma3`` (:func:`_lower_gemma3`: sandwich norms stored as ``1 + w``, the scaled embedding, GeGLU, 5:1
 sliding-window layers with llama.cpp's settings the file does not store, declared and marked).
 
+``qwen3next`` (:func:`_lower_qwen3next`: gated-delta layers with the converter's split ``attn_qkv`` / ``attn_gate``
+— or a legacy file's grouped ``ssm_in`` — output-gated softmax layers, an MoE with a sigmoid-gated shared expert on
+every layer; the zero-centred norms stored as ``1 + w``).
+
 Every tensor of the file is either bound to a role here or left unbound, and closure names each unbound one
 (``tensor blk.0.ssm_x.weight … is claimed by no role``): nothing in a file is skipped silently.
 """
@@ -43,7 +47,7 @@ FAMILIES = {
     "qwen3moe": (False, True, "half"),  # qwen3's attention; every layer's FFN an MoE (_moe_ffn)
 }
 SSM_FAMILIES = ("mamba2",)
-OTHER_FAMILIES = ("gemma3",)
+OTHER_FAMILIES = ("gemma3", "qwen3next")
 
 
 def _nest(metadata: dict[str, Any], arch: str) -> dict[str, Any]:
@@ -77,6 +81,8 @@ def lower_gguf(path: Path, relative_to: Path | None = None) -> Module:
         return _lower_mamba2(path, c, relative_to)
     if arch == "gemma3":
         return _lower_gemma3(path, c, relative_to)
+    if arch == "qwen3next":
+        return _lower_qwen3next(path, c, relative_to)
     if arch not in FAMILIES:
         raise FrontendError(f"{path.name}: GGUF architecture {arch!r} is not supported; supported: "
                             f"{', '.join([*FAMILIES, *OTHER_FAMILIES, *SSM_FAMILIES])}")
@@ -162,7 +168,7 @@ def _lower_decoder(path: Path, c: Container, arch: str, relative_to: Path | None
     return _finish(b, c, bind, path.stem, vocab, d, eps, layers)
 
 
-def _moe_ffn(A: Attrs, b: Builder, d: int):
+def _moe_ffn(A: Attrs, b: Builder, d: int, arch: str = "qwen3moe"):
     """qwen3moe's FFN (llama.cpp src/models/qwen3moe.cpp: build_moe_ffn with LLM_FFN_SILU, norm_w = true, softmax
     gating): softmax over all experts -> top-k -> renormalised; SwiGLU experts of expert_feed_forward_length; no
     shared expert. Every layer is MoE (the architecture has no dense layers)."""
@@ -171,7 +177,7 @@ def _moe_ffn(A: Attrs, b: Builder, d: int):
     inter = A.need("expert_feed_forward_length", kind=int, min=1)
     if k > E:
         raise FrontendError(f"{A.where}: expert_used_count={k} exceeds expert_count={E}")
-    b.fact("moe_renormalise", True, "llama.cpp's qwen3moe graph renormalises the top-k weights (build_moe_ffn "
+    b.fact("moe_renormalise", True, f"llama.cpp's {arch} graph renormalises the top-k weights (build_moe_ffn "
                                     "norm_w = true); the file does not store it")
     attrs = {"d_model": d, "experts": E, "top_k": k, "intermediate": inter, "router": "softmax_topk",
              "norm_topk_prob": True, "routed_scaling": 1.0, "n_group": 1, "topk_group": 1, "router_bias": False,
@@ -194,6 +200,22 @@ def _finish(b: Builder, c: Container, bind, name: str, vocab: int, d: int, eps: 
                            **({} if embedding_scale is None else {"scale": embedding_scale})})
     head = op("head", {"tied": tied, "padded_vocab": vocab, "dim": d})
     return b.module(name, "f32", emb, layers, rmsnorm(d, eps, False, Role.FinalNorm), head)
+
+
+def _attention_geometry(path: Path, c: Container, arch: str) -> tuple[Attrs, int, int, int, int, float, int]:
+    """The metadata reader and the sizes every attention family stores: (A, embedding_length, block_count,
+    head_count, head_count_kv, rms eps, key_length), value_length refused where it differs from key_length."""
+    A = Attrs(_nest(c.metadata, arch), f"{path.name} (GGUF {arch} metadata)", prefix=arch + ".")
+    d = A.need("embedding_length", kind=int, min=1)
+    n_layer = A.layers("block_count")
+    heads = A.need("attention.head_count", kind=int, min=1)
+    kv = A.need("attention.head_count_kv", kind=int, min=1)
+    eps = A.need("attention.layer_norm_rms_epsilon", kind=float, min=0.0)
+    hd = A.need("attention.key_length", kind=int, min=1)
+    vd = A.opt("attention.value_length", kind=int, min=1)
+    if vd is not None and vd != hd:
+        raise FrontendError(f"{A.where}: attention.value_length={vd} differs from key_length={hd} (not supported)")
+    return A, d, n_layer, heads, kv, eps, hd
 
 
 # llama.cpp's gemma3 tensor names -> roles (a sandwich layer: four norms)
@@ -220,17 +242,8 @@ def _lower_gemma3(path: Path, c: Container, relative_to: Path | None) -> Module:
     layers ``rope.freq_base``; attention scale ``key_length^-½`` (``(embedding_length / head_count)^-½`` for the
     62-layer 27B). The file stores none of the pattern, the local base or the scale: they are filled in, marked."""
     arch = "gemma3"
-    A = Attrs(_nest(c.metadata, arch), f"{path.name} (GGUF {arch} metadata)", prefix=arch + ".")
-    d = A.need("embedding_length", kind=int, min=1)
-    n_layer = A.layers("block_count")
-    heads = A.need("attention.head_count", kind=int, min=1)
-    kv = A.need("attention.head_count_kv", kind=int, min=1)
+    A, d, n_layer, heads, kv, eps, hd = _attention_geometry(path, c, arch)
     inter = A.need("feed_forward_length", kind=int, min=1)
-    eps = A.need("attention.layer_norm_rms_epsilon", kind=float, min=0.0)
-    hd = A.need("attention.key_length", kind=int, min=1)
-    vd = A.opt("attention.value_length", kind=int, min=1)
-    if vd is not None and vd != hd:
-        raise FrontendError(f"{A.where}: attention.value_length={vd} differs from key_length={hd} (not supported)")
     window = A.need("attention.sliding_window", kind=int, min=1)
     base = A.need("rope.freq_base", kind=float, min=0.0)
     scaling = A.raw("rope.scaling.type")
@@ -272,6 +285,149 @@ def _lower_gemma3(path: Path, c: Container, relative_to: Path | None) -> Module:
                  for role in (Role.PreAttentionNorm, Role.PostAttentionNorm, Role.PreFfnNorm, Role.PostFfnNorm)]
         layers.append(Layer(i, "compute", Placement.PrePost, norms, op("softmax", attrs, ad), ffn))
     return _finish(b, c, bind, path.stem, vocab, d, eps, layers, embedding_scale=math.sqrt(d))
+
+
+# llama.cpp's qwen3next tensor names (gguf-py MODEL_ARCH.QWEN3NEXT, as convert_hf_to_gguf's Qwen3NextModel writes
+# them) -> roles, by layer kind; the FFN's are every layer's
+_Q3N_ATTN = {
+    "attn_k.weight": Role.AttnK, "attn_v.weight": Role.AttnV, "attn_output.weight": Role.AttnO,
+    "attn_q_norm.weight": Role.AttnQNorm, "attn_k_norm.weight": Role.AttnKNorm,
+}
+_Q3N_DELTA = {
+    "ssm_dt.bias": Role.LinearAttnDtBias, "ssm_norm.weight": Role.LinearAttnNorm, "ssm_out.weight": Role.LinearAttnOutProj,
+}
+_Q3N_FFN = {
+    "attn_norm.weight": Role.PreAttentionNorm, "post_attention_norm.weight": Role.PreFfnNorm,
+    "ffn_gate_inp.weight": Role.MoeRouterWeight, "ffn_gate_exps.weight": Role.PerExpertGate,
+    "ffn_up_exps.weight": Role.PerExpertUp, "ffn_down_exps.weight": Role.PerExpertDown,
+    "ffn_gate_shexp.weight": Role.SharedExpertGate, "ffn_up_shexp.weight": Role.SharedExpertUp,
+    "ffn_down_shexp.weight": Role.SharedExpertDown, "ffn_gate_inp_shexp.weight": Role.SharedExpertBranchGate,
+}
+_Q3N_DELTA_CHUNK = 64  # how the gated-delta prefill is blocked (the transformers reference's chunk), not what it computes
+_Q3N_L2_EPS = 1e-6  # the reference's l2norm eps on q and k (llama.cpp: the file's rms eps, max(|x|, eps) form)
+_Q3N_INTERVAL = 4  # llama.cpp's default full_attention_interval when the file stores neither it nor recurrent_layers
+
+
+def _lower_qwen3next(path: Path, c: Container, relative_to: Path | None) -> Module:
+    """``general.architecture = qwen3next`` (Qwen3-Next), as llama.cpp's converter writes it and llama.cpp's
+    ``qwen3next`` graph runs it.
+
+    - Layer map: ``attention.recurrent_layers`` (one bool per layer) when stored, else softmax on the layers i with
+      (i+1) % ``full_attention_interval`` == 0 (4 when absent), as llama.cpp reads them.
+    - Gated delta (``ssm.*``: state_size = key head dim, group_count = key heads, time_step_rank = value heads,
+      inner_size = value heads x value head dim): the converter splits the checkpoint's per-key-head grouped
+      ``in_proj_qkvz`` into ``attn_qkv`` (q of all heads | k | v) and ``attn_gate`` (z), bound as they are; a
+      legacy file's grouped ``ssm_in`` is bound through gather views instead. ``ssm_ba`` keeps the grouping
+      (``b r | a r`` per key head, r = value heads / key heads): gather views. ``ssm_a = -exp(A_log)`` (read back
+      through ``log_neg``), the conv squeezed to ``[channels, kernel]``, ``ssm_norm`` one head's weight (as
+      stored: the converter adds 1 to no gated-norm weight). Conv SiLU, q/k l2-normalised, q scaled by Dk^-½,
+      normalise-then-gate with silu(z).
+    - Softmax: ``attn_q`` emits query and gate per head (``[H, 2·Dh]``): gather views bind AttnQ and
+      AttnOutputGate; per-head q/k RMSNorms; partial rotary (``rope.dimension_count``) on halves;
+      ``attn · σ(gate)`` before ``attn_output``.
+    - Every RMSNorm but the gated one is zero-centred in the checkpoint; the converter stores ``1 + w``, so they
+      are plain RMSNorms over the stored weight.
+    - FFN on every layer: softmax over all experts → top-k → renormalised (llama.cpp always renormalises); SwiGLU
+      expert banks ``[E, rows, cols]``; a shared SwiGLU expert of ``expert_shared_feed_forward_length`` scaled by
+      σ(x·``ffn_gate_inp_shexp``)."""
+    arch = "qwen3next"
+    A, d, n_layer, heads, kv, eps, hd = _attention_geometry(path, c, arch)
+    K = A.need("ssm.conv_kernel", kind=int, min=1)
+    Dk = A.need("ssm.state_size", kind=int, min=1)
+    Hk = A.need("ssm.group_count", kind=int, min=1)
+    Hv = A.need("ssm.time_step_rank", kind=int, min=1)
+    inner = A.need("ssm.inner_size", kind=int, min=1)
+    if Hv % Hk:
+        raise FrontendError(f"{A.where}: ssm.time_step_rank={Hv} (value heads) is not a multiple of "
+                            f"ssm.group_count={Hk} (key heads)")
+    if inner % Hv:
+        raise FrontendError(f"{A.where}: ssm.inner_size={inner} is not a multiple of ssm.time_step_rank={Hv} "
+                            f"(the value heads)")
+    Dv, r = inner // Hv, Hv // Hk
+    mtp = A.opt("nextn_predict_layers", kind=int, min=0)
+    if mtp:
+        raise FrontendError(f"{A.where}: nextn_predict_layers={mtp}: the file holds multi-token-prediction layers, "
+                            f"which no operator declares (convert with convert_hf_to_gguf.py --no-mtp)")
+    if A.raw("rope.scaling.type") not in (None, "none"):
+        raise FrontendError(f"{A.where}: rope.scaling.type={A.raw('rope.scaling.type')!r} is not supported for GGUF yet")
+    base = A.need("rope.freq_base", kind=float, min=0.0)
+    rdim = A.need("rope.dimension_count", kind=int, min=0)
+    if rdim > hd or rdim % 2:
+        raise FrontendError(f"{A.where}: rope.dimension_count={rdim} must be even and at most key_length={hd}")
+    b = _builder(path, c, arch, relative_to)
+    recurrent = A.raw("attention.recurrent_layers")
+    if recurrent is not None:
+        if not isinstance(recurrent, list) or len(recurrent) < n_layer or not all(isinstance(x, bool) for x in recurrent):
+            raise FrontendError(f"{A.where}: attention.recurrent_layers must hold a bool for each of the {n_layer} "
+                                f"layers, got {recurrent!r:.80}")
+        kinds = ["delta" if recurrent[i] else "softmax" for i in range(n_layer)]
+        b.fact("layer_map_read_from", "attention.recurrent_layers", "one bool per layer, as llama.cpp reads it first")
+    else:
+        interval = A.opt("full_attention_interval", kind=int, min=1)
+        b.fact("layer_map_read_from", "full_attention_interval",
+               f"{'no recurrent_layers and no full_attention_interval: llama.cpp' + chr(39) + 's default ' if interval is None else ''}"
+               f"{interval or _Q3N_INTERVAL}; softmax on layers i with (i+1) % interval == 0")
+        kinds = ["delta" if (i + 1) % (interval or _Q3N_INTERVAL) else "softmax" for i in range(n_layer)]
+    emb_shape = _logical_shape(c, "token_embd.weight")
+    if emb_shape is None:
+        raise FrontendError(f"{path.name}: no token_embd.weight tensor")
+    vocab = emb_shape[0]
+    b.fact("vocab_from", "token_embd rows", "the embedding table's row count")
+    b.fact("norm_weights_stored_as", "1 + w", "convert_hf_to_gguf Qwen3NextModel adds 1 to every norm weight but "
+           "the gated norm's: plain RMSNorms")
+    b.fact("ssm_a_stored_as", "-exp(A_log)", "convert_hf_to_gguf Qwen3NextModel: A_log --> -exp(A_log); the operand "
+           "reads it back through log_neg")
+    delta_attrs = {"d_model": d, "k_heads": Hk, "v_heads": Hv, "k_head_dim": Dk, "v_head_dim": Dv, "conv_kernel": K,
+                   "conv_act": "silu", "chunk_size": _Q3N_DELTA_CHUNK, "scale": 1.0 / math.sqrt(Dk),
+                   "l2_eps": _Q3N_L2_EPS, "norm_eps": eps, "norm_order": "norm_then_gate", "norm_act": "silu"}
+    delta_defaults = {"conv_act", "chunk_size", "scale", "l2_eps", "norm_order", "norm_act"}
+    attn_attrs = {"d_model": d, "heads": heads, "kv_heads": kv, "head_dim": hd, "q_bias": False, "k_bias": False,
+                  "v_bias": False, "o_bias": False, "qk_norm": True, "qk_norm_eps": eps, "qk_norm_zero_centred": False,
+                  "sinks": False, "output_gate": True, "window": 0, "scale": 1.0 / math.sqrt(hd),
+                  "rotary_dim": rdim, "rotary_base": base, "rotary_layout": "half", "rope_type": "default"}
+    attn_defaults = {"q_bias", "k_bias", "v_bias", "o_bias", "qk_norm_zero_centred", "sinks", "window", "scale",
+                     "rotary_layout", "rope_type"}
+    moe = _moe_ffn(A, b, d, arch)
+    shared = A.need("expert_shared_feed_forward_length", kind=int, min=1)
+    moe.attrs.update(shared_experts=True, shared_intermediate=shared, shared_gate=True)
+    moe.defaults -= {"shared_experts", "shared_intermediate"}
+    bind = _binder(b, c)
+
+    def grouped(*takes: tuple[int, int]) -> list[Transform]:
+        return [Transform("gather", dim=0, groups=Hk, takes=list(takes))]
+
+    layers = []
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        for name, role in _Q3N_FFN.items():
+            bind(p + name, role, i)
+        if kinds[i] == "delta":
+            for name, role in _Q3N_DELTA.items():
+                bind(p + name, role, i)
+            if p + "ssm_in.weight" in c.entries:  # legacy: the checkpoint's grouped in_proj_qkvz as stored
+                qkvz = p + "ssm_in.weight"
+                group = 2 * Dk + 2 * r * Dv
+                bind(qkvz, Role.LinearAttnInProjQkv, i, grouped((0, Dk), (Dk, 2 * Dk), (2 * Dk, 2 * Dk + r * Dv)))
+                bind(qkvz, Role.LinearAttnInProjZ, i, grouped((2 * Dk + r * Dv, group)))
+            else:
+                bind(p + "attn_qkv.weight", Role.LinearAttnInProjQkv, i)
+                bind(p + "attn_gate.weight", Role.LinearAttnInProjZ, i)
+            bind(p + "ssm_ba.weight", Role.LinearAttnInProjB, i, grouped((0, r)))
+            bind(p + "ssm_ba.weight", Role.LinearAttnInProjA, i, grouped((r, 2 * r)))
+            bind(p + "ssm_conv1d.weight", Role.LinearAttnConv1d, i,
+                 _reshape_to(c, p + "ssm_conv1d.weight", (2 * Hk * Dk + Hv * Dv, K)))
+            bind(p + "ssm_a", Role.LinearAttnALog, i, [*_reshape_to(c, p + "ssm_a", (Hv,)), Transform("log_neg")])
+            mixer = op("gated_delta", dict(delta_attrs), set(delta_defaults))
+        else:
+            for name, role in _Q3N_ATTN.items():
+                bind(p + name, role, i)
+            q = p + "attn_q.weight"
+            bind(q, Role.AttnQ, i, [Transform("gather", dim=0, groups=heads, takes=[(0, hd)])])
+            bind(q, Role.AttnOutputGate, i, [Transform("gather", dim=0, groups=heads, takes=[(hd, 2 * hd)])])
+            mixer = op("softmax", dict(attn_attrs), set(attn_defaults))
+        ffn = op("moe", dict(moe.attrs), set(moe.defaults))
+        layers.append(two_norm_layer(i, d, (eps, False), mixer, ffn))
+    return _finish(b, c, bind, path.stem, vocab, d, eps, layers)
 
 
 def _binder(b: Builder, c: Container):

@@ -186,6 +186,13 @@ def view_shape(stored_shape: Sequence[int], transforms: Sequence[Transform]) -> 
     return shape
 
 
+def selects_rows(transforms: Sequence[Transform], rank: int) -> bool:
+    """Whether ``transforms`` only pick indices of outer dims (slices / gathers of a dim before the last) of a
+    rank-``rank`` view: of a ggml-encoded operand, the same picks of its stored blocks (a row is a run of
+    independent blocks), so the view can stay encoded. No transforms: False (nothing to select)."""
+    return bool(transforms) and all(t.kind in ("slice", "gather") and 0 <= t.dim < rank - 1 for t in transforms)
+
+
 def encoded_shape(encoding: str, part_shapes: Mapping[str, Sequence[int]] | Sequence[Sequence[int]]) -> Shape:
     """The logical shape an encoded operand decodes to.
 

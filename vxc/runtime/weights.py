@@ -332,9 +332,22 @@ class Weights:
 
     def encoded(self, o: Operand, device: torch.device | str) -> torch.Tensor:
         """The stored blocks of a ggml-encoded operand, as stored (u8 [..., rows, row_bytes]; a zero-copy view of
-        the mapping on CPU), for the kernels that read the encoding."""
-        if not _is_ggml(o.encoding or "") or o.transforms:
-            raise WeightError(f"operand %{o.sym}: not a ggml-encoded operand without views")
+        the mapping on CPU), for the kernels that read the encoding. Under views selecting rows (``selects_rows``:
+        the q / gate halves of a fused projection), the selected rows' blocks, copied once into resident memory."""
+        from ..ir.views import selects_rows
+        from .views import apply_view
+
+        if not _is_ggml(o.encoding or "") or (o.transforms and not selects_rows(o.transforms, len(o.shape))):
+            raise WeightError(f"operand %{o.sym}: not a ggml-encoded operand without views, or with views that "
+                              f"select rows")
+        if o.transforms:
+            if o.shard is not None and o.shard.dim is not None:  # (the shard pass refuses encoded views: not reached)
+                raise WeightError(f"operand %{o.sym}: a part of an encoded operand under views")
+            x = apply_view(self.stored(o.sources[0]), o.transforms)
+            if str(device) != "cpu":
+                return x.contiguous().to(device)
+            out = resident_empty(x.numel()).reshape(x.shape)
+            return out.copy_(x)
         part = o.shard if o.shard is not None and o.shard.dim is not None else None
         if part is not None:  # tensor parallelism: this rank's blocks (experts, rows or whole blocks of a row) alone
             return self._encoded_part(o, part).to(device)

@@ -69,6 +69,33 @@ def qswiglu_twin(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_d
     return _q(encoding_down, w_down, h, activations)
 
 
+@kernel("qmoe_shared")
+def qmoe_shared(x: Tensor, routed: Tensor, encoding_gate: str, w_gate: Tensor, encoding_up: str, w_up: Tensor,
+                encoding_down: str, w_down: Tensor, branch_gate: Optional[Tensor], activations: str = "fp32") -> Tensor:
+    """``moe_shared`` with the shared expert's three projections as ggml blocks: ``routed + [σ(x·branch_gateᵀ)] ·
+    qswiglu(x)`` fp32 (the branch gate ``[1, d]`` plain)."""
+    check_activations(activations)
+
+
+@qmoe_shared.fake
+def _(x, routed, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, branch_gate, activations="fp32"):
+    return torch.empty_like(routed, dtype=torch.float32)
+
+
+@qmoe_shared.impl("torch")
+def qmoe_shared_twin(x, routed, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, branch_gate,
+                     activations="fp32"):
+    return _shared_add(x, routed, qswiglu_twin(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down,
+                                               activations), branch_gate)
+
+
+def _shared_add(x: Tensor, routed: Tensor, h: Tensor, branch_gate: Optional[Tensor]) -> Tensor:
+    """``routed + [σ(x·branch_gateᵀ)] · h`` in fp32 (torch)."""
+    if branch_gate is not None:
+        h = torch.sigmoid(x.float() @ branch_gate.float().T) * h
+    return routed.float() + h
+
+
 @kernel("qembedding", device_arg=2)
 def qembedding(ids: Tensor, encoding: str, table: Tensor) -> Tensor:
     """The rows ``ids`` of a ggml-block table ``[vocab, row_bytes]``, decoded: ``[T, d]`` fp32."""
@@ -88,6 +115,7 @@ def qembedding_twin(ids, encoding, table):
 
 _QBIAS = N.declare("vxc_qbias", P, P, L, L, I)
 _QSILU_MUL = N.declare("vxc_qsilu_mul", P, P, P, L)
+_SHARED_ADD = N.declare("vxc_shared_add", P, P, P, P, P, L, L)
 _QEMBEDDING = N.declare("vxc_qembedding", I, P, P, P, L, L)
 
 
@@ -120,6 +148,20 @@ def qswiglu_native(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w
     h = N.empty(*g.shape, dtype=torch.float32)
     N.call(_QSILU_MUL, g.data_ptr(), u.data_ptr(), h.data_ptr(), g.numel())
     return _qn(encoding_down, w_down, h, activations)
+
+
+@qmoe_shared.impl("native")
+def qmoe_shared_native(x, routed, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, branch_gate,
+                       activations="fp32"):
+    if not (N.ok(x, routed, branch_gate) and x.dim() == 2 and routed.shape == x.shape
+            and x.dtype == routed.dtype == torch.float32
+            and (branch_gate is None or (branch_gate.dtype == torch.float32 and branch_gate.numel() == x.shape[1]))):
+        raise NotCovered(N.OPERANDS)
+    h = qswiglu_native(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, activations)
+    out = N.empty(*routed.shape, dtype=torch.float32)
+    N.call(_SHARED_ADD, x.data_ptr(), h.data_ptr(), routed.data_ptr(), N.ptr(branch_gate), out.data_ptr(),
+           int(x.shape[0]), int(x.shape[1]))
+    return out
 
 
 @qembedding.impl("native")
@@ -197,6 +239,13 @@ def qswiglu_triton(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w
             raise NotCovered(TRITON_ENCODING)
     a = activations
     return _qt(encoding_down, w_down, F.silu(_qt(encoding_gate, w_gate, x, a)) * _qt(encoding_up, w_up, x, a), a)
+
+
+@qmoe_shared.impl("triton")
+def qmoe_shared_triton(x, routed, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, branch_gate,
+                       activations="fp32"):
+    return _shared_add(x, routed, qswiglu_triton(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down,
+                                                 activations), branch_gate)
 
 
 # ------------------------------------------------------------------------------------------------ qmoe_experts

@@ -93,7 +93,7 @@ ROPE_KEYS = ("rotary_dim", "rotary_base", "rope_type", "rope_factor", "rope_low_
 
 # plain kernel -> its form over ggml block-encoded weights, and which arguments are weights
 ENCODED_FORMS = {"linear": ("qlinear", (1,)), "swiglu": ("qswiglu", (1, 2, 3)), "embedding": ("qembedding", (1,)),
-                 "moe_experts": ("qmoe_experts", (3, 4, 5))}
+                 "moe_experts": ("qmoe_experts", (3, 4, 5)), "moe_shared": ("qmoe_shared", (2, 3, 4))}
 
 
 class Emitter:
@@ -118,7 +118,7 @@ class Emitter:
     def _encoded(self, p: PlanOp, kernel: str, args: list, note: str) -> tuple[str, list, str]:
         """The encoded form of a projection / FFN / gather whose weights all declare a ggml encoding: each weight
         argument becomes (its encoding, its stored blocks). Anything else is emitted as written."""
-        from ...ir.views import _ggml
+        from ...ir.views import _ggml, selects_rows
 
         form, positions = ENCODED_FORMS[kernel]
         by_sym = {o.sym: o for o in p.operands.values()}
@@ -126,7 +126,8 @@ class Emitter:
         for i in positions:
             w = args[i]
             o = by_sym.get(w.sym) if isinstance(w, Weight) else None
-            if o is None or o.encoding not in _ggml() or o.transforms:
+            # (a view selecting rows stays encoded: the runtime selects the same rows of the blocks)
+            if o is None or o.encoding not in _ggml() or (o.transforms and not selects_rows(o.transforms, len(o.shape))):
                 return kernel, args, note
             encs.append(o.encoding)
             acts.add(o.activations)

@@ -88,7 +88,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 32
+#define VXC_ABI_VERSION 33
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -1789,6 +1789,20 @@ void vxc_qbias(float *y, const void *bias, long B, long N, int bf) {
 void vxc_qsilu_mul(const float *g, const float *u, float *h, long n) {
 #pragma omp parallel for schedule(static) if (n >= 16384)
     for (long i = 0; i < n; i++) h[i] = silu(g[i]) * u[i];
+}
+
+/* out [T, d] fp32 = routed + s_t h: a shared expert's output h added to the routed sum, scaled per token by
+ * s_t = sigmoid(x_t . bg) (bg [d], the branch gate) or 1 (bg NULL); all fp32 (qmoe_shared's native form). */
+void vxc_shared_add(const float *x, const float *h, const float *routed, const float *bg, float *out, long T, long d) {
+    for (long t = 0; t < T; t++) {
+        float s = 1.0f;
+        if (bg) {
+            double acc = 0.0;
+            for (long i = 0; i < d; i++) acc += (double)x[t * d + i] * (double)bg[i];
+            s = (float)(1.0 / (1.0 + exp(-acc)));
+        }
+        for (long i = 0; i < d; i++) out[t * d + i] = routed[t * d + i] + s * h[t * d + i];
+    }
 }
 
 /* out [T, cols] fp32: the rows ids[t] of table (encoding enc, rows of cols values) decoded exactly as
