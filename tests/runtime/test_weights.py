@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from tests import builders as B
 from vxc.frontends import lower
+from vxc.runtime import weights as weights_mod
 from vxc.runtime.weights import MappedFile, WeightError, Weights
 
 MINI = dict(vocab_size=61, hidden_size=24, intermediate_size=40, moe_intermediate_size=14, num_hidden_layers=2,
@@ -142,3 +145,46 @@ def test_small_resident_allocations_share_a_huge_page_chunk():
     assert int(a.sum()) == 1000 and int(b.sum()) == 6 and int(c.sum()) == 210000
     big = W.resident_empty(W.HUGE_PAGE)
     assert big.data_ptr() % W.HUGE_PAGE == 0 and big.untyped_storage().data_ptr() != base
+
+
+@pytest.mark.native
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_an_embedding_gathered_from_the_file_mapping_does_not_stay_resident(tmp_path, monkeypatch):
+    """``qembedding`` over a table read in place from a weights file's mapping releases the pages each gather
+    faults in (whole page-cache folios: tens of KiB for a row of 272 bytes), so gathering every row of a 2.2 MB
+    q8_0 table leaves (almost) nothing of the mapping resident, where without the release all of it stays; the
+    rows decode bit for bit as gguf-py decodes them either way."""
+    import hashlib
+    import struct
+
+    import numpy as np
+    from gguf import GGMLQuantizationType, quants
+
+    from vxc.codegen.kernels import native as N
+    from vxc.codegen.kernels import qdense
+
+    if not N.available():
+        pytest.skip(N.status())
+    rows, cols = 8192, 256
+    rng = np.random.default_rng(5)
+    blocks = quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), GGMLQuantizationType.Q8_0)
+    path = tmp_path / "table.safetensors"
+    save_file({"t": torch.from_numpy(blocks)}, str(path))
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    want = torch.from_numpy(quants.dequantize(blocks, GGMLQuantizationType.Q8_0)).float()
+    ids = torch.from_numpy(rng.permutation(rows)).to(torch.int64)
+    resident = {}
+    for drop in (True, False):
+        if not drop:
+            monkeypatch.setattr(qdense, "in_file_mapping", lambda t: False)
+        mf = MappedFile(path, len(raw), hashlib.sha256(raw[8:8 + n]).hexdigest(), "w0")
+        table = mf.tensor("t")
+        assert table.shape == (rows, 272) and weights_mod.in_file_mapping(table)
+        out = torch.cat([qdense.qembedding_native(ids[i:i + 64], "q8_0", table) for i in range(0, rows, 64)])
+        assert torch.equal(out, want[ids])
+        resident[drop] = int(_vma_flags(table.data_ptr())["Rss"])  # kB
+        del table, mf
+    table_kb = rows * 272 // 1024
+    assert resident[False] >= table_kb // 2, resident  # without the release the gathers keep the table resident
+    assert resident[True] <= 256, resident

@@ -91,6 +91,15 @@ def resident_empty(nbytes: int) -> torch.Tensor:
         return _pool["chunk"][off:off + nbytes]
 
 
+def in_file_mapping(t: torch.Tensor) -> bool:
+    """Whether ``t`` lies wholly inside a live weights file's private mapping (a zero-copy view of the file)."""
+    if t.numel() == 0:
+        return False
+    a = t.data_ptr()
+    b = a + t.numel() * t.element_size()
+    return any(lo <= a and b <= hi for lo, hi in list(_MAPPED.values()))
+
+
 def drop_pages(t: torch.Tensor) -> int:
     """Release the resident pages under ``t`` when it is a view of a weights file's mapping (never written:
     ``madvise(MADV_DONTNEED)`` drops them, a later read faults them in again from the file); anything else is
@@ -100,10 +109,10 @@ def drop_pages(t: torch.Tensor) -> int:
 
     if not sys.platform.startswith("linux") or t.numel() == 0:
         return 0
+    if not in_file_mapping(t):
+        return 0
     a = t.data_ptr()
     b = a + t.numel() * t.element_size()
-    if not any(lo <= a and b <= hi for lo, hi in list(_MAPPED.values())):
-        return 0
     lo, hi = (a + _PAGE - 1) // _PAGE * _PAGE, b // _PAGE * _PAGE  # whole pages inside the tensor only
     if hi <= lo:
         return 0

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ...ir.ggml import logical_cols
 from ...runtime.ggml_blocks import dequantize
+from ...runtime.weights import in_file_mapping
 from . import native as N
 from .native import I, L, P
 from .quant import ENCODING, NATIVE_ENCODINGS, check_activations, qgemv_native
@@ -116,7 +117,7 @@ def qembedding_twin(ids, encoding, table):
 _QBIAS = N.declare("vxc_qbias", P, P, L, L, I)
 _QSILU_MUL = N.declare("vxc_qsilu_mul", P, P, P, L)
 _SHARED_ADD = N.declare("vxc_shared_add", P, P, P, P, P, L, L)
-_QEMBEDDING = N.declare("vxc_qembedding", I, P, P, P, L, L)
+_QEMBEDDING = N.declare("vxc_qembedding", I, P, P, P, L, L, L)
 
 
 def _qn(enc: str, blocks: Tensor, x: Tensor, act: str) -> Tensor:
@@ -175,7 +176,9 @@ def qembedding_native(ids, encoding, table):
     cols = logical_cols(encoding, int(table.shape[1]))
     out = N.empty(int(ids.shape[0]), cols, dtype=torch.float32)
     if ids.shape[0]:
-        N.call(_QEMBEDDING, code, table.data_ptr(), ids.data_ptr(), out.data_ptr(), int(ids.shape[0]), cols)
+        # a table read in place from a weights file's mapping: the pages each gather faults in are released again
+        drop = table.numel() if in_file_mapping(table) else 0
+        N.call(_QEMBEDDING, code, table.data_ptr(), ids.data_ptr(), out.data_ptr(), int(ids.shape[0]), cols, drop)
     return out
 
 

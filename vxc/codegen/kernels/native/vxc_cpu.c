@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -88,7 +91,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 33
+#define VXC_ABI_VERSION 34
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -1807,8 +1810,12 @@ void vxc_shared_add(const float *x, const float *h, const float *routed, const f
 
 /* out [T, cols] fp32: the rows ids[t] of table (encoding enc, rows of cols values) decoded exactly as
  * gguf.quants.dequantize decodes them; ids are read from memory (a replayed step's token buffer). The caller
- * checks 0 <= ids[t] < vocab. */
-void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, long T, long cols) {
+ * checks 0 <= ids[t] < vocab. drop_bytes > 0: the table (drop_bytes long) is a view of a weights file's private
+ * mapping, never written; once decoded, each row's 2 MiB window of it (clamped to the table's whole pages) is
+ * released (MADV_DONTNEED), so the pages a gather faults in — whole page-cache folios, tens of KiB for a row of
+ * under 1 KiB — do not accumulate in RSS token after token (a later read faults them in again from the page
+ * cache). */
+void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, long T, long cols, long drop_bytes) {
     if (enc < 0 || enc >= Q_COUNT || T <= 0) return;
     long rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], ng = cols / 32, ns = enc == Q6_K ? cols / 16 : ng;
     float *s = (float *)malloc((size_t)(ns + ng + 1) * sizeof(float)), *mn = s + ns;
@@ -1825,6 +1832,23 @@ void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, 
         }
     }
     free(s);
+#if defined(__linux__)
+    if (drop_bytes > 0) {
+        const uintptr_t W = (uintptr_t)2 << 20, PG = 4096;
+        uintptr_t lo = ((uintptr_t)table + PG - 1) & ~(PG - 1), hi = ((uintptr_t)table + (uintptr_t)drop_bytes) & ~(PG - 1);
+        uintptr_t last = 0;
+        for (long t = 0; t < T; t++) {
+            uintptr_t a = ((uintptr_t)table + (uintptr_t)(ids[t] * rb)) & ~(W - 1), b = a + W;
+            if (a == last) continue;
+            last = a;
+            if (a < lo) a = lo;
+            if (b > hi) b = hi;
+            if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+        }
+    }
+#else
+    (void)drop_bytes;
+#endif
 }
 
 /* ---------------------------------------------------------------------------------------------------------
