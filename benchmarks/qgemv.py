@@ -31,7 +31,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from vxc.codegen.kernels import dense, quant  # noqa: E402
+from vxc.codegen.kernels import quant  # noqa: E402
 from vxc.codegen.kernels import native as N  # noqa: E402
 from vxc.ir.ggml import ENCODINGS, row_bytes  # noqa: E402
 from vxc.runtime.ggml_blocks import QUANTIZE, quantize  # noqa: E402

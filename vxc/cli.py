@@ -153,7 +153,7 @@ def passes(
 ):
     """Run a pass pipeline over INPUT and print what was asked for."""
     from .driver import load, run
-    from .passes.manager import DEFAULT_PIPELINE, PASSES, parse_pipeline
+    from .passes.manager import DEFAULT_PIPELINE, parse_pipeline
 
     from .passes.manager import ORDER
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import secrets
 import threading
 import time
@@ -688,9 +687,7 @@ def _follower(rank: int, kw: dict) -> None:
 def run_serve(*, model, host: str, port: int, sequences: int, dtype: str, device: str, max_context: int | None,
               chunk: int, max_queue: int, model_dir, model_name: str | None, kernels: str = "auto",
               prefix_cache_bytes: int = 0, tp: int = 1) -> None:
-    import sys
-
-    import uvicorn
+    import uvicorn  # noqa: F401  (before any rank or engine starts: a missing HTTP stack fails at once)
 
     if not 0 <= port <= 65535:
         raise ServeError(f"--port {port}: expected 0..65535")

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 
 import torch
 
@@ -25,7 +23,6 @@ import pytest  # noqa: E402
 from tests.triton_support import triton_case as triton_case_for  # noqa: E402
 
 from vxc.codegen import kernels  # noqa: E402
-from vxc.codegen.kernels import kda as K  # noqa: E402
 from vxc.codegen.kernels.triton_common import INTERPRETED  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

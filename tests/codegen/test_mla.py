@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 
 import torch
 

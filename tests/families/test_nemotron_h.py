@@ -16,7 +16,6 @@ aliases, attention_head_dim) lowering to the same program; named refusals (MoE l
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from pathlib import Path
 

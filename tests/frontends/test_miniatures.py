@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import MINI_NAMES
 from vxc.frontends import lower
 from vxc.ir import parse, print_module
-from vxc.ir.roles import Placement, Role
+from vxc.ir.roles import Placement
 from vxc.passes import PassManager
 from vxc.passes.context import Context
 from vxc.passes.plan import plan_ops

@@ -15,11 +15,9 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
 from tests.runtime.conftest import REPO, child_env
 
