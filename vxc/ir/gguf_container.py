@@ -13,6 +13,8 @@ alignment padding): the runtime refuses a file whose digest differs from the one
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -100,6 +102,8 @@ def reader(path: Path) -> Snapshot:
     """The header of ``path`` as :class:`Snapshot`, one per file per process (path, size, modification time): the
     gguf package parses every metadata array element by element (a 262144-token vocabulary: ~10 s), and the
     container, the tokenizer and the model's stop ids / chat template / context length all read the same header.
+    A header whose parse took ``HEADER_CACHE_SECONDS`` or more is also kept on disk (:func:`_stored_snapshot`), so
+    the next process — the ``vxc exec`` after a ``vxc lower`` — reads it back in a fraction of a second.
     Read-only. Raises what GGUFReader raises (OSError; ValueError / struct.error / numpy errors on a corrupt file)."""
     from gguf import GGUFReader
 
@@ -107,15 +111,103 @@ def reader(path: Path) -> Snapshot:
     key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
     snap = _READERS.get(key)
     if snap is None:
-        r = GGUFReader(str(path), "r")
-        tensors = [SimpleNamespace(name=t.name, tensor_type=t.tensor_type, shape=[int(x) for x in t.shape],
-                                   data_offset=int(t.data_offset), n_bytes=int(t.n_bytes)) for t in r.tensors]
-        snap = Snapshot({k: _Field(f) for k, f in r.fields.items()}, tensors, int(r.data_offset))
-        del r
+        snap = _stored_snapshot(Path(path), st.st_size)
+        if snap is None:
+            t0 = time.perf_counter()
+            r = GGUFReader(str(path), "r")
+            tensors = [SimpleNamespace(name=t.name, tensor_type=t.tensor_type, shape=[int(x) for x in t.shape],
+                                       data_offset=int(t.data_offset), n_bytes=int(t.n_bytes)) for t in r.tensors]
+            snap = Snapshot({k: _Field(f) for k, f in r.fields.items()}, tensors, int(r.data_offset))
+            del r
+            if time.perf_counter() - t0 >= HEADER_CACHE_SECONDS:
+                _store_snapshot(Path(path), st.st_size, snap)
         if len(_READERS) >= 2:
             _READERS.pop(next(iter(_READERS)))
         _READERS[key] = snap
     return snap
+
+
+# ------------------------------------------------------------------------------------- headers kept on disk
+# A slow header (a large vocabulary's token / score / type arrays) is written, after GGUFReader parsed it, as JSON
+# into the cache directory (vxc.cache): every field's value, the tensor infos, the data offset — and the sha256 of
+# the file's header bytes (everything before the data region), checked against the file at every read, so an entry
+# of a file that changed in any header byte is never used. Entries are named by the file's resolved path (one per
+# file: rewritten when it changes), at most HEADER_CACHE_ENTRIES of them (the oldest removed). VXC_GGUF_CACHE=0
+# turns it off. Losing or corrupting an entry only costs the parse.
+
+HEADER_CACHE_SECONDS = 1.0  # parses faster than this are not worth an entry
+HEADER_CACHE_ENTRIES = 16
+_HEADER_CACHE_VERSION = 1
+
+
+def _header_cache_path(path: Path) -> Path | None:
+    if os.environ.get("VXC_GGUF_CACHE", "1") == "0":
+        return None
+    from ..cache import cache_dir
+
+    name = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32]
+    return cache_dir() / "gguf-headers" / f"{name}.json"
+
+
+def _header_digest(path: Path, data_offset: int) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read(data_offset)).hexdigest()
+
+
+def _stored_snapshot(path: Path, size: int) -> Snapshot | None:
+    """The snapshot kept for ``path`` if its size and header bytes are the ones it was made from; else None."""
+    import json
+
+    from gguf import GGMLQuantizationType
+
+    cp = _header_cache_path(path)
+    if cp is None or not cp.is_file():
+        return None
+    try:
+        d = json.loads(cp.read_text())
+        if d.get("version") != _HEADER_CACHE_VERSION or d["size"] != size or d["path"] != str(path.resolve()):
+            return None
+        if _header_digest(path, int(d["data_offset"])) != d["header_sha256"]:
+            return None
+        fields = {}
+        for k, v in d["fields"].items():
+            f = _Field.__new__(_Field)
+            f._value, f._error = v, None
+            fields[k] = f
+        tensors = [SimpleNamespace(name=n, tensor_type=GGMLQuantizationType[t], shape=list(sh), data_offset=int(o),
+                                   n_bytes=int(nb)) for n, t, sh, o, nb in d["tensors"]]
+        return Snapshot(fields, tensors, int(d["data_offset"]))
+    except (OSError, ValueError, KeyError, TypeError):  # unreadable or foreign: parse the file instead
+        return None
+
+
+def _store_snapshot(path: Path, size: int, snap: Snapshot) -> None:
+    """Keep ``snap`` on disk for :func:`_stored_snapshot` (atomically; any failure leaves no entry)."""
+    import json
+    import tempfile
+
+    cp = _header_cache_path(path)
+    if cp is None or any(f._error is not None for f in snap.fields.values()):
+        return
+    try:
+        d = {"version": _HEADER_CACHE_VERSION, "path": str(path.resolve()), "size": size,
+             "data_offset": snap.data_offset, "header_sha256": _header_digest(path, snap.data_offset),
+             "fields": {k: f._value for k, f in snap.fields.items()},
+             "tensors": [[t.name, t.tensor_type.name, t.shape, t.data_offset, t.n_bytes] for t in snap.tensors]}
+        cp.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cp.parent, prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(d, f)
+            os.replace(tmp, cp)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        entries = sorted(cp.parent.glob("*.json"), key=lambda p: p.stat().st_mtime)
+        for old in entries[:-HEADER_CACHE_ENTRIES]:
+            old.unlink(missing_ok=True)
+    except (OSError, TypeError, ValueError):  # an unwritable cache directory, a value JSON cannot hold: no entry
+        return
 
 
 def forget() -> None:

@@ -65,10 +65,9 @@ def _bind(lib: ctypes.CDLL, symbol: str) -> None:
 
 
 def _cache_dir() -> Path:
-    if os.environ.get("VXC_CACHE_DIR"):
-        return Path(os.environ["VXC_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "vxc"
+    from ...cache import cache_dir
+
+    return cache_dir()
 
 
 def _cpu_key() -> str:

@@ -1,0 +1,95 @@
+"""GGUF headers kept on disk (vxc/ir/gguf_container.py): a header whose parse was slow (a large vocabulary) is
+written to the cache directory after gguf-py parsed it and read back by the next process, but only while the
+file's header bytes are the ones it was made from; a changed, corrupt or disabled entry falls back to the parse."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.gguf_support import MINI_LLAMA, write_llama_gguf
+from vxc.ir import gguf_container as G
+
+
+@pytest.fixture
+def cached(tmp_path, monkeypatch):
+    """A miniature file, the header cache in tmp_path, every parse slow enough to be kept."""
+    monkeypatch.setenv("VXC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("VXC_GGUF_CACHE", raising=False)
+    monkeypatch.setattr(G, "HEADER_CACHE_SECONDS", 0.0)
+    G.forget()
+    path = write_llama_gguf(tmp_path / "m.gguf", MINI_LLAMA, seed=3)
+    yield path
+    G.forget()
+
+
+def _parses(monkeypatch) -> list:
+    """Count gguf-py parses from now on."""
+    import gguf
+
+    calls = []
+    real = gguf.GGUFReader
+
+    def counting(*a, **kw):
+        calls.append(a)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counting)
+    return calls
+
+
+def _same(a: G.Container, b: G.Container) -> None:
+    assert (a.size, a.data_start, a.header_sha256) == (b.size, b.data_start, b.header_sha256)
+    assert a.entries == b.entries
+    assert a.metadata.keys() == b.metadata.keys()
+    for k in a.metadata:
+        assert a.metadata[k] == b.metadata[k] and type(a.metadata[k]) is type(b.metadata[k]), k
+
+
+def test_a_slow_header_is_read_back_from_disk_unparsed(cached, monkeypatch):
+    first = G.read(cached)
+    entries = list((cached.parent / "cache" / "gguf-headers").glob("*.json"))
+    assert len(entries) == 1
+    G.forget()  # a new process: nothing remembered in memory
+    parses = _parses(monkeypatch)
+    again = G.read(cached)
+    assert parses == []  # read back, not parsed
+    _same(first, again)
+
+
+def test_a_changed_header_is_parsed_again(cached, monkeypatch):
+    first = G.read(cached)
+    raw = bytearray(cached.read_bytes())
+    i = raw.index(b"llama.block_count") + len(b"llama.block_count") + 4  # the key, its value type, the u32 value
+    assert raw[i] == MINI_LLAMA["layers"]
+    raw[i] += 1  # same size, one header byte changed
+    cached.write_bytes(bytes(raw))
+    G.forget()
+    parses = _parses(monkeypatch)
+    again = G.read(cached)
+    assert len(parses) == 1  # the kept entry no longer matches the header: parsed
+    assert again.metadata["llama.block_count"] == first.metadata["llama.block_count"] + 1
+    assert again.header_sha256 != first.header_sha256
+
+
+def test_a_corrupt_or_disabled_entry_falls_back_to_the_parse(cached, monkeypatch):
+    first = G.read(cached)
+    (entry,) = (cached.parent / "cache" / "gguf-headers").glob("*.json")
+    entry.write_text('{"version": 1, "fields": [')  # cut short
+    G.forget()
+    parses = _parses(monkeypatch)
+    _same(first, G.read(cached))
+    assert len(parses) == 1
+    G.forget()
+    entry.unlink()
+    monkeypatch.setenv("VXC_GGUF_CACHE", "0")
+    _same(first, G.read(cached))
+    assert len(parses) == 2 and not entry.exists()  # parsed, and nothing written
+
+
+def test_a_fast_header_is_not_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("VXC_CACHE_DIR", str(tmp_path / "cache"))
+    G.forget()
+    path = write_llama_gguf(tmp_path / "m.gguf", MINI_LLAMA, seed=3)
+    G.read(path)  # a miniature parses in milliseconds: below HEADER_CACHE_SECONDS
+    assert not (tmp_path / "cache" / "gguf-headers").exists()
+    G.forget()
