@@ -19,8 +19,12 @@ A kernel is declared once, by its schema function::
     @linear.impl("native")         # may raise NotCovered(reason) for a call it does not cover
     def linear_native(x, weight, bias): ...
 
-``kernel`` registers ``torch.ops.vxc.<name>`` (``torch.library.custom_op``, schema inferred from the
-annotations, ``mutates`` naming the arguments written in place). A call runs the checks (the schema
+``kernel`` registers ``torch.ops.vxc.<name>`` (``torch.library.Library("vxc", "DEF")``: the schema inferred from
+the annotations by ``torch.library.infer_schema``, ``mutates`` naming the arguments written in place; one
+``CompositeExplicitAutograd`` kernel, the dispatcher below; the fake by ``torch.library.register_fake``). Not
+``torch.library.custom_op``: its device wrapper imports ``torch._dynamo`` at an op's first call — 1.1 s and
+~140 MB of RSS (sympy, torch.distributed.tensor, onnx …) in the first prefill of every process, the largest part
+of what a small GGUF model's peak RSS carried beyond its weights. A call runs the checks (the schema
 function's body, skipped when it has none), then the implementation ``select`` names for the backend setting
 and the device of the argument ``device_arg``:
 
@@ -46,6 +50,8 @@ from torch import Tensor
 
 from . import native
 from .triton_common import INTERPRETED
+
+_LIB = torch.library.Library("vxc", "DEF")  # every torch.ops.vxc operator (kept alive: dropping it unregisters them)
 
 BACKENDS = ("auto", "torch", "triton", "native")
 IMPLEMENTATIONS = ("torch", "triton", "native")
@@ -116,10 +122,9 @@ class Kernel:
         self.checks: Optional[Callable] = schema if _has_body(schema) else None
         self.impls: dict[str, Callable] = {}
         self.__doc__ = schema.__doc__
-        self.op = torch.library.custom_op(
-            f"vxc::{name}", self._run, mutates_args=self.mutates,
-            schema=torch.library.infer_schema(schema, mutates_args=self.mutates),
-        )
+        _LIB.define(name + torch.library.infer_schema(schema, mutates_args=self.mutates))
+        _LIB.impl(name, self._run, "CompositeExplicitAutograd")
+        self.op = getattr(torch.ops.vxc, name)
 
     def impl(self, backend_name: str) -> Callable[[Callable], Callable]:
         """Decorator: ``fn`` is this kernel's ``backend_name`` implementation (same arguments as the op)."""
@@ -134,7 +139,7 @@ class Kernel:
 
     def fake(self, fn: Callable) -> Callable:
         """Decorator: the op's fake (output shapes and dtypes for tracing)."""
-        self.op.register_fake(fn)
+        torch.library.register_fake(f"vxc::{self.name}", fn, lib=_LIB)
         return fn
 
     @property
