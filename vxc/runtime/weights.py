@@ -352,11 +352,13 @@ class Weights:
         if o.transforms:
             if o.shard is not None and o.shard.dim is not None:  # (the shard pass refuses encoded views: not reached)
                 raise WeightError(f"operand %{o.sym}: a part of an encoded operand under views")
-            x = apply_view(self.stored(o.sources[0]), o.transforms)
+            src = self.stored(o.sources[0])
+            x = apply_view(src, o.transforms)
             if str(device) != "cpu":
                 return x.contiguous().to(device)
-            out = resident_empty(x.numel()).reshape(x.shape)
-            return out.copy_(x)
+            out = resident_empty(x.numel()).reshape(x.shape).copy_(x)
+            drop_pages(src)  # the mapping's pages it read: the copy is what stays resident
+            return out
         part = o.shard if o.shard is not None and o.shard.dim is not None else None
         if part is not None:  # tensor parallelism: this rank's blocks (experts, rows or whole blocks of a row) alone
             return self._encoded_part(o, part).to(device)
