@@ -306,6 +306,30 @@ def test_int8_activations_against_transformers(lowered, lowered_a8, capsys, monk
 
 
 @pytest.mark.native
+def test_int8_weights_are_packed_at_load(lowered_a8, monkeypatch):
+    """An engine makes the packed copies of its int8_block32 matrices while it loads, before any prefill's
+    short-lived buffers exist: the first prefill and decode pack nothing more."""
+    from vxc.codegen.kernels import native as N
+    from vxc.codegen.kernels import quant
+    from vxc.runtime.session import Session
+
+    lib = N.load()
+    tb = lib.vxc_qpack_tile_bytes
+    tb.argtypes, tb.restype = [N.I, N.L], N.L
+    if tb(quant.NATIVE_ENCODINGS["q4_0"], 256) <= 0:
+        pytest.skip("this build has no packed layout (AVX-512 only)")
+    monkeypatch.setenv("VXC_ENCODED", "1")
+    before = quant.packed_bytes()
+    eng = P.engine_for(lowered_a8, max_context=64)
+    loaded = quant.packed_bytes()
+    assert loaded > before
+    s = Session(eng)
+    s.prefill(list(range(3, 40)))
+    s.step(5)
+    assert quant.packed_bytes() == loaded
+
+
+@pytest.mark.native
 def test_int8_activation_decode_is_replayed_bit_identically(lowered_a8, monkeypatch):
     from vxc.runtime.session import Session
 

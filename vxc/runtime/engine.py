@@ -16,6 +16,7 @@ from ..passes.context import Context
 from ..passes.manager import DEFAULT_PIPELINE, TP_PIPELINE, PassManager, parse_pipeline
 from ..passes.plan import split_region_id
 from ..codegen import kernels
+from ..codegen.kernels import quant
 from .replay import BatchReplay, DecodeReplay
 from .rope import tables
 from .state import StateBuffers, StateProvider
@@ -59,7 +60,11 @@ class Engine:
                 if hasattr(root, name):
                     continue
                 if isinstance(ref, Weight) and ref.encoded:
-                    root.register_buffer(name, self.weights.encoded(operands[ref.sym], self.device), persistent=False)
+                    o = operands[ref.sym]
+                    blocks = self.weights.encoded(o, self.device)
+                    root.register_buffer(name, blocks, persistent=False)
+                    if o.activations == "int8_block32":  # its packed copy made now, not amid the first prefill
+                        quant.prepack(o.encoding, blocks)
                 elif isinstance(ref, Weight):
                     root.register_buffer(name, self.weights.operand(operands[ref.sym], dtype, self.device), persistent=False)
                 elif isinstance(ref, StateRef):

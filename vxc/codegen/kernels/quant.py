@@ -127,8 +127,8 @@ _QGEMV_A8P = N.declare("vxc_qgemv_a8p", I, P, P, P, L, L, L, I)
 PACK_ROWS = 4096  # rows packed per run (a multiple of the 16-row tile)
 PACK = True  # int8_block32 products on the packed layout where the build has one (tests turn it off: the row kernel)
 
-# blocks tensor -> its packed copy (made at its first int8_block32 product, kept while the blocks live: the
-# engine's resident weights are packed once, at the first prefill; the copy is counted by ``packed_bytes``)
+# blocks tensor -> its packed copy (made at its first int8_block32 product, kept while the blocks live: an
+# engine packs its resident weights once, at load — ``prepack``; the copy is counted by ``packed_bytes``)
 _PACKED = WeakIdKeyDictionary()  # by identity (a tensor's == is elementwise)
 
 
@@ -159,6 +159,17 @@ def _packed(code: int, blocks: Tensor, rows: int, cols: int) -> Tensor | None:
     drop_pages(blocks)  # (the pages straddling two runs)
     _PACKED[blocks] = out
     return out
+
+
+def prepack(encoding_name: str, blocks: Tensor) -> None:
+    """Make the packed copy of ``blocks`` (a 2-D ggml matrix read with int8_block32 activations) now, where this
+    build has a packed form: an engine packs at load, before any prefill's short-lived buffers exist, so the
+    long-lived copies do not end up between them in the C heap (and the first prefill does not pay the packing)."""
+    code = NATIVE_ENCODINGS.get(encoding_name)
+    if (code is None or not PACK or blocks.dim() != 2 or blocks.device.type != "cpu" or not blocks.is_contiguous()
+            or not N.available()):
+        return
+    _packed(code, blocks, int(blocks.shape[0]), logical_cols(encoding_name, int(blocks.shape[1])))
 
 
 def quantize_activations_native(x: Tensor) -> tuple[Tensor, Tensor]:
