@@ -318,11 +318,17 @@ def test_int8_weights_are_packed_at_load(lowered_a8, monkeypatch):
     tb.argtypes, tb.restype = [N.I, N.L], N.L
     if tb(quant.NATIVE_ENCODINGS["q4_0"], 256) <= 0:
         pytest.skip("this build has no packed layout (AVX-512 only)")
+    from torch.utils.weak import WeakIdKeyDictionary
+
     monkeypatch.setenv("VXC_ENCODED", "1")
-    before = quant.packed_bytes()
+    monkeypatch.setattr(quant, "_PACKED", WeakIdKeyDictionary())  # (engines of earlier tests share the blocks)
     eng = P.engine_for(lowered_a8, max_context=64)
+    blocks = dict(eng.root.named_buffers())
+    products = [b for n, b in blocks.items() if n.startswith("wq_") and "Embedding" not in n]
+    assert products and all(b in quant._PACKED for b in products)
+    # the untied embedding table is only gathered: no packed copy of it
+    assert not any(b in quant._PACKED for n, b in blocks.items() if n.startswith("wq_") and "Embedding" in n)
     loaded = quant.packed_bytes()
-    assert loaded > before
     s = Session(eng)
     s.prefill(list(range(3, 40)))
     s.step(5)

@@ -54,6 +54,7 @@ class Engine:
         self.sequences = sequences
         self.state: StateBuffers = provider.allocate(self.plan, dtype, max_context, self.device, sequences)
         operands = module.operand_table()
+        packed = _packed_products(self.lowered.values())
         for lw in self.lowered.values():
             for ref in _refs(lw):
                 name = buffer_name(ref)
@@ -63,7 +64,7 @@ class Engine:
                     o = operands[ref.sym]
                     blocks = self.weights.encoded(o, self.device)
                     root.register_buffer(name, blocks, persistent=False)
-                    if o.activations == "int8_block32":  # its packed copy made now, not amid the first prefill
+                    if ref.sym in packed:  # its packed copy made now, not amid the first prefill
                         quant.prepack(o.encoding, blocks)
                 elif isinstance(ref, Weight):
                     root.register_buffer(name, self.weights.operand(operands[ref.sym], dtype, self.device), persistent=False)
@@ -244,6 +245,22 @@ def _check_memory(provider: StateProvider, plan, lowered, dtype, max_context: in
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
+
+
+# the encoded products that read their weights through int8_block32 activations — on the packed layout where the
+# build has one (quant.qgemv_native); qmoe_experts' banks are read by rows (vxc_qmoe), a gather by rows too
+_PACKED_FORMS = ("qlinear", "qswiglu", "qmoe_shared")
+
+
+def _packed_products(lowered) -> set[str]:
+    """The operands some call multiplies with int8_block32 activations (the ones worth a packed copy at load; an
+    embedding table only gathered is not, a tied head's is)."""
+    out: set[str] = set()
+    for lw in lowered:
+        for c in lw.calls:
+            if c.kernel in _PACKED_FORMS and "int8_block32" in c.args:
+                out.update(a.sym for a in c.args if isinstance(a, Weight) and a.encoded)
+    return out
 
 
 def _refs(lw: Lowered):
