@@ -266,6 +266,8 @@ def exec_(
     system: Optional[str] = typer.Option(None, "--system", help="with --chat: the system turn"),
     kernels: str = typer.Option("auto", "--kernels", help="auto | torch | triton | native (triton on CPU needs TRITON_INTERPRET=1)"),
     kernel_report: bool = typer.Option(False, "--kernel-report", help="print the kernel backend and every fallback to a torch twin (--json: always in its \"kernels\" object)"),
+    prefill_chunk: int = typer.Option(256, "--prefill-chunk", min=0, help="prefill a longer prompt as chunks of this many "
+                                      "tokens (bounds the activations; 0: the prompt in one piece)"),
     compile_decode: bool = typer.Option(False, "--compile", help="torch.compile the fixed-shape decode graph"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
     tp: int = typer.Option(1, "--tp", min=1, max=1024, help="tensor parallel over N ranks: spawned here (gloo on "
@@ -284,7 +286,7 @@ def exec_(
                         top_p=top_p, top_k=top_k, seed=seed, dtype=dtype, device=device, max_context=max_context,
                         model_dir=model_dir, logits_out=logits_out, save_state=save_state, resume_state=resume_state,
                         kernels=kernels, compile_decode=compile_decode, as_json=as_json, kernel_report=kernel_report,
-                        ignore_eos=ignore_eos, stop=list(stop), chat=chat, system=system, tp=tp)
+                        ignore_eos=ignore_eos, stop=list(stop), chat=chat, system=system, tp=tp, prefill_chunk=prefill_chunk)
 
     _guard(go, as_json)
 
@@ -307,6 +309,8 @@ def chat_(
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="do not stop at the model's EOS token(s)"),
     stop: List[str] = typer.Option([], "--stop", help=_stop_help()),
     kernels: str = typer.Option("auto", "--kernels", help="auto | torch | triton | native"),
+    prefill_chunk: int = typer.Option(256, "--prefill-chunk", min=0, help="prefill a longer prompt as chunks of this many "
+                                      "tokens (bounds the activations; 0: the prompt in one piece)"),
     compile_decode: bool = typer.Option(False, "--compile", help="torch.compile the fixed-shape decode graph"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object per turn instead of streaming text"),
     tp: int = typer.Option(1, "--tp", min=1, max=1024, help="tensor-parallel ranks: this process reads the turns as "
@@ -321,7 +325,7 @@ def chat_(
         return run_chat(model=model, system=system, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                         top_k=top_k, seed=seed, dtype=dtype, device=device, max_context=max_context, model_dir=model_dir,
                         kernels=kernels, compile_decode=compile_decode, as_json=as_json, ignore_eos=ignore_eos, stop=list(stop),
-                        tp=tp)
+                        tp=tp, prefill_chunk=prefill_chunk)
 
     code = _guard(go, as_json)
     if code:
@@ -389,6 +393,7 @@ def demo(
     exec_(ir, prompt="The state of ", tokens=None, max_new_tokens=max_new_tokens, temperature=0.9, top_p=1.0, top_k=40, seed=0,
           dtype="fp32", device="cpu", max_context=256, model_dir=None, logits_out=None, save_state=None, resume_state=None,
           kernels="auto", kernel_report=False, compile_decode=False, as_json=False, ignore_eos=False, stop=[], chat=False,
+          prefill_chunk=256,
           system=None, tp=1)
 
 

@@ -114,7 +114,7 @@ def choose_max_context(m, mdir: Path, dtype: str, device: str, asked: int | None
 
 def load_model(*, model: Path, dtype: str, device: str, max_context: int | None, model_dir, kernels: str,
                compile_decode: bool, need_tokenizer: str | None, ignore_eos: bool = False, sequences: int = 1,
-               tp: int = 1, rank: int = 0) -> Loaded:
+               tp: int = 1, rank: int = 0, prefill_chunk: int | None = None) -> Loaded:
     """Parse the IR, load the tokenizer (an error when ``need_tokenizer`` names why one is needed), build the
     engine at the chosen --max-context (with ``sequences`` state slots: ``vxc serve``) and warm it up."""
     from .codegen import kernels as K
@@ -151,7 +151,8 @@ def load_model(*, model: Path, dtype: str, device: str, max_context: int | None,
         ctx_n, ctx_note = broadcast_object((ctx_n, ctx_note))
     t0 = time.perf_counter()
     engine = Engine(m, mdir, dtype=DTYPES[dtype], device=device, max_context=ctx_n, compile_decode=compile_decode,
-                    sequences=sequences, **({"tp": tp, "rank": rank} if tp > 1 else {}))
+                    sequences=sequences, **({"tp": tp, "rank": rank} if tp > 1 else {}),
+                    **({} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}))
     load_s = time.perf_counter() - t0
     stop.ids = [i for i in stop.ids if i < engine.vocab]
     session = Session(engine)
@@ -215,7 +216,8 @@ def context_full_note(lm: Loaded) -> str:
 
 def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p, top_k, seed, dtype, device, max_context,
              model_dir, logits_out, save_state, resume_state, kernels, compile_decode, as_json,
-             kernel_report=False, ignore_eos=False, stop=(), chat=False, system=None, tp=1, rank=None) -> None:
+             kernel_report=False, ignore_eos=False, stop=(), chat=False, system=None, tp=1, rank=None,
+             prefill_chunk=None) -> None:
     from .codegen import kernels as K
     from .runtime.sampling import Sampler
 
@@ -226,7 +228,7 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
                   top_p=top_p, top_k=top_k, seed=seed, dtype=dtype, device=device, max_context=max_context,
                   model_dir=model_dir, logits_out=logits_out, save_state=save_state, resume_state=resume_state,
                   kernels=kernels, compile_decode=compile_decode, as_json=as_json, kernel_report=kernel_report,
-                  ignore_eos=ignore_eos, stop=stop, chat=chat, system=system, tp=tp)
+                  ignore_eos=ignore_eos, stop=stop, chat=chat, system=system, tp=tp, prefill_chunk=prefill_chunk)
         check_tp(model, model_dir, tp)  # a model that does not split is refused before any rank starts
         backend = TP.backend_for(device)
         if TP.under_torchrun():
@@ -262,7 +264,7 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
     need = "--chat" if chat else "--prompt" if prompt is not None else "--stop" if stop else None
     lm = load_model(model=model, dtype=dtype, device=device, max_context=max_context, model_dir=model_dir,
                     kernels=kernels, compile_decode=compile_decode, need_tokenizer=need, ignore_eos=ignore_eos,
-                    tp=tp, rank=rank)
+                    tp=tp, rank=rank, prefill_chunk=prefill_chunk)
     for w in lm.warnings:
         note(w)
     tok, session = lm.tok, lm.session

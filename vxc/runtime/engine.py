@@ -22,14 +22,23 @@ from .rope import tables
 from .state import StateBuffers, StateProvider
 from .weights import Weights
 
+# the tokens a prompt's prefill runs at once (Session.prefill; ggml's default micro-batch is 512): 256 keeps the
+# transient activations of a long prompt bounded at the same prefill speed (the 0.6B softmax-decoder benchmark
+# shape, q4_0 with int8 activations, 2 threads: pp512 in one piece 387 tok/s, chunks of 128 393, of 64 349)
+PREFILL_CHUNK = 256
+
 DTYPES = {"fp32": torch.float32, "f32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "f16": torch.float16}
 
 
 class Engine:
     def __init__(self, module: Module, model_dir: Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
                  max_context: int = 2048, provider: StateProvider | None = None, compile_decode: bool = False,
-                 replay: bool = True, sequences: int = 1, tp: int = 1, rank: int = 0):
+                 replay: bool = True, sequences: int = 1, tp: int = 1, rank: int = 0,
+                 prefill_chunk: int = PREFILL_CHUNK):
         self.tp, self.rank = tp, rank
+        if prefill_chunk < 0:
+            raise EngineError(f"prefill_chunk must be >= 0 (0: a prompt in one piece), not {prefill_chunk}")
+        self.prefill_chunk = prefill_chunk  # Session.prefill runs a longer prompt as chunks of this many tokens
         import threading
 
         self.built_in = threading.current_thread().name  # (vxc serve steps the engine in the thread that built it)
