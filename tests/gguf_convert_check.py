@@ -1,13 +1,13 @@
-"""Check tests/gguf_support.write_mamba2_gguf and write_qwen3next_gguf against llama.cpp's own converter, key by
-key and byte by byte.
+"""Check tests/gguf_support.write_mamba2_gguf, write_qwen3next_gguf and tests/gguf_kimi.write_kimi_gguf against
+llama.cpp's own converter, key by key and byte by byte.
 
 Not a CI test (it needs a llama.cpp tree: ``$VXC_LLAMA_CPP`` or tests/gguf_convert.DEFAULT_LLAMA_CPP): run it
 where a tree is present, after a change to the writer or to a new llama.cpp::
 
     python -m tests.gguf_convert_check            # exit 0: every outtype identical; 1: the differences, listed
 
-For each ``--outtype`` (f32, bf16, q8_0) it converts one random Mamba2ForCausalLM and one Qwen3NextForCausalLM
-miniature (``--no-mtp``: it has no MTP layers) with ``convert_hf_to_gguf.py`` (through tests/gguf_convert's
+For each ``--outtype`` (f32, bf16, q8_0) it converts one random Mamba2ForCausalLM, one Qwen3NextForCausalLM
+miniature (``--no-mtp``: it has no MTP layers) and one hub-dialect Kimi-Linear checkpoint with ``convert_hf_to_gguf.py`` (through tests/gguf_convert's
 wrapper) and writes the same models with the writers, then compares every metadata key and value (the ``general.*`` keys the converter derives
 from the directory name and its own version are listed, not compared) and every tensor's name, type, shape and
 bytes.
@@ -65,6 +65,7 @@ def compare(ours: Path, theirs: Path) -> list[str]:
 
 
 def main() -> int:
+    from tests import gguf_kimi as K
     from tests import gguf_support as S
     from tests.gguf_convert import convert_hf_to_gguf, converter_available, llama_cpp_tree
 
@@ -75,7 +76,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
         cases = (("mamba2", S.write_mamba2_hf_dir, S.write_mamba2_gguf, []),
-                 ("qwen3next", S.write_qwen3next_hf_dir, S.write_qwen3next_gguf, ["--no-mtp"]))
+                 ("qwen3next", S.write_qwen3next_hf_dir, S.write_qwen3next_gguf, ["--no-mtp"]),
+                 ("kimi-linear", K.write_kimi_hf_dir, lambda p, _m, hf, o: K.write_kimi_gguf(p, hf, o), []))
         for arch, make, write, args in cases:
             model = make(root / arch, seed=21)
             for outtype in ("f32", "bf16", "q8_0"):

@@ -133,7 +133,7 @@ def test_unknown_architecture_and_tensor_types_are_refused(tmp_path, vxc_sub):
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     r = vxc_sub("lower", p, "-o", tmp_path / "x.vxir")
     assert r.exit_code != 0 and "Traceback" not in r.stderr
-    assert "GGUF architecture 'rwkv7' is not supported; supported: llama, qwen2, qwen3, qwen3moe, gemma3, qwen3next, mamba2" in r.stderr
+    assert "GGUF architecture 'rwkv7' is not supported; supported: llama, qwen2, qwen3, qwen3moe, gemma3, qwen3next, kimi-linear, mamba2" in r.stderr
 
     p = tmp_path / "iq.gguf"
     w = gguf.GGUFWriter(str(p), "llama")

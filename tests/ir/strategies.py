@@ -39,7 +39,7 @@ KEYWORDS = (
     "fact", "evidence", "compute", "index", "size", "sha256", "file", "header_sha256", "tensor",
     "bank", "experts", "operand", "layer", "role", "slice", "gather", "groups", "reshape",
     "transpose", "log_neg", "embedding", "final_norm", "head", "residual", "placement", "norm", "mixer", "ffn",
-    "state", "window", "format", "activations",
+    "state", "window", "format", "activations", "concat",
 )
 SPECIAL_WORDS = ("true", "false", "inf", "nan", "infinity", "nan_", "inf0", "e5", "E", "_")
 

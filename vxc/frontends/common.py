@@ -332,6 +332,39 @@ class Builder:
                                      part_names=list(parts), transforms=xs))
         return True
 
+    def bind_concat(self, parts: list[tuple[str, str | None, list[Transform]]], dim: int, role: Role, layer: int | None,
+                    transforms: list[Transform] | None = None) -> bool:
+        """Bind a role to the concatenation along ``dim`` of several stored tensors, each ``(key, encoding or None,
+        its transforms)``, then ``transforms`` (``concat DIM (…)``). Binds nothing when a key is absent (closure
+        then names the unbound role and the unclaimed tensors)."""
+        from ..ir.views import concat_shape, encoded_shape
+
+        ops, shapes = [], []
+        if any(self.ckpt.tensors.get(key) is None or key not in self._tsym for key, _, _ in parts):
+            return False
+        sym = self._sym(layer, role)
+        for i, (key, encoding, xs) in enumerate(parts):
+            st = self.ckpt.tensors[key]
+            base = st.shape if encoding is None else encoded_shape(encoding, {"blocks": st.shape})
+            try:
+                shape = view_shape(base, list(xs))
+            except ViewError:
+                shape = base
+            shapes.append(shape)
+            ops.append(Operand(f"{sym}#{i}", "f32" if encoding else st.dtype, shape, [self._tsym[key]], role,
+                               layer, encoding=encoding, part_names=["blocks"] if encoding else [], transforms=list(xs)))
+        xs = list(transforms or [])
+        try:
+            shape = view_shape(concat_shape(shapes, dim), xs)
+        except ViewError:  # the bind pass reports it
+            shape = shapes[0]
+        dtypes = {o.dtype for o in ops}
+        self.operands.append(Operand(sym, dtypes.pop() if len(dtypes) == 1 else "f32", shape,
+                                     [s for o in ops for s in o.sources], role, layer, transforms=xs, concat_dim=dim,
+                                     parts=[Operand(o.sym, o.dtype, (), o.sources, role, layer, encoding=o.encoding,
+                                                    part_names=o.part_names, transforms=o.transforms) for o in ops]))
+        return True
+
     def module(self, name: str, compute: str, embedding: Op, layers: list[Layer], final_norm: Op, head: Op) -> Module:
         tensors = [t for t in self.tensors if t.key not in self._banked] + self._banks
         return Module(

@@ -22,6 +22,10 @@ sliding-window layers with llama.cpp's settings the file does not store, declare
 — or a legacy file's grouped ``ssm_in`` — output-gated softmax layers, an MoE with a sigmoid-gated shared expert on
 every layer; the zero-centred norms stored as ``1 + w``).
 
+``kimi-linear`` (:func:`_lower_kimi_linear`: KDA layers and NoPE MLA layers by ``attention.head_count_kv`` per layer,
+the converter's split ``attn_k_b`` (transposed) / ``attn_v_b`` bound as the fused up-projection through a ``concat``
+view; a leading dense FFN, then the grouped sigmoid MoE with its selection bias and shared experts).
+
 Every tensor of the file is either bound to a role here or left unbound, and closure names each unbound one
 (``tensor blk.0.ssm_x.weight … is claimed by no role``): nothing in a file is skipped silently.
 """
@@ -47,7 +51,7 @@ FAMILIES = {
     "qwen3moe": (False, True, "half"),  # qwen3's attention; every layer's FFN an MoE (_moe_ffn)
 }
 SSM_FAMILIES = ("mamba2",)
-OTHER_FAMILIES = ("gemma3", "qwen3next")
+OTHER_FAMILIES = ("gemma3", "qwen3next", "kimi-linear")
 
 
 def _nest(metadata: dict[str, Any], arch: str) -> dict[str, Any]:
@@ -83,6 +87,8 @@ def lower_gguf(path: Path, relative_to: Path | None = None) -> Module:
         return _lower_gemma3(path, c, relative_to)
     if arch == "qwen3next":
         return _lower_qwen3next(path, c, relative_to)
+    if arch == "kimi-linear":
+        return _lower_kimi_linear(path, c, relative_to)
     if arch not in FAMILIES:
         raise FrontendError(f"{path.name}: GGUF architecture {arch!r} is not supported; supported: "
                             f"{', '.join([*FAMILIES, *OTHER_FAMILIES, *SSM_FAMILIES])}")
@@ -428,6 +434,163 @@ def _lower_qwen3next(path: Path, c: Container, relative_to: Path | None) -> Modu
         ffn = op("moe", dict(moe.attrs), set(moe.defaults))
         layers.append(two_norm_layer(i, d, (eps, False), mixer, ffn))
     return _finish(b, c, bind, path.stem, vocab, d, eps, layers)
+
+
+# llama.cpp's kimi-linear tensor names (gguf-py MODEL_ARCH.KIMI_LINEAR, as convert_hf_to_gguf's KimiLinearModel writes
+# them) -> roles, by layer kind
+_KIMI_KDA = {
+    "attn_q.weight": Role.KdaQProj, "attn_k.weight": Role.KdaKProj, "attn_v.weight": Role.KdaVProj,
+    "ssm_f_a.weight": Role.KdaFAProj, "ssm_f_b.weight": Role.KdaFBProj, "ssm_beta.weight": Role.KdaBProj,
+    "ssm_g_a.weight": Role.KdaGAProj, "ssm_g_b.weight": Role.KdaGBProj, "ssm_norm.weight": Role.KdaONorm,
+    "attn_output.weight": Role.KdaOutProj, "ssm_dt.bias": Role.KdaDtBias,
+}
+_KIMI_MLA = {
+    "attn_q.weight": Role.MlaQProj, "attn_q_a.weight": Role.MlaQAProj, "attn_q_a_norm.weight": Role.MlaQANorm,
+    "attn_q_b.weight": Role.MlaQBProj, "attn_kv_a_mqa.weight": Role.MlaKvAProj, "attn_kv_a_norm.weight": Role.MlaKvANorm,
+    "attn_kv_b.weight": Role.MlaKvBProj, "attn_output.weight": Role.MlaOutProj,
+}
+_KIMI_FFN = {
+    "attn_norm.weight": Role.PreAttentionNorm, "ffn_norm.weight": Role.PreFfnNorm,
+    "ffn_gate.weight": Role.FfnGate, "ffn_up.weight": Role.FfnUp, "ffn_down.weight": Role.FfnDown,
+    "ffn_gate_inp.weight": Role.MoeRouterWeight, "exp_probs_b.bias": Role.MoeRouterSelectionBias,
+    "ffn_gate_exps.weight": Role.PerExpertGate, "ffn_up_exps.weight": Role.PerExpertUp,
+    "ffn_down_exps.weight": Role.PerExpertDown, "ffn_gate_shexp.weight": Role.SharedExpertGate,
+    "ffn_up_shexp.weight": Role.SharedExpertUp, "ffn_down_shexp.weight": Role.SharedExpertDown,
+}
+_KIMI_KDA_CHUNK = 64  # how the KDA prefill is blocked (the transformers reference's chunk), not what it computes
+_KIMI_L2_EPS = 1e-6  # the reference's q/k l2norm eps (llama.cpp: the file's rms eps)
+_KIMI_MLA_NORM_EPS = 1e-6  # the reference's kv_a RMSNorm eps (the norm class default; llama.cpp: the file's rms eps)
+_GATING_SIGMOID = 2  # llama.cpp LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (gguf-py ExpertGatingFuncType.SIGMOID)
+
+
+def _lower_kimi_linear(path: Path, c: Container, relative_to: Path | None) -> Module:
+    """``general.architecture = kimi-linear`` (Kimi-Linear), as llama.cpp's converter (``KimiLinearModel``) writes
+    it and llama.cpp's ``kimi-linear`` graph runs it.
+
+    - Layer map: ``attention.head_count_kv`` per layer — 0 on a KDA (recurrent) layer, >0 on an MLA layer — as
+      llama.cpp reads it.
+    - KDA (``kda.head_dim`` wide heads, ``attention.head_count`` of them, as llama.cpp sizes them): q / k / v with
+      short convs (``ssm_conv1d_{q,k,v}`` stored ``[1, C, 1, kernel]``, reshaped), SiLU; the decay ``ssm_f_a`` /
+      ``ssm_f_b`` + ``ssm_dt.bias``, ``ssm_a = -exp(A_log)`` read back through ``log_neg``; β = σ(``ssm_beta``);
+      output RMSNorm ``ssm_norm`` gated by σ(``ssm_g_b``(``ssm_g_a``(x))). q / k l2-normalised with the reference's
+      eps 1e-6 (llama.cpp uses the file's rms eps there).
+    - MLA without rotary (llama.cpp's kimi-linear graph applies none, as the reference with ``mla_use_nope``):
+      ``attn_q`` (or ``attn_q_a`` / ``attn_q_b`` with a q-LoRA), ``attn_kv_a_mqa`` → ``[c | k_pe]``, the latent's
+      RMSNorm (the reference's eps 1e-6), softmax scale ``key_length_mla^-½``. The converter splits the
+      checkpoint's ``kv_b_proj`` per head into ``attn_k_b`` (the key rows, transposed: ``[H, R, N]``) and
+      ``attn_v_b`` (``[H, V, R]``); they are bound as the fused ``[H·(N+V), R]`` through ``concat 1 ($k_b |
+      transpose 1 2, $v_b) | reshape``. A legacy file's unsplit ``attn_kv_b`` is bound as stored.
+    - FFN: SwiGLU on the first ``leading_dense_block_count`` layers; then the MoE as llama.cpp's ``build_moe_ffn``
+      runs it here: σ(router) (``expert_gating_func`` must be sigmoid), the selection bias ``exp_probs_b`` for the
+      choice only, groups when ``expert_group_count`` > 1, top-k renormalised (llama.cpp always renormalises),
+      scaled by ``expert_weights_scale``; ``expert_shared_count`` shared experts of ``expert_feed_forward_length``
+      each."""
+    arch = "kimi-linear"
+    A = Attrs(_nest(c.metadata, arch), f"{path.name} (GGUF {arch} metadata)", prefix=arch + ".")
+    d = A.need("embedding_length", kind=int, min=1)
+    n_layer = A.layers("block_count")
+    heads = A.need("attention.head_count", kind=int, min=1)
+    eps = A.need("attention.layer_norm_rms_epsilon", kind=float, min=0.0)
+    kv = A.raw("attention.head_count_kv")
+    if not isinstance(kv, list) or len(kv) < n_layer or not all(isinstance(x, int) and x >= 0 for x in kv):
+        raise FrontendError(f"{A.where}: attention.head_count_kv must list one count per layer (0: a KDA layer), "
+                            f"got {kv!r:.80}")
+    kinds = ["kda" if kv[i] == 0 else "mla" for i in range(n_layer)]
+    D = A.need("kda.head_dim", kind=int, min=1)
+    K = A.need("ssm.conv_kernel", kind=int, min=1)
+    R = A.need("attention.kv_lora_rank", kind=int, min=1)
+    q_rank = A.opt("attention.q_lora_rank", kind=int, min=1)
+    rope = A.need("rope.dimension_count", kind=int, min=0)
+    qk = A.need("attention.key_length_mla", kind=int, min=1)
+    V = A.need("attention.value_length_mla", kind=int, min=1)
+    if qk <= rope:
+        raise FrontendError(f"{A.where}: attention.key_length_mla={qk} must exceed rope.dimension_count={rope} "
+                            f"(the key's no-rotary part)")
+    N = qk - rope
+    dense_n, dense_filled = A.get("leading_dense_block_count", default=0, kind=int, min=0)
+    b = _builder(path, c, arch, relative_to)
+    b.fact("layer_map_read_from", "attention.head_count_kv", "0 on a KDA layer, > 0 on an MLA layer, as llama.cpp reads it")
+    b.fact("mla_rotary", "none", "llama.cpp's kimi-linear graph applies no rotary to MLA (the reference's mla_use_nope)")
+    b.fact("ssm_a_stored_as", "-exp(A_log)", "convert_hf_to_gguf KimiLinearModel: A_log --> -exp(A_log); the operand "
+           "reads it back through log_neg")
+    emb_shape = _logical_shape(c, "token_embd.weight")
+    if emb_shape is None:
+        raise FrontendError(f"{path.name}: no token_embd.weight tensor")
+    vocab = emb_shape[0]
+    b.fact("vocab_from", "token_embd rows", "the embedding table's row count")
+    kda_attrs = {"d_model": d, "heads": heads, "head_dim": D, "conv_kernel": K, "conv_act": "silu", "norm_eps": eps,
+                 "l2_eps": _KIMI_L2_EPS, "scale": D ** -0.5, "out_gate_act": "sigmoid", "chunk_size": _KIMI_KDA_CHUNK}
+    kda_defaults = {"conv_act", "l2_eps", "scale", "out_gate_act", "chunk_size"}
+    mla_attrs = {"d_model": d, "heads": heads, "q_lora": q_rank is not None, "q_lora_rank": int(q_rank or 0),
+                 "kv_lora_rank": R, "qk_nope_head_dim": N, "qk_rope_head_dim": rope, "v_head_dim": V,
+                 "norm_eps": _KIMI_MLA_NORM_EPS, "scale": qk ** -0.5, "rotary_dim": 0, "rotary_base": 10000.0,
+                 "rotary_layout": "none", "rope_type": "default", "rotary_output": "in_place"}
+    mla_defaults = {"norm_eps", "scale", "rotary_dim", "rotary_base", "rotary_layout", "rope_type", "rotary_output"}
+    moe = None
+    if dense_n < n_layer:
+        E = A.need("expert_count", kind=int, min=1)
+        k = A.need("expert_used_count", kind=int, min=1)
+        if k > E:
+            raise FrontendError(f"{A.where}: expert_used_count={k} exceeds expert_count={E}")
+        gating = A.need("expert_gating_func", kind=int)
+        if gating != _GATING_SIGMOID:
+            raise FrontendError(f"{A.where}: expert_gating_func={gating} is not supported (the kimi-linear router is "
+                                f"sigmoid, {_GATING_SIGMOID})")
+        inter = A.need("expert_feed_forward_length", kind=int, min=1)
+        shared = A.need("expert_shared_count", kind=int, min=0)
+        scale, scale_filled = A.get("expert_weights_scale", default=1.0, kind=float, min=0.0)
+        groups, groups_filled = A.get("expert_group_count", default=1, kind=int, min=1)
+        used_groups, used_filled = A.get("expert_group_used_count", default=groups, kind=int, min=1)
+        if E % groups or used_groups > groups:
+            raise FrontendError(f"{A.where}: expert_count={E} in expert_group_count={groups} groups, "
+                                f"expert_group_used_count={used_groups}: not a grouping")
+        b.fact("moe_renormalise", True, "llama.cpp's kimi-linear graph renormalises the top-k weights (build_moe_ffn "
+                                        "norm_w = true); the file does not store it")
+        moe = op("moe", {"d_model": d, "experts": E, "top_k": k, "intermediate": inter, "router": "sigmoid_grouped",
+                         "norm_topk_prob": True, "routed_scaling": float(scale or 1.0), "n_group": groups,
+                         "topk_group": used_groups, "router_bias": False, "selection_bias": True,
+                         "expert_layout": "separate", "expert_bias": False, "act": "silu", "shared_experts": shared > 0,
+                         "shared_intermediate": inter * shared, "shared_gate": False},
+                 {"norm_topk_prob", "router_bias", "expert_layout", "expert_bias", "act", "shared_gate"}
+                 | {n for n, f in (("routed_scaling", scale_filled), ("n_group", groups_filled),
+                                   ("topk_group", used_filled)) if f})
+    dense_inter = A.need("feed_forward_length", kind=int, min=1) if dense_n else 0
+    b.fact("dense_layers", dense_n, "leading_dense_block_count" + (" (absent: none)" if dense_filled else ""))
+    bind = _binder(b, c)
+
+    layers = []
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        for name, role in _KIMI_FFN.items():
+            bind(p + name, role, i)
+        if kinds[i] == "kda":
+            for name, role in _KIMI_KDA.items():
+                bind(p + name, role, i)
+            for x, role in (("q", Role.KdaQConv1d), ("k", Role.KdaKConv1d), ("v", Role.KdaVConv1d)):
+                key = p + f"ssm_conv1d_{x}.weight"  # stored [1, C, 1, kernel]
+                bind(key, role, i, _reshape_to(c, key, (heads * D, K)))
+            bind(p + "ssm_a", Role.KdaALog, i, [*_reshape_to(c, p + "ssm_a", (heads,)), Transform("log_neg")])
+            mixer = op("kda", dict(kda_attrs), set(kda_defaults))
+        else:
+            for name, role in _KIMI_MLA.items():
+                bind(p + name, role, i)
+            kb, vb = p + "attn_k_b.weight", p + "attn_v_b.weight"
+            if kb in c.entries or vb in c.entries:
+                b.bind_concat([(kb, _entry_encoding(c, kb), [Transform("transpose", dim=1, dim2=2)]),
+                               (vb, _entry_encoding(c, vb), [])], 1, Role.MlaKvBProj, i,
+                              [Transform("reshape", shape=(heads * (N + V), R))])
+            mixer = op("mla", dict(mla_attrs), set(mla_defaults))
+        if i < dense_n:
+            ffn = swiglu_op(d, dense_inter, {"act"})
+        else:
+            ffn = op("moe", dict(moe.attrs), set(moe.defaults))
+        layers.append(two_norm_layer(i, d, (eps, False), mixer, ffn))
+    return _finish(b, c, bind, path.stem, vocab, d, eps, layers)
+
+
+def _entry_encoding(c: Container, key: str) -> str | None:
+    e = c.entries.get(key)
+    return None if e is None else e.encoding
 
 
 def _binder(b: Builder, c: Container):

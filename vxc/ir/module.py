@@ -162,6 +162,12 @@ class Operand:
     activations: str | None = None
     # tensor parallelism: this rank's part of the operand (``shape`` is then the part's shape); None: not sharded
     shard: Shard | None = None
+    # ``concat DIM (part, part, …)``: the operand is its parts' views concatenated along ``concat_dim``, then its
+    # own ``transforms``; each part an Operand of its own (its sources, encoding and transforms; the same role
+    # and layer), ``sources`` every part's tensors in order. A container that stores one logical matrix as
+    # several tensors (a latent attention's key and value up-projections, the key one transposed) binds it so.
+    concat_dim: int | None = None
+    parts: list["Operand"] = field(default_factory=list)
 
 
 @dataclass

@@ -149,6 +149,13 @@ class _Build(Transformer):
         parts = c[1:]
         return (str(c[0]), [p[0] for p in parts], [p[1] for p in parts])
 
+    def concat_part(self, c):
+        (enc, names, sources), *transforms = c
+        return (enc, names, sources, list(transforms))
+
+    def concat_source(self, c):
+        return ("concat", int(c[0]), list(c[1:]))
+
     def slice(self, c):
         return Transform("slice", dim=int(c[0]), start=int(c[1]), stop=int(c[2]))
 
@@ -174,7 +181,14 @@ class _Build(Transformer):
         return c[0]
 
     def operand(self, c):
-        sym, (dtype, shape, _), (enc, names, sources), *rest = c
+        sym, (dtype, shape, _), src, *rest = c
+        concat_dim, parts = None, []
+        if src[0] == "concat":
+            _, concat_dim, raw = src
+            parts = [(e, n, s, t) for e, n, s, t in raw]
+            enc, names, sources = None, [], [x for p in parts for x in p[2]]
+        else:
+            enc, names, sources = src
         act_tok = rest[-1]
         role_tok = rest[-2]
         layer = rest[-3]
@@ -187,9 +201,12 @@ class _Build(Transformer):
             if enc not in GGML_ENCODINGS:
                 raise _Semantic(act_tok, f"operand %{str(sym)[1:]} declares activations {act} but is not ggml "
                                          f"block-encoded (only an encoded weight's products quantise their activations)")
+        role, loc = _role(role_tok), self._loc(sym)
         return ("operand", Operand(
-            str(sym)[1:], dtype, shape, sources, _role(role_tok), layer=layer, encoding=enc,
-            part_names=names, transforms=list(transforms), loc=self._loc(sym), activations=act,
+            str(sym)[1:], dtype, shape, sources, role, layer=layer, encoding=enc,
+            part_names=names, transforms=list(transforms), loc=loc, activations=act, concat_dim=concat_dim,
+            parts=[Operand(f"{str(sym)[1:]}#{i}", dtype, (), s, role, layer=layer, encoding=e, part_names=n, transforms=t,
+                           loc=loc) for i, (e, n, s, t) in enumerate(parts)],
         ))
 
     # operators

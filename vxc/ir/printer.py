@@ -95,16 +95,24 @@ def fmt_tensor(t: Tensor) -> str:
     return f"{head} bank {fmt_str(t.key)} experts {t.experts} {parts}"
 
 
-def fmt_operand(o: Operand) -> str:
+def _fmt_source(o: Operand) -> str:
+    if o.parts:
+        if o.concat_dim is None:
+            raise ValueError(f"cannot print operand %{o.sym}: parts but no concat dim")
+        return f"concat {o.concat_dim} (" + ", ".join(
+            _fmt_source(p) + "".join(" " + fmt_transform(t) for t in p.transforms) for p in o.parts) + ")"
     if o.encoding is None:
         if len(o.sources) != 1:
             raise ValueError(f"cannot print operand %{o.sym}: {len(o.sources)} sources but no encoding")
-        src = _sym("$", o.sources[0], "tensor")
-    else:
-        if not o.sources or len(o.part_names) != len(o.sources):
-            raise ValueError(f"cannot print operand %{o.sym}: encoded parts {o.part_names} do not match sources {o.sources}")
-        src = _ident(o.encoding, "encoding") + "(" + ", ".join(
-            f"{_ident(n, 'encoded part name')} {_sym('$', s, 'tensor')}" for n, s in zip(o.part_names, o.sources)) + ")"
+        return _sym("$", o.sources[0], "tensor")
+    if not o.sources or len(o.part_names) != len(o.sources):
+        raise ValueError(f"cannot print operand %{o.sym}: encoded parts {o.part_names} do not match sources {o.sources}")
+    return _ident(o.encoding, "encoding") + "(" + ", ".join(
+        f"{_ident(n, 'encoded part name')} {_sym('$', s, 'tensor')}" for n, s in zip(o.part_names, o.sources)) + ")"
+
+
+def fmt_operand(o: Operand) -> str:
+    src = _fmt_source(o)
     xs = "".join(" " + fmt_transform(t) for t in o.transforms)
     layer = f" layer {o.layer}" if o.layer is not None else ""
     act = f" activations {_ident(o.activations, 'activation precision')}" if o.activations is not None else ""

@@ -30,6 +30,12 @@ Transforms (``vxc.ir.module.Transform``; dims are 0-based and never negative):
     elementwise ``log(-x)``, shape unchanged (a float tensor; computed in fp64, then rounded back): a decay
     rate stored as ``A = -exp(A_log)`` (as a container may store it) read as the ``A_log`` its role means.
 
+Concatenation (``concat DIM (part, part, …)``, ``Operand.parts``): each part is a source (plain or encoded)
+with its own chain of transforms; the parts' views, of equal rank and equal in every dim but ``DIM``, are
+concatenated along ``DIM``, then the operand's own transforms apply. Example: a latent attention's
+per-head key up-projection stored transposed ``[H, R, N]`` and its value one ``[H, V, R]`` as the fused
+``[H·(N+V), R]``: ``concat 1 ($k | transpose 1 2, $v) | reshape [H·(N+V), R]``.
+
 Encodings (``Operand.encoding``) turn stored parts into one logical tensor:
 
 ``mxfp4`` (parts ``blocks``, ``scales``)
@@ -232,6 +238,19 @@ def _ggml_shape(encoding: str, blocks: Shape) -> Shape:
     return tuple(blocks[:-1]) + (blocks[-1] // spec.type_size * spec.block_size,)
 
 
+def concat_shape(shapes: Sequence[Sequence[int]], dim: int) -> Shape:
+    """The shape of ``shapes`` concatenated along ``dim`` (ViewError if they do not fit)."""
+    shapes = [tuple(s) for s in shapes]
+    if not shapes:
+        raise ViewError("concat needs at least one part")
+    _check_dim(dim, shapes[0], "concat dim")
+    for i, s in enumerate(shapes[1:], 1):
+        if len(s) != len(shapes[0]) or any(a != b for k, (a, b) in enumerate(zip(s, shapes[0])) if k != dim):
+            raise ViewError(f"concat {dim}: part {i} {_fmt_shape(s)} does not fit part 0 {_fmt_shape(shapes[0])} "
+                            f"(equal rank, equal dims but {dim})")
+    return shapes[0][:dim] + (sum(s[dim] for s in shapes),) + shapes[0][dim + 1:]
+
+
 def operand_shape(operand: Operand, tensors: Mapping[str, Tensor]) -> Shape:
     """The shape an operand's declared view produces from its stored tensors.
 
@@ -242,6 +261,14 @@ def operand_shape(operand: Operand, tensors: Mapping[str, Tensor]) -> Shape:
     if missing:
         raise ViewError(f"operand %{operand.sym}: unknown tensor {', '.join('$' + s for s in missing)}")
     try:
+        if operand.parts:
+            shapes = []
+            for i, p in enumerate(operand.parts):
+                try:
+                    shapes.append(operand_shape(p, tensors))
+                except ViewError as e:
+                    raise ViewError(f"concat part {i}: {str(e).split(': ', 1)[-1]}") from None
+            return view_shape(concat_shape(shapes, operand.concat_dim), operand.transforms)
         if operand.encoding is None:
             if len(operand.sources) != 1:
                 raise ViewError(f"{len(operand.sources)} sources but no encoding")

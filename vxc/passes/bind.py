@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.module import Operand
-from ..ir.views import ViewError, encoded_shape, view_shape
+from ..ir.views import ViewError, concat_shape, encoded_shape, view_shape
 from .context import Context
 from .declared import declared_roles, layer_ops
 from .findings import Finding
@@ -18,6 +18,16 @@ def fmt(shape) -> str:
 
 
 def source_shape(o: Operand, tensors) -> tuple[int, ...]:
+    """The shape before the operand's own transforms: its stored tensor's, its encoding's decoded one, or its
+    concatenated parts' (each through its own transforms)."""
+    if o.parts:
+        shapes = []
+        for i, p in enumerate(o.parts):
+            try:
+                shapes.append(view_shape(source_shape(p, tensors), p.transforms))
+            except ViewError as e:
+                raise ViewError(f"concat part {i}: {e}") from None
+        return concat_shape(shapes, o.concat_dim)
     shapes = [tensors[s].stored_shape for s in o.sources]
     if o.encoding is None:
         return shapes[0]

@@ -92,7 +92,7 @@ def verify_structure(m: Module) -> list[Finding]:
                 out.append(Finding("undefined-symbol", f"operand %{o.sym} names undefined tensor ${s}", o.layer, role=str(o.role)))
         if o.layer is not None and not (0 <= o.layer < len(m.layers)):
             out.append(Finding("undefined-layer", f"operand %{o.sym} is bound on layer {o.layer}, which does not exist", o.layer, role=str(o.role)))
-        if o.encoding is not None and len(o.part_names) != len(set(o.part_names)):
+        if any(p.encoding is not None and len(p.part_names) != len(set(p.part_names)) for p in (o, *o.parts)):
             out.append(Finding("bad-encoding", f"operand %{o.sym} names an encoded part twice", o.layer, role=str(o.role)))
     _check_op(m.embedding, "embedding", None, out)
     _check_op(m.final_norm, "norm", None, out)

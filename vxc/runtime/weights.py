@@ -280,6 +280,8 @@ class Weights:
         from .views import apply_view, decode_mxfp4
 
         part = o.shard if o.shard is not None and o.shard.dim is not None else None
+        if o.parts:
+            return self._concat(o, part, dtype, device)
         stored = self.tensors[o.sources[0]].stored_shape
         rows = (_rows_through(stored, o.transforms, part.dim) if part is not None and o.encoding is None else None)
         merged = (_merged_spans(stored, o.transforms, part) if part is not None and o.encoding is None and rows is None
@@ -338,6 +340,27 @@ class Weights:
             x = _converted(x, dtype) if str(device) == "cpu" else x.to(dtype)
         x = x.to(device)
         return x if x.is_contiguous() else x.contiguous()
+
+    def _concat(self, o: Operand, part, dtype: torch.dtype | None, device: torch.device | str) -> torch.Tensor:
+        """A ``concat`` operand: each part read through its own view (an encoded part decoded), the parts joined,
+        the operand's transforms applied; under tensor parallelism this rank's part cut from the whole."""
+        from dataclasses import replace
+
+        from ..ir.views import operand_shape
+        from .views import apply_view
+
+        xs = [self.operand(replace(p, shape=operand_shape(p, self.tensors), shard=None), dtype, "cpu") for p in o.parts]
+        if len({x.dtype for x in xs}) > 1:
+            xs = [x.float() for x in xs]
+        x = apply_view(torch.cat(xs, o.concat_dim), o.transforms)
+        del xs
+        if part is not None:
+            x = torch.cat([x.narrow(part.dim, a, b - a) for a, b in part.spans()], part.dim)
+        if tuple(x.shape) != tuple(o.shape):
+            raise WeightError(f"operand %{o.sym}: its concatenated parts give {list(x.shape)}, the IR declares {list(o.shape)}")
+        if dtype is not None and x.is_floating_point() and x.dtype != dtype:
+            x = x.to(dtype)
+        return x.to(device).contiguous()
 
     def encoded(self, o: Operand, device: torch.device | str) -> torch.Tensor:
         """The stored blocks of a ggml-encoded operand, as stored (u8 [..., rows, row_bytes]; a zero-copy view of
