@@ -7,7 +7,9 @@ One qwen3 miniature whose every projection row is whole blocks at 2 and 3 ranks 
 ``q8_0``; ``q4_k_m`` (its mix falls back to 32-value formats where a row is not whole 256-value super-blocks);
 ``q4_0`` with ``int8_block32`` activations. And a Mamba2 GGUF file as llama-quantize leaves one (q8_0 with in_proj
 Q4_0, out_proj Q5_0, head Q4_1; 16 heads, 2 groups: 2 ranks only), whose fused in_proj is cut segment by segment
-in whole rows of blocks. Against TP=1 on the same file, one spawn per rank count for all:
+in whole rows of blocks; a Kimi-Linear GGUF file (q8_0, attn_q Q4_0, the down banks Q4_1, the dense and shared
+FFNs F32; 2 ranks), whose MLA up-projection is a ``concat`` of the converter's attn_k_b / attn_v_b cut by heads.
+Against TP=1 on the same file, one spawn per rank count for all:
 
 - fp32 activations: logits within ``tp_support.tolerance`` (the fp32 floor), decode == prefill, 32 greedy identical;
 - int8 activations: not at the fp32 floor by construction — each projection's input is rounded per block to int8,
@@ -61,12 +63,23 @@ def minis(tmp_path_factory, vxc_inproc):
     lower_to_file(g, g.with_suffix(".vxir"))
     (root / "out-gguf-mamba2").mkdir()
     out["gguf-mamba2"] = (root, g.with_suffix(".vxir"), root / "out-gguf-mamba2")
+    from tests import gguf_kimi as K
+
+    hf = K.write_kimi_hf_dir(root / "kimi-hf", seed=21)
+    # (the dense and shared down projections' rows of 96 / 32 values halve off the 32-value blocks: those FFNs F32,
+    # all three matrices — an operator with encoded and plain weights runs decoded, which describe does not count)
+    plain = {k: "F32" for k in ("ffn_gate", "ffn_up", "ffn_down", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")}
+    g = K.write_kimi_gguf(root / "kimi.gguf", hf, "q8_0", override={"attn_q": "Q4_0", "ffn_down_exps": "Q4_1", **plain})
+    lower_to_file(g, g.with_suffix(".vxir"))
+    (root / "out-gguf-kimi").mkdir()
+    out["gguf-kimi"] = (root, g.with_suffix(".vxir"), root / "out-gguf-kimi")
     return out
 
 
 def _at(n: int) -> list[str]:
-    """The miniatures run at ``n`` ranks (the Mamba2 file's 2 groups and 16 heads do not split in 3)."""
-    return [*SCHEMES, *(["gguf-mamba2"] if n == 2 else [])]
+    """The miniatures run at ``n`` ranks (the Mamba2 file's 2 groups and 16 heads, the Kimi-Linear file's 2 heads, do
+    not split in 3)."""
+    return [*SCHEMES, *(["gguf-mamba2", "gguf-kimi"] if n == 2 else [])]
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +102,11 @@ def ranks(minis):
     return out
 
 
-@pytest.mark.parametrize("name", [*SCHEMES, "gguf-mamba2"])
+@pytest.mark.parametrize("name", [*SCHEMES, "gguf-mamba2", "gguf-kimi"])
 @pytest.mark.parametrize("n", RANKS)
 def test_matches_tp1(tp1, ranks, n, name):
     if name not in ranks[n]:
-        return  # (the Mamba2 file at 2 ranks only; its refusal at 3 is checked below)
+        return  # (the GGUF files at 2 ranks only; the Mamba2 file's refusal at 3 is checked below)
     ref = tp1[name]
     tol = 0.01 * ref["full"].abs().max().item() if SCHEMES.get(name, (0, None))[1] else S.tolerance(ref)
     assert len(set(ref["greedy"])) >= 4
@@ -115,6 +128,7 @@ def _encodings(ir: Path) -> dict[str, str]:
 @pytest.mark.parametrize("n", RANKS)
 def test_blocks_read_alone_and_described(minis, ranks, n):
     from vxc.driver import load
+    from vxc.ir.parser import parse_file
     from vxc.passes.surfaces import tp_ranks
 
     for name in _at(n):
@@ -122,9 +136,15 @@ def test_blocks_read_alone_and_described(minis, ranks, n):
         enc = _encodings(ir)
         assert sum(e is not None for e in enc.values()) >= 5, enc
         d = tp_ranks(lambda: load(ir), n, context=64)
+        # read whole, then cut (never sliced): a concat operand (the Kimi-Linear file's MLA up-projection, its two
+        # parts decoded whole) and a vector behind an elementwise view (its A_log, 2 values per layer)
+        whole = {o.sym for o in parse_file(ir).operands
+                 if o.parts or any(t.kind == "log_neg" for t in o.transforms)} if name == "gguf-kimi" else set()
         for res in ranks[n][name]:
             want = 0
             for sym, (dim, start, stop, shape) in res["parts"].items():
+                if sym in whole:
+                    continue
                 rows = torch.Size(shape[:-1]).numel()
                 if enc[sym] is None:
                     want += 4 * rows * shape[-1]
@@ -134,6 +154,9 @@ def test_blocks_read_alone_and_described(minis, ranks, n):
                     want += rows * shape[-1] // values * nbytes
             assert res["sliced_bytes"] == want > 0, (name, n)
             assert d["per_rank"][res["rank"]]["weight_bytes"] == res["weight_bytes"], (name, n)
+        if name == "gguf-kimi":
+            assert len(whole) == 5, whole  # 2 MLA up-projections, 3 KDA A_log
+            continue
         if name == "gguf-mamba2":
             # in_proj rows z 128 | x 128 | B 24 | C 24 | dt 16 over 2 ranks (one group each): rank 1's blocks
             assert ranks[n][name][1]["spans"]["l0.Mamba2InProj"] == [[64, 128], [192, 256], [268, 280], [292, 304],
