@@ -256,6 +256,14 @@ def _peak_rss_bytes() -> int:
     return r if sys.platform == "darwin" else r * 1024
 
 
+def _rss_bytes() -> int:
+    """This process's resident set now (VmRSS)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def _engine(args, result: dict):
     import torch
 
@@ -339,6 +347,7 @@ def vxc_time_child(args, result: dict) -> None:
     result["replay"] = eng.replay_status()
     result["loadavg_end"] = os.getloadavg()[0]
     result["peak_rss_self"] = _peak_rss_bytes()
+    result["rss_at_decode"] = _rss_bytes()  # resident now, after the prefills and decode steps: the steady state
     print(f"  [vxc {args.dtype}] decode: {result['decode_tps']:.2f} tok/s (median step "
           f"{result['decode_tps_median_step']:.2f}; {result['replay']})", file=sys.stderr, flush=True)
 

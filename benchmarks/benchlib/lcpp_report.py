@@ -20,6 +20,7 @@ def best_of_rounds(runs: list[dict]) -> dict:
     if any(r.get("decode_tps_median_step") for r in ok):
         best["decode_tps_median_step"] = max(r.get("decode_tps_median_step") or 0.0 for r in ok)
     best["peak_rss"] = max(r.get("peak_rss") or 0 for r in ok) or None
+    best["rss_at_decode"] = max(r.get("rss_at_decode") or 0 for r in ok) or None
     best["rounds_ok"] = len(ok)
     best["rounds"] = len(runs)
     return best
@@ -45,7 +46,7 @@ def timing_table(rows: list[dict], prefill: list[int], decode: int, bandwidth: f
     head = ["model", "precision", "read/token MB", f"llama.cpp {pp} / tg{decode} tok/s",
             f"vxc {pp} / tg{decode}", "vxc dtype, weights", "vxc / llama.cpp prefill", "vxc / llama.cpp decode",
             "decode / bw bound llama.cpp · vxc", "peak RSS MB llama.cpp · vxc",
-            "vxc (peak RSS − pre-load RSS − state) / file"]
+            "vxc (peak RSS − pre-load RSS − state) / file", "vxc (RSS at decode − pre-load RSS − state) / file"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     notes = []
     for r in rows:
@@ -88,8 +89,11 @@ def timing_table(rows: list[dict], prefill: list[int], decode: int, bandwidth: f
         mem = "—"
         if vx.get("peak_rss") and vx.get("rss_before_load") and vx.get("state_bytes") is not None and r.get("file_bytes"):
             mem = f"{(vx['peak_rss'] - vx['rss_before_load'] - vx['state_bytes']) / r['file_bytes']:.2f}×"
+        steady = "—"
+        if vx.get("rss_at_decode") and vx.get("rss_before_load") and vx.get("state_bytes") is not None and r.get("file_bytes"):
+            steady = f"{(vx['rss_at_decode'] - vx['rss_before_load'] - vx['state_bytes']) / r['file_bytes']:.2f}×"
         cells = [model_label(r, small), r["precision"], fmt(step / 1e6, 1) if step else "—", lcs, vxs, wts,
-                 pf_ratio, f"**{dec_ratio}**" if dec_ratio != "—" else dec_ratio, bw, rss, mem]
+                 pf_ratio, f"**{dec_ratio}**" if dec_ratio != "—" else dec_ratio, bw, rss, mem, steady]
         out.append("| " + " | ".join(cells) + " |")
     if notes:
         out.append("")

@@ -125,3 +125,27 @@ def test_exec_prefill_chunk_option(lab, vxc_inproc, tmp_path):
     assert 0 < P.maxabs(logits[:, :f.vocab], lab.ref(name).full(ids)[:, :f.vocab]) <= p.tol
     bad = vxc_inproc("exec", ir, "--tokens", "1,2", "--prefill-chunk", -1)
     assert bad.exit_code == 2 and "--prefill-chunk" in bad.output
+
+
+def test_a_prefill_hands_its_heap_back(lab, monkeypatch):
+    """After a prompt's prefill (not after a single step) the C heap's free pages go back to the OS (glibc's
+    malloc_trim): once per prefill, whatever its chunks."""
+    from vxc.runtime import session as S
+
+    calls = []
+    monkeypatch.setattr(S, "_LIBC", [lambda pad: calls.append(pad)])
+    engine = lab.engine("qwen3")
+    s = S.Session(engine)
+    ids = P.prompt_ids(lab.family("qwen3"))
+    engine.prefill_chunk, before = 7, engine.prefill_chunk
+    try:
+        s.prefill(ids, last_only=True)
+        assert calls == [0]
+        s.step(ids[0])
+        s.prefill(ids[:1])
+        assert calls == [0]
+        s.prefill(ids[:5])
+        assert calls == [0, 0]
+    finally:
+        engine.prefill_chunk = before
+        s.reset()
