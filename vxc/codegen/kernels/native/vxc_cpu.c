@@ -1815,40 +1815,50 @@ void vxc_shared_add(const float *x, const float *h, const float *routed, const f
  * released (MADV_DONTNEED), so the pages a gather faults in — whole page-cache folios, tens of KiB for a row of
  * under 1 KiB — do not accumulate in RSS token after token (a later read faults them in again from the page
  * cache). */
+/* the 2 MiB windows of a table in a file mapping that rows ids[t0 .. t1) sit in, released (MADV_DONTNEED) */
+static void qembedding_drop(const void *table, const int64_t *ids, long t0, long t1, long rb, long drop_bytes) {
+#if defined(__linux__)
+    const uintptr_t W = (uintptr_t)2 << 20, PG = 4096;
+    uintptr_t lo = ((uintptr_t)table + PG - 1) & ~(PG - 1), hi = ((uintptr_t)table + (uintptr_t)drop_bytes) & ~(PG - 1);
+    uintptr_t last = 0;
+    for (long t = t0; t < t1; t++) {
+        uintptr_t a = ((uintptr_t)table + (uintptr_t)(ids[t] * rb)) & ~(W - 1), b = a + W;
+        if (a == last) continue;
+        last = a;
+        if (a < lo) a = lo;
+        if (b > hi) b = hi;
+        if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+    }
+#else
+    (void)table; (void)ids; (void)t0; (void)t1; (void)rb; (void)drop_bytes;
+#endif
+}
+
+#define QEMB_DROP_ROWS 1 /* rows gathered between two releases: a fault maps a whole page-cache folio (up to
+                          * 2 MiB with large folios), so the 512 random rows of a prefill released at the end held
+                          * ~80 MB of a 262144-row table at once, and even 16 rows at a time most of an 18 MB one */
+
 void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, long T, long cols, long drop_bytes) {
     if (enc < 0 || enc >= Q_COUNT || T <= 0) return;
     long rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], ng = cols / 32, ns = enc == Q6_K ? cols / 16 : ng;
     float *s = (float *)malloc((size_t)(ns + ng + 1) * sizeof(float)), *mn = s + ns;
-    for (long t = 0; t < T; t++) {
-        const uint8_t *row = (const uint8_t *)table + ids[t] * rb;
-        float *o = out + t * cols;
-        switch (enc) {
-        case Q8_0: q_dequant_row(Q8_0, row, cols, o, s, mn); break;
-        case Q4_0: q_dequant_row(Q4_0, row, cols, o, s, mn); break;
-        case Q4_1: q_dequant_row(Q4_1, row, cols, o, s, mn); break;
-        case Q4_K: q_dequant_row(Q4_K, row, cols, o, s, mn); break;
-        case Q5_0: q_dequant_row(Q5_0, row, cols, o, s, mn); break;
-        default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
+    for (long t0 = 0; t0 < T; t0 += QEMB_DROP_ROWS) {
+        long t1 = t0 + QEMB_DROP_ROWS < T ? t0 + QEMB_DROP_ROWS : T;
+        for (long t = t0; t < t1; t++) {
+            const uint8_t *row = (const uint8_t *)table + ids[t] * rb;
+            float *o = out + t * cols;
+            switch (enc) {
+            case Q8_0: q_dequant_row(Q8_0, row, cols, o, s, mn); break;
+            case Q4_0: q_dequant_row(Q4_0, row, cols, o, s, mn); break;
+            case Q4_1: q_dequant_row(Q4_1, row, cols, o, s, mn); break;
+            case Q4_K: q_dequant_row(Q4_K, row, cols, o, s, mn); break;
+            case Q5_0: q_dequant_row(Q5_0, row, cols, o, s, mn); break;
+            default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
+            }
         }
+        if (drop_bytes > 0) qembedding_drop(table, ids, t0, t1, rb, drop_bytes);
     }
     free(s);
-#if defined(__linux__)
-    if (drop_bytes > 0) {
-        const uintptr_t W = (uintptr_t)2 << 20, PG = 4096;
-        uintptr_t lo = ((uintptr_t)table + PG - 1) & ~(PG - 1), hi = ((uintptr_t)table + (uintptr_t)drop_bytes) & ~(PG - 1);
-        uintptr_t last = 0;
-        for (long t = 0; t < T; t++) {
-            uintptr_t a = ((uintptr_t)table + (uintptr_t)(ids[t] * rb)) & ~(W - 1), b = a + W;
-            if (a == last) continue;
-            last = a;
-            if (a < lo) a = lo;
-            if (b > hi) b = hi;
-            if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
-        }
-    }
-#else
-    (void)drop_bytes;
-#endif
 }
 
 /* ---------------------------------------------------------------------------------------------------------
