@@ -88,6 +88,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prefill", default="128,512", help="prefill lengths (llama-bench -p)")
     ap.add_argument("--decode", type=int, default=64, help="decode steps (llama-bench -n); --agreement: new tokens")
+    ap.add_argument("--depth", type=int, default=0,
+                    help="tokens already in the context before each prefill and decode test (llama-bench -d): decode "
+                         "at a long context streams the KV cache too")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds per model and precision; best of rounds")
     ap.add_argument("--repeats", type=int, default=2, help="llama-bench -r, and vxc's timed runs per test (best)")
     ap.add_argument("--prefill-logits", default="last", choices=("last", "all"),
@@ -230,7 +233,7 @@ def timing(args, entries: list[dict], llama: Path, prefill: list[int], load: int
                     if eng == "llama":
                         log(f"{tag}: llama-bench")
                         r = llama_bench(bench, e["gguf"], args.threads, prefill, args.decode, args.repeats, env,
-                                        args.timeout)
+                                        args.timeout, depth=args.depth)
                         if r.get("decode_tps"):
                             log(f"  [llama.cpp] " + ", ".join(f"pp{n} {v:.1f}" for n, v in r["prefill_tps"].items())
                                 + f", tg{args.decode} {r['decode_tps']:.2f} tok/s")
@@ -241,7 +244,8 @@ def timing(args, entries: list[dict], llama: Path, prefill: list[int], load: int
                         argv = ["--threads", str(args.threads), "--prefill", ",".join(map(str, prefill)),
                                 "--decode", str(args.decode), "--repeats", str(args.repeats),
                                 "--prefill-logits", args.prefill_logits, "--_ir", e["vxir"], "--dtype", e["vxc_dtype"],
-                                "--_max_context", str(max(prefill + [args.decode]) + 8)]
+                                "--depth", str(args.depth),
+                                "--_max_context", str(args.depth + max(prefill + [args.decode]) + 8)]
                         r = run_child("vxc", argv, env, args.timeout)
                     if r.get("error"):
                         log(f"  {eng}: {r['error']}")

@@ -108,9 +108,9 @@ def run_child(kind: str, argv: list[str], env: dict, timeout: float) -> dict:
 
 
 def llama_bench(exe: Path, gguf: Path, threads: int, prefill: list[int], decode: int, reps: int, env: dict,
-                timeout: float) -> dict:
+                timeout: float, depth: int = 0) -> dict:
     cmd = [str(exe), "-m", str(gguf), "-t", str(threads), "-p", ",".join(map(str, prefill)), "-n", str(decode),
-           "-r", str(reps), "-o", "json"]
+           "-r", str(reps), "-o", "json"] + (["-d", str(depth)] if depth else [])
     r = run_measured(cmd, env, timeout)
     res = {"cmd": " ".join(cmd), "peak_rss": r["peak_rss"], "wall_s": r["wall_s"]}
     if r.get("error"):
@@ -304,6 +304,15 @@ def vxc_time_child(args, result: dict) -> None:
     prompts = {n: torch.randint(0, eng.vocab, (n,), generator=gen).tolist() for n in prefill_lens}
     last_only = args.prefill_logits == "last"
 
+    depth = torch.randint(0, eng.vocab, (args.depth,), generator=gen).tolist() if args.depth else []
+    result["depth"] = args.depth
+
+    def at_depth() -> None:
+        """A fresh state holding ``--depth`` tokens (llama-bench -d), not timed."""
+        sess.reset()
+        if depth:
+            sess.prefill(depth, last_only=True)
+
     pf = {}
     if prefill_lens:
         t = time.perf_counter()
@@ -313,7 +322,7 @@ def vxc_time_child(args, result: dict) -> None:
     for n in prefill_lens:
         best = None
         for _ in range(args.repeats):
-            sess.reset()
+            at_depth()
             t = time.perf_counter()
             sess.prefill(prompts[n], last_only=last_only)
             dt = time.perf_counter() - t
@@ -323,8 +332,9 @@ def vxc_time_child(args, result: dict) -> None:
     result["prefill_tps"] = pf
 
     def decode_run(n: int) -> list[float]:
-        """``n`` single-token steps from a fresh state, each on the previous step's argmax (step times)."""
-        sess.reset()
+        """``n`` single-token steps from a fresh state (holding ``--depth`` tokens), each on the previous step's
+        argmax (step times)."""
+        at_depth()
         tok, steps = int(prompts[prefill_lens[0]][0]) if prefill_lens else 0, []
         for _ in range(n):
             t = time.perf_counter()

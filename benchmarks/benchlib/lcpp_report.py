@@ -116,6 +116,9 @@ def header(args, facts: dict) -> str:
         f"repeats: {args.repeats} (llama-bench -r; vxc best of runs), prefill logits: {args.prefill_logits} position(s) "
         f"(llama-bench computes the last only)",
     ]
+    if getattr(args, "depth", 0):
+        lines.append(f"- depth: {args.depth} tokens already in the context before every prefill and decode test "
+                     f"(llama-bench -d; vxc prefills them untimed)")
     if args.small:
         lines.append("- **--small**: tiny geometries, a smoke run; the numbers say nothing about the real shapes")
     return "\n".join(lines)

@@ -250,6 +250,51 @@ def test_attention_step(dtype, Hq, Hkv, start):
         torch.testing.assert_close(got[0].double(), torch.einsum("hs,shd->hd", p, vals.double()), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("Hq, Hkv, Dk, Dv, start", [
+    (8, 2, 128, 128, 300),   # a group of 2, 128-wide heads, past the threshold for splitting across threads
+    (4, 1, 64, 64, 70),      # one KV head shared by 4: the group split into tiles across threads
+    (9, 3, 64, 64, 130),     # groups of 3: a pair and a single in the weighted sum
+    (6, 6, 32, 256, 50),     # no grouping; 256-wide values: two 128-channel blocks
+    (16, 2, 48, 192, 40),    # a 48-wide key (32 + a 16 tail); 192-wide values: three 64-channel blocks
+    (24, 1, 16, 64, 20),     # 24 query heads on one KV head: tiles of at most 8
+])
+def test_attention_step_wide_heads(Hq, Hkv, Dk, Dv, start):
+    """fp32 heads whose widths are whole 16-float vectors (the AVX-512 path: one K / V row read per KV group, the
+    weighted sum in registers) against the twin and the softmax written out in fp64."""
+    S = start + 9
+    q, k, v = r(1, Hq, Dk), r(1, Hkv, Dk), r(1, Hkv, Dv)
+    kc, vc = r(S, Hkv, Dk), r(S, Hkv, Dv)
+    kc[start + 1:], vc[start + 1:] = math.nan, math.nan  # rows past the position are never read
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = native(attention.attention_native, q, k, v, kc, vc, start, 0.3, expect="vxc_attention_step")
+    want = attention.attention_twin(q, k, v, kc2, vc2, start, 0.3)
+    close(got, want, torch.float32)
+    keys = kc[: start + 1].repeat_interleave(Hq // Hkv, 1)
+    vals = vc[: start + 1].repeat_interleave(Hq // Hkv, 1)
+    p = (torch.einsum("hd,shd->hs", q[0].double(), keys.double()) * 0.3).softmax(-1)
+    torch.testing.assert_close(got[0].double(), torch.einsum("hs,shd->hd", p, vals.double()), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window, sinks", [(0, True), (7, True), (7, False)])
+def test_attention_steps_wide_heads_window_sinks_ring(window, sinks):
+    """Forty steps of 64-wide heads (the AVX-512 path) with sinks, a sliding window and a ring of rows, natively
+    against the torch backend."""
+    Hq, Hkv, Dk, Dv = 8, 2, 64, 64
+    rows = window if window else 48
+    snk = r(Hq) if sinks else None
+    caches = {b: (torch.zeros(rows, Hkv, Dk), torch.zeros(rows, Hkv, Dv)) for b in ("native", "torch")}
+    for pos in range(40):
+        q, k, v = r(1, Hq, Dk), r(1, Hkv, Dk), r(1, Hkv, Dv)
+        outs = {}
+        for b, (kc, vc) in caches.items():
+            rec = N.Recorder()
+            with kernels.backend(b), N.recording(rec):
+                outs[b] = torch.ops.vxc.attention(q, k, v, kc, vc, pos, 0.3, window, snk)
+            if b == "native":
+                assert [n for n, _ in rec.calls] == ["vxc_attention_step"] and rec.failed is None, (rec.calls, rec.failed)
+        close(outs["native"], outs["torch"], torch.float32)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("window, sinks", [(0, True), (5, False), (5, True)])
 def test_attention_steps_window_sinks_ring(dtype, window, sinks):

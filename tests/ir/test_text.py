@@ -118,6 +118,9 @@ def test_line_separators_inside_strings_are_escaped():
     (lambda m: m.operands.append(Operand("o$", "bf16", (1,), ["a"], Role.AttnQ)), "operand"),
     (lambda m: m.operands.append(Operand("o", "bf16", (1,), ["a", "b"], Role.AttnQ)), "no encoding"),
     (lambda m: m.operands.append(Operand("o", "bf16", (1,), ["a"], Role.AttnQ, encoding="mxfp4", part_names=["x", "y"])), "do not match"),
+    (lambda m: m.operands.append(Operand("o", "bf16", (1,), ["a"], Role.AttnQ, encoding="concat", part_names=["x"])), "concatenation keyword"),
+    (lambda m: m.operands.append(Operand("o", "bf16", (1,), ["a", "b"], Role.AttnQ, parts=[
+        Operand("o#0", "bf16", (), ["a"], Role.AttnQ), Operand("o#1", "bf16", (), ["b"], Role.AttnQ)])), "no concat dim"),
     (lambda m: setattr(m.layers[0], "regions", [Region("kv cache", "kv_rows", (1,), "compute", "per_token")]), "region name"),
 ])
 def test_printer_refuses_what_it_cannot_write(mutate, what):

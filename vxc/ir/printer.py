@@ -107,6 +107,8 @@ def _fmt_source(o: Operand) -> str:
         return _sym("$", o.sources[0], "tensor")
     if not o.sources or len(o.part_names) != len(o.sources):
         raise ValueError(f"cannot print operand %{o.sym}: encoded parts {o.part_names} do not match sources {o.sources}")
+    if o.encoding == "concat":  # the keyword of a concatenation: no encoding can be called so
+        raise ValueError(f"cannot print operand %{o.sym}: encoding name 'concat' is the concatenation keyword")
     return _ident(o.encoding, "encoding") + "(" + ", ".join(
         f"{_ident(n, 'encoded part name')} {_sym('$', s, 'tensor')}" for n, s in zip(o.part_names, o.sources)) + ")"
 

@@ -861,6 +861,52 @@ void vxc_rotary(const void *x, const void *cos_t, const void *sin_t, void *out, 
  * ring), then each query head h (KV head h / (Hq / Hkv)) attends over positions lo .. start, lo = start - window + 1
  * when window > 0 (else 0), position p at row p % rows; sinks [Hq] (s_bf; NULL: none) add one logit per head to
  * the softmax denominator. scratch: fp32 [Hq · rows]. */
+#define ATT_TILE 8 /* query heads of one KV group handled together (their q and accumulators on the stack) */
+#define ATT_PF 8   /* positions ahead whose cache rows are prefetched */
+
+/* a cache row's bytes asked for ahead: consecutive positions of one head sit Hkv rows apart (4 KiB on the 0.6B
+ * softmax-decoder shape), a new page each, which the hardware prefetchers do not follow */
+static inline void att_prefetch(const void *base, long byte_off, long nbytes) {
+    const char *a = (const char *)base + byte_off;
+    for (long b = 0; b < nbytes; b += 64) __builtin_prefetch(a + b, 0, 3);
+}
+
+#if defined(__AVX512F__)
+/* acc[j][d0 .. d0 + 16 NV) = sum_i p_j[i] / den_j * V[i][d0 ..] for heads j0, j0 + 1 (those below nh) of a tile,
+ * positions in order (each head's sum as axpy_row takes it), the 2 x NV accumulators in registers */
+static inline __attribute__((always_inline)) void att_wsum(float acc[][1024], const float *scratch, const float *den,
+                                                           const void *v_cache, long lo, long S, long rows, long Hkv,
+                                                           long g, long Dv, long h0, long j0, long nh, long d0, int NV) {
+    int two = j0 + 1 < nh;
+    const float *p0 = scratch + (h0 + j0) * rows, *p1 = two ? scratch + (h0 + j0 + 1) * rows : p0;
+    float n0 = den[j0], n1 = two ? den[j0 + 1] : 1.0f;
+    __m512 A[2][8];
+    for (int k = 0; k < 8; k++) A[0][k] = A[1][k] = _mm512_setzero_ps();
+    for (long i = 0; i < S; i++) {
+        const float *vr = (const float *)v_cache + (((lo + i) % rows) * Hkv + g) * Dv + d0;
+        if (i + ATT_PF < S) att_prefetch(v_cache, ((((lo + i + ATT_PF) % rows) * Hkv + g) * Dv + d0) * 4, 64 * NV);
+        __m512 w0 = _mm512_set1_ps(p0[i] / n0), w1 = _mm512_set1_ps(p1[i] / n1);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            if (k >= NV) break;
+            __m512 x = _mm512_loadu_ps(vr + 16 * k);
+            A[0][k] = _mm512_fmadd_ps(w0, x, A[0][k]);
+            A[1][k] = _mm512_fmadd_ps(w1, x, A[1][k]);
+        }
+    }
+    for (int k = 0; k < NV; k++) {
+        _mm512_storeu_ps(acc[j0] + d0 + 16 * k, A[0][k]);
+        if (two) _mm512_storeu_ps(acc[j0 + 1] + d0 + 16 * k, A[1][k]);
+    }
+}
+#endif
+
+/* Each KV group's key and value rows are read once for all the query heads that share them (a tile of up to
+ * ATT_TILE heads): at long contexts the step streams the cache, and reading it once per query head multiplied that
+ * traffic by the group size (the 0.6B softmax-decoder shape, 2048 positions: 50 ms a step, 42 of them here). Each
+ * head's arithmetic is unchanged — its dots, its max, its exps and its weighted sum in position order — so the
+ * result is bit for bit the per-head loop's. Work units are (group, tile) pairs, more tiles per group when there
+ * are fewer groups than threads (one KV head and four query heads: two tiles of two). */
 void vxc_attention_step(const void *q, const void *k, const void *v, void *k_cache, void *v_cache, void *out,
                         long start, float scale, long Hq, long Hkv, long Dk, long Dv, float *scratch, long rows,
                         long window, const void *sinks, int s_bf, int bf) {
@@ -868,25 +914,79 @@ void vxc_attention_step(const void *q, const void *k, const void *v, void *k_cac
     long lo = window > 0 && start - window + 1 > 0 ? start - window + 1 : 0, S = start - lo + 1;
     memcpy((char *)k_cache + row * Hkv * Dk * es, k, (size_t)(Hkv * Dk * es));
     memcpy((char *)v_cache + row * Hkv * Dv * es, v, (size_t)(Hkv * Dv * es));
-#pragma omp parallel for schedule(static) if (S * Hq * Dk >= 32768)
-    for (long h = 0; h < Hq; h++) {
-        long g = h / group;
-        float qv[1024], acc[1024]; /* Dk, Dv <= 1024, checked by the caller */
-        float *p = scratch + h * rows;
-        for (long d = 0; d < Dk; d++) qv[d] = ld(q, h * Dk + d, bf);
-        float mx = sinks ? ld(sinks, h, s_bf) : -INFINITY;
-        for (long i = 0; i < S; i++) {
-            p[i] = dot_row(qv, k_cache, (((lo + i) % rows) * Hkv + g) * Dk, Dk, bf) * scale;
-            if (p[i] > mx) mx = p[i];
+    int par = S * Hq * Dk >= 32768;
+    long threads = par ? omp_get_max_threads() : 1;
+    long tiles = (group + ATT_TILE - 1) / ATT_TILE;
+    while (Hkv * tiles < threads && tiles < group) tiles++;
+    long tile = (group + tiles - 1) / tiles;
+    tiles = (group + tile - 1) / tile;
+#pragma omp parallel for schedule(static) if (par)
+    for (long u = 0; u < Hkv * tiles; u++) {
+        long g = u / tiles, h0 = g * group + (u % tiles) * tile, h1 = h0 + tile < (g + 1) * group ? h0 + tile : (g + 1) * group;
+        long nh = h1 - h0;
+        float qv[ATT_TILE][1024], acc[ATT_TILE][1024]; /* Dk, Dv <= 1024, checked by the caller */
+        float mx[ATT_TILE], den[ATT_TILE];
+        for (long j = 0; j < nh; j++) {
+            for (long d = 0; d < Dk; d++) qv[j][d] = ld(q, (h0 + j) * Dk + d, bf);
+            mx[j] = sinks ? ld(sinks, h0 + j, s_bf) : -INFINITY;
         }
-        float den = sinks ? expf(ld(sinks, h, s_bf) - mx) : 0.0f;
+#if defined(__AVX512F__)
+        if (!bf && Dk % 16 == 0) { /* fp32 cache: two accumulators a dot, one K row load for the tile's heads */
+            for (long i = 0; i < S; i++) {
+                const float *kr = (const float *)k_cache + (((lo + i) % rows) * Hkv + g) * Dk;
+                if (i + ATT_PF < S) att_prefetch(k_cache, (((lo + i + ATT_PF) % rows) * Hkv + g) * Dk * es, Dk * es);
+                for (long j = 0; j < nh; j++) {
+                    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+                    long d = 0;
+                    for (; d + 32 <= Dk; d += 32) {
+                        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d), _mm512_loadu_ps(kr + d), a0);
+                        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d + 16), _mm512_loadu_ps(kr + d + 16), a1);
+                    }
+                    if (d < Dk) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d), _mm512_loadu_ps(kr + d), a0);
+                    float sc = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * scale;
+                    scratch[(h0 + j) * rows + i] = sc;
+                    if (sc > mx[j]) mx[j] = sc;
+                }
+            }
+        } else
+#endif
         for (long i = 0; i < S; i++) {
-            p[i] = expf(p[i] - mx);
-            den += p[i];
+            long off = (((lo + i) % rows) * Hkv + g) * Dk;
+            if (i + ATT_PF < S) att_prefetch(k_cache, (((lo + i + ATT_PF) % rows) * Hkv + g) * Dk * es, Dk * es);
+            for (long j = 0; j < nh; j++) {
+                float *p = scratch + (h0 + j) * rows;
+                p[i] = dot_row(qv[j], k_cache, off, Dk, bf) * scale;
+                if (p[i] > mx[j]) mx[j] = p[i];
+            }
         }
-        for (long d = 0; d < Dv; d++) acc[d] = 0.0f;
-        for (long i = 0; i < S; i++) axpy_row(acc, p[i] / den, v_cache, (((lo + i) % rows) * Hkv + g) * Dv, Dv, bf);
-        for (long d = 0; d < Dv; d++) st(out, h * Dv + d, acc[d], bf);
+        for (long j = 0; j < nh; j++) {
+            float *p = scratch + (h0 + j) * rows;
+            float m = mx[j], z = 0.0f;
+#pragma omp simd reduction(+ : z)
+            for (long i = 0; i < S; i++) {
+                p[i] = vexp(p[i] - m);
+                z += p[i];
+            }
+            den[j] = z + (sinks ? expf(ld(sinks, h0 + j, s_bf) - m) : 0.0f);
+            for (long d = 0; d < Dv; d++) acc[j][d] = 0.0f;
+        }
+#if defined(__AVX512F__)
+        if (!bf && Dv % 64 == 0) { /* fp32 cache: the weighted sum of a pair of heads over 64 or 128 channels of
+                                    * the V rows, its accumulators in registers across the positions */
+            for (long j0 = 0; j0 < nh; j0 += 2)
+                for (long d0 = 0; d0 < Dv; d0 += (Dv % 128 == 0 ? 128 : 64)) {
+                    if (Dv % 128 == 0) att_wsum(acc, scratch, den, v_cache, lo, S, rows, Hkv, g, Dv, h0, j0, nh, d0, 8);
+                    else att_wsum(acc, scratch, den, v_cache, lo, S, rows, Hkv, g, Dv, h0, j0, nh, d0, 4);
+                }
+        } else
+#endif
+        for (long i = 0; i < S; i++) {
+            long off = (((lo + i) % rows) * Hkv + g) * Dv;
+            if (i + ATT_PF < S) att_prefetch(v_cache, (((lo + i + ATT_PF) % rows) * Hkv + g) * Dv * es, Dv * es);
+            for (long j = 0; j < nh; j++) axpy_row(acc[j], scratch[(h0 + j) * rows + i] / den[j], v_cache, off, Dv, bf);
+        }
+        for (long j = 0; j < nh; j++)
+            for (long d = 0; d < Dv; d++) st(out, (h0 + j) * Dv + d, acc[j][d], bf);
     }
 }
 
