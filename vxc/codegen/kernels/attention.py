@@ -347,7 +347,7 @@ def attention_rows_native(q, k, v, kv, starts, scale, window, sinks, slots):
     rows = kv.shape[2]
     es = kv.element_size()
     out = N.empty(Bn, Hq, Dv, dtype=q.dtype)
-    scratch = N.empty(rows * Hq, dtype=torch.float32)
+    scratch = N.empty(Bn * rows * Hq, dtype=torch.float32)  # each row's scores apart: the rows run side by side
     N.call(_ATTENTION_STEP_ROWS, q.data_ptr(), k.data_ptr(), v.data_ptr(), kv.data_ptr(), kv.stride(0) * es,
            kv.stride(1) * es, out.data_ptr(), starts.data_ptr(), scale, Hq, Hkv, Dk, Dv, scratch.data_ptr(), rows, window,
            N.ptr(sinks), BF[sinks.dtype] if sinks is not None else 0, BF[q.dtype], Bn, slots.data_ptr())

@@ -91,7 +91,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 34
+#define VXC_ABI_VERSION 35
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -907,6 +907,88 @@ static inline __attribute__((always_inline)) void att_wsum(float acc[][1024], co
  * head's arithmetic is unchanged — its dots, its max, its exps and its weighted sum in position order — so the
  * result is bit for bit the per-head loop's. Work units are (group, tile) pairs, more tiles per group when there
  * are fewer groups than threads (one KV head and four query heads: two tiles of two). */
+/* one work unit of a one-token attention step: KV group u / tiles, its tile u % tiles of query heads */
+static void att_unit(const void *q, const void *k_cache, const void *v_cache, void *out, long lo, long S, float scale,
+                     long Hq, long Hkv, long Dk, long Dv, float *scratch, long rows, const void *sinks, int s_bf, int bf,
+                     long u, long tiles, long tile) {
+    long es = bf ? 2 : 4, group = Hq / Hkv;
+    long g = u / tiles, h0 = g * group + (u % tiles) * tile, h1 = h0 + tile < (g + 1) * group ? h0 + tile : (g + 1) * group;
+    long nh = h1 - h0;
+    float qv[ATT_TILE][1024], acc[ATT_TILE][1024]; /* Dk, Dv <= 1024, checked by the caller */
+    float mx[ATT_TILE], den[ATT_TILE];
+    for (long j = 0; j < nh; j++) {
+        for (long d = 0; d < Dk; d++) qv[j][d] = ld(q, (h0 + j) * Dk + d, bf);
+        mx[j] = sinks ? ld(sinks, h0 + j, s_bf) : -INFINITY;
+    }
+#if defined(__AVX512F__)
+    if (!bf && Dk % 16 == 0) { /* fp32 cache: two accumulators a dot, one K row load for the tile's heads */
+        for (long i = 0; i < S; i++) {
+            const float *kr = (const float *)k_cache + (((lo + i) % rows) * Hkv + g) * Dk;
+            if (i + ATT_PF < S) att_prefetch(k_cache, (((lo + i + ATT_PF) % rows) * Hkv + g) * Dk * es, Dk * es);
+            for (long j = 0; j < nh; j++) {
+                __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+                long d = 0;
+                for (; d + 32 <= Dk; d += 32) {
+                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d), _mm512_loadu_ps(kr + d), a0);
+                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d + 16), _mm512_loadu_ps(kr + d + 16), a1);
+                }
+                if (d < Dk) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d), _mm512_loadu_ps(kr + d), a0);
+                float sc = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * scale;
+                scratch[(h0 + j) * rows + i] = sc;
+                if (sc > mx[j]) mx[j] = sc;
+            }
+        }
+    } else
+#endif
+    for (long i = 0; i < S; i++) {
+        long off = (((lo + i) % rows) * Hkv + g) * Dk;
+        if (i + ATT_PF < S) att_prefetch(k_cache, (((lo + i + ATT_PF) % rows) * Hkv + g) * Dk * es, Dk * es);
+        for (long j = 0; j < nh; j++) {
+            float *p = scratch + (h0 + j) * rows;
+            p[i] = dot_row(qv[j], k_cache, off, Dk, bf) * scale;
+            if (p[i] > mx[j]) mx[j] = p[i];
+        }
+    }
+    for (long j = 0; j < nh; j++) {
+        float *p = scratch + (h0 + j) * rows;
+        float m = mx[j], z = 0.0f;
+#pragma omp simd reduction(+ : z)
+        for (long i = 0; i < S; i++) {
+            p[i] = vexp(p[i] - m);
+            z += p[i];
+        }
+        den[j] = z + (sinks ? expf(ld(sinks, h0 + j, s_bf) - m) : 0.0f);
+        for (long d = 0; d < Dv; d++) acc[j][d] = 0.0f;
+    }
+#if defined(__AVX512F__)
+    if (!bf && Dv % 64 == 0) { /* fp32 cache: the weighted sum of a pair of heads over 64 or 128 channels of
+                                * the V rows, its accumulators in registers across the positions */
+        for (long j0 = 0; j0 < nh; j0 += 2)
+            for (long d0 = 0; d0 < Dv; d0 += (Dv % 128 == 0 ? 128 : 64)) {
+                if (Dv % 128 == 0) att_wsum(acc, scratch, den, v_cache, lo, S, rows, Hkv, g, Dv, h0, j0, nh, d0, 8);
+                else att_wsum(acc, scratch, den, v_cache, lo, S, rows, Hkv, g, Dv, h0, j0, nh, d0, 4);
+            }
+    } else
+#endif
+    for (long i = 0; i < S; i++) {
+        long off = (((lo + i) % rows) * Hkv + g) * Dv;
+        if (i + ATT_PF < S) att_prefetch(v_cache, (((lo + i + ATT_PF) % rows) * Hkv + g) * Dv * es, Dv * es);
+        for (long j = 0; j < nh; j++) axpy_row(acc[j], scratch[(h0 + j) * rows + i] / den[j], v_cache, off, Dv, bf);
+    }
+    for (long j = 0; j < nh; j++)
+        for (long d = 0; d < Dv; d++) st(out, (h0 + j) * Dv + d, acc[j][d], bf);
+    }
+
+/* the (group, tile) work units of a step: tiles of at most ATT_TILE query heads, more of them when there are fewer
+ * groups than threads (one KV head and four query heads: two tiles of two) */
+static void att_tiles(long group, long Hkv, long threads, long *tiles_out, long *tile_out) {
+    long tiles = (group + ATT_TILE - 1) / ATT_TILE;
+    while (Hkv * tiles < threads && tiles < group) tiles++;
+    long tile = (group + tiles - 1) / tiles;
+    *tiles_out = (group + tile - 1) / tile;
+    *tile_out = tile;
+}
+
 void vxc_attention_step(const void *q, const void *k, const void *v, void *k_cache, void *v_cache, void *out,
                         long start, float scale, long Hq, long Hkv, long Dk, long Dv, float *scratch, long rows,
                         long window, const void *sinks, int s_bf, int bf) {
@@ -915,79 +997,11 @@ void vxc_attention_step(const void *q, const void *k, const void *v, void *k_cac
     memcpy((char *)k_cache + row * Hkv * Dk * es, k, (size_t)(Hkv * Dk * es));
     memcpy((char *)v_cache + row * Hkv * Dv * es, v, (size_t)(Hkv * Dv * es));
     int par = S * Hq * Dk >= 32768;
-    long threads = par ? omp_get_max_threads() : 1;
-    long tiles = (group + ATT_TILE - 1) / ATT_TILE;
-    while (Hkv * tiles < threads && tiles < group) tiles++;
-    long tile = (group + tiles - 1) / tiles;
-    tiles = (group + tile - 1) / tile;
+    long tiles, tile;
+    att_tiles(group, Hkv, par ? omp_get_max_threads() : 1, &tiles, &tile);
 #pragma omp parallel for schedule(static) if (par)
-    for (long u = 0; u < Hkv * tiles; u++) {
-        long g = u / tiles, h0 = g * group + (u % tiles) * tile, h1 = h0 + tile < (g + 1) * group ? h0 + tile : (g + 1) * group;
-        long nh = h1 - h0;
-        float qv[ATT_TILE][1024], acc[ATT_TILE][1024]; /* Dk, Dv <= 1024, checked by the caller */
-        float mx[ATT_TILE], den[ATT_TILE];
-        for (long j = 0; j < nh; j++) {
-            for (long d = 0; d < Dk; d++) qv[j][d] = ld(q, (h0 + j) * Dk + d, bf);
-            mx[j] = sinks ? ld(sinks, h0 + j, s_bf) : -INFINITY;
-        }
-#if defined(__AVX512F__)
-        if (!bf && Dk % 16 == 0) { /* fp32 cache: two accumulators a dot, one K row load for the tile's heads */
-            for (long i = 0; i < S; i++) {
-                const float *kr = (const float *)k_cache + (((lo + i) % rows) * Hkv + g) * Dk;
-                if (i + ATT_PF < S) att_prefetch(k_cache, (((lo + i + ATT_PF) % rows) * Hkv + g) * Dk * es, Dk * es);
-                for (long j = 0; j < nh; j++) {
-                    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-                    long d = 0;
-                    for (; d + 32 <= Dk; d += 32) {
-                        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d), _mm512_loadu_ps(kr + d), a0);
-                        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d + 16), _mm512_loadu_ps(kr + d + 16), a1);
-                    }
-                    if (d < Dk) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d), _mm512_loadu_ps(kr + d), a0);
-                    float sc = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * scale;
-                    scratch[(h0 + j) * rows + i] = sc;
-                    if (sc > mx[j]) mx[j] = sc;
-                }
-            }
-        } else
-#endif
-        for (long i = 0; i < S; i++) {
-            long off = (((lo + i) % rows) * Hkv + g) * Dk;
-            if (i + ATT_PF < S) att_prefetch(k_cache, (((lo + i + ATT_PF) % rows) * Hkv + g) * Dk * es, Dk * es);
-            for (long j = 0; j < nh; j++) {
-                float *p = scratch + (h0 + j) * rows;
-                p[i] = dot_row(qv[j], k_cache, off, Dk, bf) * scale;
-                if (p[i] > mx[j]) mx[j] = p[i];
-            }
-        }
-        for (long j = 0; j < nh; j++) {
-            float *p = scratch + (h0 + j) * rows;
-            float m = mx[j], z = 0.0f;
-#pragma omp simd reduction(+ : z)
-            for (long i = 0; i < S; i++) {
-                p[i] = vexp(p[i] - m);
-                z += p[i];
-            }
-            den[j] = z + (sinks ? expf(ld(sinks, h0 + j, s_bf) - m) : 0.0f);
-            for (long d = 0; d < Dv; d++) acc[j][d] = 0.0f;
-        }
-#if defined(__AVX512F__)
-        if (!bf && Dv % 64 == 0) { /* fp32 cache: the weighted sum of a pair of heads over 64 or 128 channels of
-                                    * the V rows, its accumulators in registers across the positions */
-            for (long j0 = 0; j0 < nh; j0 += 2)
-                for (long d0 = 0; d0 < Dv; d0 += (Dv % 128 == 0 ? 128 : 64)) {
-                    if (Dv % 128 == 0) att_wsum(acc, scratch, den, v_cache, lo, S, rows, Hkv, g, Dv, h0, j0, nh, d0, 8);
-                    else att_wsum(acc, scratch, den, v_cache, lo, S, rows, Hkv, g, Dv, h0, j0, nh, d0, 4);
-                }
-        } else
-#endif
-        for (long i = 0; i < S; i++) {
-            long off = (((lo + i) % rows) * Hkv + g) * Dv;
-            if (i + ATT_PF < S) att_prefetch(v_cache, (((lo + i + ATT_PF) % rows) * Hkv + g) * Dv * es, Dv * es);
-            for (long j = 0; j < nh; j++) axpy_row(acc[j], scratch[(h0 + j) * rows + i] / den[j], v_cache, off, Dv, bf);
-        }
-        for (long j = 0; j < nh; j++)
-            for (long d = 0; d < Dv; d++) st(out, (h0 + j) * Dv + d, acc[j][d], bf);
-    }
+    for (long u = 0; u < Hkv * tiles; u++)
+        att_unit(q, k_cache, v_cache, out, lo, S, scale, Hq, Hkv, Dk, Dv, scratch, rows, sinks, s_bf, bf, u, tiles, tile);
 }
 
 /* ------------------------------------------------------------------------------- delta (delta.py, kda.py) */
@@ -2736,12 +2750,28 @@ void vxc_attention_step_rows(const void *q, const void *k, const void *v, void *
                              void *out, const int64_t *starts, float scale, long Hq, long Hkv, long Dk, long Dv,
                              float *scratch, long rows, long window, const void *sinks, int s_bf, int bf, long B,
                              const int64_t *slots) {
-    long es = bf ? 2 : 4;
+    /* every row's new K / V first, then the rows' (group, tile) units in one parallel region (a region per row cost
+     * more than the short contexts' work: 8 rows of the 0.6B shape at ~25 positions, 6.8 ms a step); scratch holds
+     * B x Hq x rows. Each row's arithmetic is the single-row step's. */
+    long es = bf ? 2 : 4, group = Hq / Hkv, work = 0;
     for (long b = 0; b < B; b++) {
         char *kc = (char *)kv + slots[b] * slot_bytes;
-        vxc_attention_step((const char *)q + b * Hq * Dk * es, (const char *)k + b * Hkv * Dk * es,
-                           (const char *)v + b * Hkv * Dv * es, kc, kc + v_bytes, (char *)out + b * Hq * Dv * es,
-                           starts[b], scale, Hq, Hkv, Dk, Dv, scratch, rows, window, sinks, s_bf, bf);
+        long row = starts[b] % rows, lo = window > 0 && starts[b] - window + 1 > 0 ? starts[b] - window + 1 : 0;
+        memcpy(kc + row * Hkv * Dk * es, (const char *)k + b * Hkv * Dk * es, (size_t)(Hkv * Dk * es));
+        memcpy(kc + v_bytes + row * Hkv * Dv * es, (const char *)v + b * Hkv * Dv * es, (size_t)(Hkv * Dv * es));
+        work += (starts[b] - lo + 1) * Hq * Dk;
+    }
+    int par = work >= 32768;
+    long tiles, tile;
+    att_tiles(group, Hkv * B, par ? omp_get_max_threads() : 1, &tiles, &tile);
+    long units = Hkv * tiles;
+#pragma omp parallel for schedule(static) if (par)
+    for (long w = 0; w < B * units; w++) {
+        long b = w / units;
+        const char *kc = (const char *)kv + slots[b] * slot_bytes;
+        long lo = window > 0 && starts[b] - window + 1 > 0 ? starts[b] - window + 1 : 0;
+        att_unit((const char *)q + b * Hq * Dk * es, kc, kc + v_bytes, (char *)out + b * Hq * Dv * es, lo, starts[b] - lo + 1,
+                 scale, Hq, Hkv, Dk, Dv, scratch + b * Hq * rows, rows, sinks, s_bf, bf, w % units, tiles, tile);
     }
 }
 
