@@ -289,7 +289,11 @@ static inline void store_row(void *p, long off, long D, int bf, const float *src
 /* 1/sqrt(mean(v²) + eps) with the sum and the root in fp64: the normalised values then carry one rounding (the
  * final cast), so the native norms are at least as close to the exact norm as the fp32 references' are. Random
  * miniatures amplify a norm's ulp-level differences into logit differences of the order of the numerical floor
- * (an fp32 sum of squares put gpt_oss-mxfp4's logits 2.4x the floor from fp64 on one CPU and not another). */
+ * (an fp32 sum of squares put gpt_oss-mxfp4's logits 2.4x the floor from fp64 on one CPU and not another). The
+ * residual-add norm then rounds as the references do, twice (the normalised row, its product with w): rounding
+ * r * inv * w once in fp64 put a Qwen3-Next miniature at 2.6x the floor on an Intel CPU (1.2x this way) and a
+ * mixed-block Kimi-Linear file at 2.1-2.9x (1.5x): closer to exact per call, but apart from the references' own
+ * rounding pattern, which the floor measures. */
 static inline double rms_inv(const float *v, long n, float eps) {
     double ss = 0.0;
 #pragma omp simd reduction(+ : ss)
@@ -555,9 +559,9 @@ void vxc_add_rmsnorm(const void *x, const void *residual, const void *weight, vo
             if (rbf) round_row(r, D);
             store_row(new_residual, t * D, D, rbf, r);
             double inv = rms_inv(r, D, eps);
-            if (zero_centred || !bf) {
+            if (zero_centred || !bf) { /* the twin's two roundings: the normalised row, then its product with w */
 #pragma omp simd
-                for (long i = 0; i < D; i++) r[i] = (float)((double)r[i] * inv * (double)w[i]);
+                for (long i = 0; i < D; i++) r[i] = (float)((double)r[i] * inv) * w[i];
             } else {
 #pragma omp simd
                 for (long i = 0; i < D; i++) r[i] = w[i] * bf2f(f2bf((float)((double)r[i] * inv)));
