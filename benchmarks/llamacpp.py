@@ -79,6 +79,11 @@ def parse_args() -> argparse.Namespace:
                          "llama-bench, llama-quantize, llama-perplexity, llama-completion there (cmake "
                          "-DGGML_NATIVE=ON -DLLAMA_CURL=OFF); then use that tree. Not for CI")
     ap.add_argument("--build-dry-run", action="store_true", help="print the --build steps and exit")
+    ap.add_argument("--build-cflags", default="",
+                    help="extra C / C++ flags for the --build (CMAKE_C_FLAGS / CMAKE_CXX_FLAGS), e.g. '-mno-amx-tile "
+                         "-mno-amx-int8 -mno-amx-bf16' on a CPU that advertises AMX but faults on its tile "
+                         "instructions (an Intel Xeon VM, 2026-12-05: llama-bench died with SIGILL in "
+                         "ggml_backend_amx_mul_mat, --repack 0 ran)")
     ap.add_argument("--llama-cpp-python-version", default="0.3.36", help="the sdist --build fetches")
     ap.add_argument("--models", default=None,
                     help=f"comma-separated, from {', '.join(ALL_MODELS)} (default: all four; --small: the two "
@@ -320,7 +325,7 @@ def main() -> None:
         raise SystemExit(f"--workdir {workdir} is inside the repository; pick a directory outside it")
     if args.build or args.build_dry_run:
         tree = build_llama_cpp(workdir / "llama-cpp-src", args.llama_cpp_python_version, os.cpu_count() or 2,
-                               args.build_dry_run)
+                               args.build_dry_run, args.build_cflags)
         if args.build_dry_run:
             return
         args.llama_cpp = str(tree)

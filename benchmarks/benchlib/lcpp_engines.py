@@ -78,6 +78,10 @@ def run_measured(cmd: list[str], env: dict | None, timeout: float, stdout_path: 
             res["error"] = f"timed out after {timeout:.0f} s"
         elif p.returncode != 0:
             res["error"] = f"exit status {p.returncode}"
+            if p.returncode in (-signal.SIGILL, 128 + signal.SIGILL, 256 - signal.SIGILL):
+                res["error"] += (" (an illegal instruction: a CPU that advertises AMX whose tile instructions fault "
+                                 "kills a GGML_NATIVE llama.cpp in ggml_backend_amx_mul_mat; rebuild with --build "
+                                 "--build-cflags '-mno-amx-tile -mno-amx-int8 -mno-amx-bf16')")
         return res
 
 
@@ -471,24 +475,31 @@ def _eos_ids(m, mdir) -> set[int]:
 # ---------------------------------------------------------------------------------------------------- llama.cpp build
 
 
-def build_commands(dest: Path, version: str | None, jobs: int) -> tuple[list[list[str]], Path]:
+def configure_flags(cflags: str = "") -> list[str]:
+    """cmake's configure options for the llama.cpp build; ``cflags``: extra C / C++ compiler flags (both)."""
+    flags = ["-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release"]
+    if cflags:
+        flags += [f"-DCMAKE_C_FLAGS={cflags}", f"-DCMAKE_CXX_FLAGS={cflags}"]
+    return flags
+
+
+def build_commands(dest: Path, version: str | None, jobs: int, cflags: str = "") -> tuple[list[list[str]], Path]:
     """The steps that build llama.cpp from the llama-cpp-python source package's vendored tree (never run in CI):
-    pip download of the sdist, unpack, cmake configure (-DGGML_NATIVE=ON -DLLAMA_CURL=OFF), build of the targets
-    this script uses. The tree's path depends on the version unpacked; ``<unpacked>`` stands for it."""
+    pip download of the sdist, unpack, cmake configure (-DGGML_NATIVE=ON -DLLAMA_CURL=OFF, plus ``cflags``), build
+    of the targets this script uses. The tree's path depends on the version unpacked; ``<unpacked>`` stands for it."""
     spec = f"llama-cpp-python=={version}" if version else "llama-cpp-python"
     tree = dest / "<unpacked>" / "vendor" / "llama.cpp"
     return [
         [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", spec, "-d", str(dest)],
         ["tar", "xzf", str(dest / "llama_cpp_python-*.tar.gz"), "-C", str(dest)],
-        ["cmake", "-S", str(tree), "-B", str(tree / "build"), "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-         "-DCMAKE_BUILD_TYPE=Release"],
+        ["cmake", "-S", str(tree), "-B", str(tree / "build"), *configure_flags(cflags)],
         ["cmake", "--build", str(tree / "build"), "-j", str(jobs), "--target", "llama-bench", "llama-quantize",
          "llama-perplexity", "llama-completion"],
     ], tree
 
 
-def build_llama_cpp(dest: Path, version: str | None, jobs: int, dry_run: bool) -> Path:
-    cmds, _ = build_commands(dest, version, jobs)
+def build_llama_cpp(dest: Path, version: str | None, jobs: int, dry_run: bool, cflags: str = "") -> Path:
+    cmds, _ = build_commands(dest, version, jobs, cflags)
     for c in cmds:
         print("$ " + " ".join(c), file=sys.stderr, flush=True)
     if dry_run:
@@ -505,7 +516,6 @@ def build_llama_cpp(dest: Path, version: str | None, jobs: int, dry_run: bool) -
     tree = dest / sdists[-1].name[: -len(".tar.gz")] / "vendor" / "llama.cpp"
     if shutil.which("cmake") is None:
         raise SystemExit("cmake is not installed (apt-get install cmake build-essential)")
-    subprocess.run(["cmake", "-S", str(tree), "-B", str(tree / "build"), "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-                    "-DCMAKE_BUILD_TYPE=Release"], check=True)
+    subprocess.run(["cmake", "-S", str(tree), "-B", str(tree / "build"), *configure_flags(cflags)], check=True)
     subprocess.run(cmds[3][:2] + [str(tree / "build")] + cmds[3][3:], check=True)
     return tree
