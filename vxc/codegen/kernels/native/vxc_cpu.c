@@ -610,10 +610,29 @@ void vxc_gated_rmsnorm(const void *x, const void *z, const void *weight, void *o
 
 /* the conv1d_step twin: x [C], weight [C, K], bias [C] or NULL, state [C, K] (oldest first; s_bf: its
  * dtype), out [C]; act 0 none, 1 silu. */
-void vxc_conv1d_step(const void *x, const void *weight, const void *bias, void *state, void *out, long C, long K,
-                     int a, int bf, int w_bf, int s_bf) {
-#pragma omp parallel for schedule(static) if (C >= 8192)
-    for (long c = 0; c < C; c++) {
+/* channels c0 .. c1 of one conv1d step. The all-fp32 four-tap case (Mamba2's and most conv-QKV layers) without
+ * the per-element dtype branches: the same history, sum order and products, so the same values. */
+static inline void conv_step_range(const void *x, const void *weight, const void *bias, void *state, void *out,
+                                   long c0, long c1, long K, int a, int bf, int w_bf, int s_bf) {
+    if (K == 4 && !bf && !w_bf && !s_bf) {
+        const float *xf = (const float *)x, *wf = (const float *)weight, *bfp = (const float *)bias;
+        float *sf = (float *)state, *of = (float *)out;
+        for (long c = c0; c < c1; c++) {
+            float *sc = sf + 4 * c;
+            const float *w = wf + 4 * c;
+            float h0 = sc[1], h1 = sc[2], h2 = sc[3], h3 = xf[c];
+            sc[0] = h0, sc[1] = h1, sc[2] = h2, sc[3] = h3;
+            float y = 0.0f;
+            y += h0 * w[0];
+            y += h1 * w[1];
+            y += h2 * w[2];
+            y += h3 * w[3];
+            if (bfp) y += bfp[c];
+            of[c] = act(y, a);
+        }
+        return;
+    }
+    for (long c = c0; c < c1; c++) {
         float y = 0.0f;
         for (long j = 0; j < K; j++) {
             float h = j + 1 < K ? ld(state, c * K + j + 1, s_bf) : ld(x, c, bf);
@@ -622,6 +641,20 @@ void vxc_conv1d_step(const void *x, const void *weight, const void *bias, void *
         }
         if (bias) y += ld(bias, c, w_bf);
         st(out, c, act(y, a), bf);
+    }
+}
+
+void vxc_conv1d_step(const void *x, const void *weight, const void *bias, void *state, void *out, long C, long K,
+                     int a, int bf, int w_bf, int s_bf) {
+    if (C < 8192) {
+        conv_step_range(x, weight, bias, state, out, 0, C, K, a, bf, w_bf, s_bf);
+        return;
+    }
+#pragma omp parallel
+    {
+        long nt = omp_get_num_threads(), t = omp_get_thread_num(), per = (C + nt - 1) / nt;
+        long c0 = t * per < C ? t * per : C, c1 = c0 + per < C ? c0 + per : C;
+        conv_step_range(x, weight, bias, state, out, c0, c1, K, a, bf, w_bf, s_bf);
     }
 }
 
@@ -2733,10 +2766,13 @@ void vxc_qmoe(int enc_in, const void *Win, int enc_up, const void *Wup, int enc_
 
 void vxc_conv1d_step_rows(const void *x, const void *weight, const void *bias, void *state, void *out, long C, long K,
                           int a, int bf, int w_bf, int s_bf, long B, const int64_t *slots, long slot_bytes) {
-    long es = bf ? 2 : 4;
-    for (long b = 0; b < B; b++)
-        vxc_conv1d_step((const char *)x + b * C * es, weight, bias, (char *)state + slots[b] * slot_bytes,
-                        (char *)out + b * C * es, C, K, a, bf, w_bf, s_bf);
+    long es = bf ? 2 : 4, chunk = 1024, nc = (C + chunk - 1) / chunk; /* (row, 1024 channels) pieces, one region */
+#pragma omp parallel for schedule(static) if (B * C >= 8192)
+    for (long i = 0; i < B * nc; i++) {
+        long b = i / nc, c0 = (i % nc) * chunk, c1 = c0 + chunk < C ? c0 + chunk : C;
+        conv_step_range((const char *)x + b * C * es, weight, bias, (char *)state + slots[b] * slot_bytes,
+                        (char *)out + b * C * es, c0, c1, K, a, bf, w_bf, s_bf);
+    }
 }
 
 void vxc_ssd_step_rows(const void *x, const void *dt, const void *A_log, const void *Bm, const void *Cm, const void *Dv,
