@@ -608,8 +608,6 @@ void vxc_gated_rmsnorm(const void *x, const void *z, const void *weight, void *o
 
 /* ----------------------------------------------------------------------------------------- conv (conv.py) */
 
-/* the conv1d_step twin: x [C], weight [C, K], bias [C] or NULL, state [C, K] (oldest first; s_bf: its
- * dtype), out [C]; act 0 none, 1 silu. */
 /* channels c0 .. c1 of one conv1d step. The all-fp32 four-tap case (Mamba2's and most conv-QKV layers) without
  * the per-element dtype branches: the same history, sum order and products, so the same values. */
 static inline void conv_step_range(const void *x, const void *weight, const void *bias, void *state, void *out,
@@ -644,6 +642,8 @@ static inline void conv_step_range(const void *x, const void *weight, const void
     }
 }
 
+/* the conv1d_step twin: x [C], weight [C, K], bias [C] or NULL, state [C, K] (oldest first; s_bf: its
+ * dtype), out [C]; act 0 none, 1 silu. */
 void vxc_conv1d_step(const void *x, const void *weight, const void *bias, void *state, void *out, long C, long K,
                      int a, int bf, int w_bf, int s_bf) {
     if (C < 8192) {
@@ -1014,7 +1014,10 @@ static void att_unit(const void *q, const void *k_cache, const void *v_cache, vo
     }
     for (long j = 0; j < nh; j++)
         for (long d = 0; d < Dv; d++) st(out, (h0 + j) * Dv + d, acc[j][d], bf);
-    }
+}
+
+/* the first position a step at ``start`` attends to (a sliding window of ``window`` positions, else 0) */
+static inline long att_lo(long start, long window) { return window > 0 && start - window + 1 > 0 ? start - window + 1 : 0; }
 
 /* the (group, tile) work units of a step: tiles of at most ATT_TILE query heads, more of them when there are fewer
  * groups than threads (one KV head and four query heads: two tiles of two) */
@@ -1029,8 +1032,7 @@ static void att_tiles(long group, long Hkv, long threads, long *tiles_out, long 
 void vxc_attention_step(const void *q, const void *k, const void *v, void *k_cache, void *v_cache, void *out,
                         long start, float scale, long Hq, long Hkv, long Dk, long Dv, float *scratch, long rows,
                         long window, const void *sinks, int s_bf, int bf) {
-    long es = bf ? 2 : 4, group = Hq / Hkv, row = start % rows;
-    long lo = window > 0 && start - window + 1 > 0 ? start - window + 1 : 0, S = start - lo + 1;
+    long es = bf ? 2 : 4, group = Hq / Hkv, row = start % rows, lo = att_lo(start, window), S = start - lo + 1;
     memcpy((char *)k_cache + row * Hkv * Dk * es, k, (size_t)(Hkv * Dk * es));
     memcpy((char *)v_cache + row * Hkv * Dv * es, v, (size_t)(Hkv * Dv * es));
     int par = S * Hq * Dk >= 32768;
@@ -2796,7 +2798,7 @@ void vxc_attention_step_rows(const void *q, const void *k, const void *v, void *
     long es = bf ? 2 : 4, group = Hq / Hkv, work = 0;
     for (long b = 0; b < B; b++) {
         char *kc = (char *)kv + slots[b] * slot_bytes;
-        long row = starts[b] % rows, lo = window > 0 && starts[b] - window + 1 > 0 ? starts[b] - window + 1 : 0;
+        long row = starts[b] % rows, lo = att_lo(starts[b], window);
         memcpy(kc + row * Hkv * Dk * es, (const char *)k + b * Hkv * Dk * es, (size_t)(Hkv * Dk * es));
         memcpy(kc + v_bytes + row * Hkv * Dv * es, (const char *)v + b * Hkv * Dv * es, (size_t)(Hkv * Dv * es));
         work += (starts[b] - lo + 1) * Hq * Dk;
@@ -2809,7 +2811,7 @@ void vxc_attention_step_rows(const void *q, const void *k, const void *v, void *
     for (long w = 0; w < B * units; w++) {
         long b = w / units;
         const char *kc = (const char *)kv + slots[b] * slot_bytes;
-        long lo = window > 0 && starts[b] - window + 1 > 0 ? starts[b] - window + 1 : 0;
+        long lo = att_lo(starts[b], window);
         att_unit((const char *)q + b * Hq * Dk * es, kc, kc + v_bytes, (char *)out + b * Hq * Dv * es, lo, starts[b] - lo + 1,
                  scale, Hq, Hkv, Dk, Dv, scratch + b * Hq * rows, rows, sinks, s_bf, bf, w % units, tiles, tile);
     }
