@@ -91,7 +91,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 35
+#define VXC_ABI_VERSION 36
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -2537,14 +2537,15 @@ void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
 #else
 #define P_DOT(acc, u, s) _mm512_add_epi32((acc), _mm512_madd_epi16(_mm512_maddubs_epi16((u), (s)), _mm512_set1_epi16(1)))
 #endif
+#define P_NB6 4 /* q6_k: rows of x per pass */
 #define P_X4(p) _mm512_set1_epi32(*(const int32_t *)(const void *)(p)) /* 4 x bytes in every lane */
 
 /* one tile of 16 rows against NB (1..4) rows of x from b0: out[b] = the 16 rows' results */
 static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t *T, const a8_x *X, long cols, long b0,
-                                                          int NB, __m512 out[4]) {
+                                                          int NB, __m512 out[8]) {
     const __m512i m4 = _mm512_set1_epi8(15);
     long ng = cols / 32;
-    __m512 acc[4];
+    __m512 acc[8];
     for (int b = 0; b < NB; b++) acc[b] = _mm512_setzero_ps();
     if (enc == Q6_K) {
         const __m512i m30 = _mm512_set1_epi8(0x30);
@@ -2556,7 +2557,7 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             for (int h = 0; h < 2; h++)
                 for (int cq = 0; cq < 2; cq++) { /* chunks 4cq..4cq+3: values of sub-blocks 8h + 2t + cq */
-                    __m512i p[4][4];
+                    __m512i p[8][4];
                     for (int b = 0; b < NB; b++)
                         for (int t = 0; t < 4; t++)
                             p[b][t] = _mm512_set1_epi32(-32 * X->xs16[(b0 + b) * (cols / 16) + 16 * sb + 8 * h + 2 * t + cq]);
@@ -2591,7 +2592,7 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32)));
             for (int p = 0; p < 4; p++) {
-                __m512i pl[4], ph[4];
+                __m512i pl[8], ph[8];
                 for (int b = 0; b < NB; b++) pl[b] = ph[b] = _mm512_setzero_si512();
                 const uint8_t *qs = o + 320 + 512 * p;
 #pragma GCC unroll 8
@@ -2622,7 +2623,7 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
         const int off = enc == Q4_0 ? -8 : enc == Q8_0 ? -128 : enc == Q5_0 ? -16 : 0;
         for (long g = 0; g < ng; g++) {
             const uint8_t *o = T + g * GB;
-            __m512i p[4];
+            __m512i p[8];
             for (int b = 0; b < NB; b++)
                 p[b] = off ? _mm512_set1_epi32(off * X->xs[(b0 + b) * ng + g]) : _mm512_setzero_si512();
             if (enc == Q8_0) {
@@ -2669,13 +2670,20 @@ static inline __attribute__((always_inline)) void p_rows(int enc, const uint8_t 
     const uint8_t *T = P + t * TB;
     long r0 = 16 * t, nr = rows - r0 < 16 ? rows - r0 : 16;
     __mmask16 m = (__mmask16)((1u << nr) - 1u);
-    for (long b0 = 0; b0 < B; b0 += 4) {
-        int nb = (int)(B - b0 < 4 ? B - b0 : 4);
-        __m512 out[4];
-        if (nb == 1) p_tile(enc, T, X, cols, b0, 1, out);
-        else if (nb == 2) p_tile(enc, T, X, cols, b0, 2, out);
-        else if (nb == 3) p_tile(enc, T, X, cols, b0, 3, out);
-        else p_tile(enc, T, X, cols, b0, 4, out);
+    const int W = enc == Q6_K ? P_NB6 : 8; /* rows of x per pass over the tile (registers: q6_k keeps 4 sums a row) */
+    for (long b0 = 0; b0 < B; b0 += W) {
+        int nb = (int)(B - b0 < W ? B - b0 : W);
+        __m512 out[8];
+        switch (nb) {
+        case 1: p_tile(enc, T, X, cols, b0, 1, out); break;
+        case 2: p_tile(enc, T, X, cols, b0, 2, out); break;
+        case 3: p_tile(enc, T, X, cols, b0, 3, out); break;
+        case 4: p_tile(enc, T, X, cols, b0, 4, out); break;
+        case 5: p_tile(enc, T, X, cols, b0, 5, out); break;
+        case 6: p_tile(enc, T, X, cols, b0, 6, out); break;
+        case 7: p_tile(enc, T, X, cols, b0, 7, out); break;
+        default: p_tile(enc, T, X, cols, b0, 8, out); break;
+        }
         for (int b = 0; b < nb; b++) _mm512_mask_storeu_ps(y + (b0 + b) * rows + r0, m, out[b]);
     }
 }
