@@ -2041,6 +2041,8 @@ void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, 
 
 /* the offset taken off the stored integer (the bias the unsigned bytes carry) */
 static inline int a8_off(int enc) { return enc == Q4_0 ? -8 : enc == Q5_0 ? -16 : enc == Q6_K ? -32 : 0; }
+/* the packed layout's offset per integer (vxc_qpack stores q8_0 biased by 128: unsigned for vpdpbusd) */
+static inline int p_off(int enc) { return enc == Q4_0 ? -8 : enc == Q8_0 ? -128 : enc == Q5_0 ? -16 : 0; }
 static inline int a8_has_min(int enc) { return enc == Q4_1 || enc == Q4_K; }
 /* the 4-bit 32-value formats whose unit of 64 puts both blocks' low nibbles before their high ones */
 static inline int a8_split(int enc) { return A8_UNIT == 64 && (enc == Q4_0 || enc == Q4_1 || enc == Q5_0); }
@@ -2080,7 +2082,7 @@ typedef struct {
     int8_t *q;   /* [B, cols]: natural order, each split unit's middle 16-byte chunks swapped */
     int32_t *ox; /* [B, nu * A8_LANES]: offset times the sum of each lane's four x bytes (formats with an offset) */
     float *xc;   /* [B, cols / 32]: d_g times the sum of block g (formats with a min) */
-    int32_t *xs; /* [B, cols / 32]: the sum of block g */
+    int32_t *xs; /* [B, cols / 32]: the packed kernel's offset (p_off) times the sum of block g */
     int32_t *xs16; /* [B, cols / 16]: the sum of each 16 values (q6_k's scale blocks) */
     float *d;    /* [B, cols / 32] */
     long nu, nl, ng;
@@ -2108,7 +2110,7 @@ static void a8_prepare(int enc, const float *x, long cols, long B, a8_x *X, int 
             int s = 0;
             for (int i = 0; i < 32; i++) s += q[32 * g + i];
             X->xc[b * ng + g] = d[g] * (float)s;
-            X->xs[b * ng + g] = s;
+            X->xs[b * ng + g] = p_off(enc) * s;
             int s16 = 0;
             for (int i = 0; i < 16; i++) s16 += q[32 * g + i];
             X->xs16[2 * (b * ng + g)] = s16;
@@ -2620,12 +2622,12 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
         }
     } else {
         const long GB = p_group_bytes(enc), qoff = enc == Q4_1 ? 64 : enc == Q5_0 ? 96 : 32;
-        const int off = enc == Q4_0 ? -8 : enc == Q8_0 ? -128 : enc == Q5_0 ? -16 : 0;
+        const int off = p_off(enc);
         for (long g = 0; g < ng; g++) {
             const uint8_t *o = T + g * GB;
             __m512i p[8];
             for (int b = 0; b < NB; b++)
-                p[b] = off ? _mm512_set1_epi32(off * X->xs[(b0 + b) * ng + g]) : _mm512_setzero_si512();
+                p[b] = off ? _mm512_set1_epi32(X->xs[(b0 + b) * ng + g]) : _mm512_setzero_si512(); /* a load, no multiply */
             if (enc == Q8_0) {
 #pragma GCC unroll 8
                 for (int c = 0; c < 8; c++) {
