@@ -2540,11 +2540,18 @@ void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
 #define P_DOT(acc, u, s) _mm512_add_epi32((acc), _mm512_madd_epi16(_mm512_maddubs_epi16((u), (s)), _mm512_set1_epi16(1)))
 #endif
 #define P_NB6 4 /* q6_k: rows of x per pass */
+/* fetch the bytes of the next tile that the loop reads next there (this group / super-block, one tile of TB bytes
+ * ahead), n bytes from o: the hardware prefetcher alone leaves the loop waiting on memory at each tile's start (a
+ * 0.35 GB q4_0 matrix, Intel Xeon, 2 threads: B = 1 22.7 -> 16.2 ms, B = 8 34.6 -> 25.4 ms); pf: only in the last
+ * pass over a tile (many rows of x: the earlier passes read it from cache, and a second tile in L1 beside eight
+ * rows of x slowed a 128-token prefill by a fifth) */
+#define P_NEXT_TILE(o, TB, n) \
+    if (pf) for (long pf_ = 0; pf_ < (n); pf_ += 64) _mm_prefetch((const char *)((o) + (TB) + pf_), _MM_HINT_T0)
 #define P_X4(p) _mm512_set1_epi32(*(const int32_t *)(const void *)(p)) /* 4 x bytes in every lane */
 
 /* one tile of 16 rows against NB (1..4) rows of x from b0: out[b] = the 16 rows' results */
 static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t *T, const a8_x *X, long cols, long b0,
-                                                          int NB, __m512 out[8]) {
+                                                          int NB, int pf, __m512 out[8]) {
     const __m512i m4 = _mm512_set1_epi8(15);
     long ng = cols / 32;
     __m512 acc[8];
@@ -2591,6 +2598,7 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
     } else if (enc == Q4_K) {
         for (long sb = 0; sb < cols / 256; sb++) {
             const uint8_t *o = T + sb * 2368;
+            P_NEXT_TILE(o, cols / 256 * 2368, 2368);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32)));
             for (int p = 0; p < 4; p++) {
@@ -2625,6 +2633,7 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
         const int off = p_off(enc);
         for (long g = 0; g < ng; g++) {
             const uint8_t *o = T + g * GB;
+            P_NEXT_TILE(o, ng * GB, GB);
             __m512i p[8];
             for (int b = 0; b < NB; b++)
                 p[b] = off ? _mm512_set1_epi32(X->xs[(b0 + b) * ng + g]) : _mm512_setzero_si512(); /* a load, no multiply */
@@ -2677,14 +2686,14 @@ static inline __attribute__((always_inline)) void p_rows(int enc, const uint8_t 
         int nb = (int)(B - b0 < W ? B - b0 : W);
         __m512 out[8];
         switch (nb) {
-        case 1: p_tile(enc, T, X, cols, b0, 1, out); break;
-        case 2: p_tile(enc, T, X, cols, b0, 2, out); break;
-        case 3: p_tile(enc, T, X, cols, b0, 3, out); break;
-        case 4: p_tile(enc, T, X, cols, b0, 4, out); break;
-        case 5: p_tile(enc, T, X, cols, b0, 5, out); break;
-        case 6: p_tile(enc, T, X, cols, b0, 6, out); break;
-        case 7: p_tile(enc, T, X, cols, b0, 7, out); break;
-        default: p_tile(enc, T, X, cols, b0, 8, out); break;
+        case 1: p_tile(enc, T, X, cols, b0, 1, b0 + W >= B, out); break;
+        case 2: p_tile(enc, T, X, cols, b0, 2, b0 + W >= B, out); break;
+        case 3: p_tile(enc, T, X, cols, b0, 3, b0 + W >= B, out); break;
+        case 4: p_tile(enc, T, X, cols, b0, 4, b0 + W >= B, out); break;
+        case 5: p_tile(enc, T, X, cols, b0, 5, b0 + W >= B, out); break;
+        case 6: p_tile(enc, T, X, cols, b0, 6, b0 + W >= B, out); break;
+        case 7: p_tile(enc, T, X, cols, b0, 7, b0 + W >= B, out); break;
+        default: p_tile(enc, T, X, cols, b0, 8, b0 + W >= B, out); break;
         }
         for (int b = 0; b < nb; b++) _mm512_mask_storeu_ps(y + (b0 + b) * rows + r0, m, out[b]);
     }
