@@ -207,11 +207,22 @@ static inline void dot4_f32(const float *w0, const float *x, long K, long rows, 
 #ifndef DOT1_MAX_K
 #define DOT1_MAX_K 2048
 #endif
+/* ... with a software prefetch DOT1_PF bytes ahead of the 256 bytes each iteration reads: on an Intel Xeon (2
+ * threads, qwen3-0.6b-shaped matrices in one sweep, interleaved A/B) bf16 70.9 -> 55.6 ms for 1.14 GB (16.8 ->
+ * 21.4 GB/s; 1-8 KB ahead all within 5 %), fp32 level (109 -> 107 ms for 2.3 GB) */
+#ifndef DOT1_PF
+#define DOT1_PF 4096
+#endif
+#define DOT1_PREFETCH(p)                                                                          \
+    do {                                                                                          \
+        for (int pf_ = 0; pf_ < 256; pf_ += 64) _mm_prefetch((const char *)(p) + DOT1_PF + pf_, _MM_HINT_T0); \
+    } while (0)
 static inline float dot1_bf16(const bf16_t *w, const bf16_t *x, long K) {
 #if defined(__AVX512BF16__)
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     long k = 0;
     for (; k + 128 <= K; k += 128) {
+        DOT1_PREFETCH(w + k);
         a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(w + k)), (__m512bh)_mm512_loadu_si512((const void *)(x + k)));
         a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512((const void *)(w + k + 32)), (__m512bh)_mm512_loadu_si512((const void *)(x + k + 32)));
         a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512((const void *)(w + k + 64)), (__m512bh)_mm512_loadu_si512((const void *)(x + k + 64)));
@@ -235,6 +246,7 @@ static inline float dot1_f32(const float *w, const float *x, long K) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     long k = 0;
     for (; k + 64 <= K; k += 64) {
+        DOT1_PREFETCH(w + k);
         a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a0);
         a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
         a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
@@ -374,6 +386,7 @@ static inline void dot1_bf16_x4(const bf16_t *w, const bf16_t *x, long xs, long 
         for (int j = 0; j < 4; j++) a[t][j] = _mm512_setzero_ps();
     long k = 0;
     for (; k + 128 <= K; k += 128) {
+        DOT1_PREFETCH(w + k);
         __m512bh w0 = (__m512bh)_mm512_loadu_si512((const void *)(w + k));
         __m512bh w1 = (__m512bh)_mm512_loadu_si512((const void *)(w + k + 32));
         __m512bh w2 = (__m512bh)_mm512_loadu_si512((const void *)(w + k + 64));
