@@ -804,6 +804,13 @@ static void ssd_row_run(float *srow, const float *b, const float *c, long N, con
 /* tokens of one head: x [T, H, P] ... (the strides of the step and the prefill alike), B, C rows of group g
  * converted to fp32 a block of SSD_TB tokens at a time; every state row runs the block's tokens in turn */
 #define SSD_TB 64
+/* a one-token step reads and writes each head's state rows once, in order: prefetching the row SSD_PF rows ahead
+ * (past the head's end: the next head's, a hint that cannot fault) kept the stream going where the hardware
+ * prefetcher alone did not: 48 layers x 8 slots of mamba2-780m-shaped state (576 MB), Intel Xeon, 2 threads,
+ * interleaved A/B: 44.9 -> 33.7 ms (4 to 64 rows ahead within 6 %) */
+#ifndef SSD_PF
+#define SSD_PF 16
+#endif
 static void ssd_head(const void *x, const void *dt, const void *B, const void *Cm, float bias, float e, float Dh,
                      float dt_min, float dt_max, int clamp, float *state, void *out, long T, long H, long P, long G,
                      long N, long h, long g, int bf) {
@@ -830,6 +837,8 @@ static void ssd_head(const void *x, const void *dt, const void *B, const void *C
         for (long p = 0; p < P; p += R) {
             int r_n = p + R <= P ? R : 1;
             float *srow = state + (h * P + p) * N;
+            if (nt == 1) /* a step streams the state once: fetch the rows SSD_PF ahead (see SSD_PF) */
+                for (long pf_ = 0; pf_ < R * N * 4; pf_ += 64) _mm_prefetch((const char *)(srow + SSD_PF * N) + pf_, _MM_HINT_T0);
             for (int r = 0; r < r_n; r++)
                 for (long t = 0; t < nt; t++) dx[r * nt + t] = dv[t] * ld(x, ((t0 + t) * H + h) * P + p + r, bf);
             if (vec) {
