@@ -1106,6 +1106,9 @@ void vxc_delta_step(const void *q, const void *k, const void *v, const void *a, 
         for (long j = 0; j < Dv; j++) ks[j] = 0.0f;
         for (long i = 0; i < Dk; i++) {
             float *row = S + i * Dv, ki = kn[i], di = decay[i];
+            /* the first pass streams the head's state from memory: fetch the row 8 ahead (36 layers x 4 slots of
+             * qwen3-next-shaped state, 288 MB, Intel Xeon, 2 threads, interleaved A/B: 23.7 -> 19.6 ms) */
+            for (long pf_ = 0; pf_ < Dv * 4; pf_ += 64) _mm_prefetch((const char *)(row + 8 * Dv) + pf_, _MM_HINT_T0);
 #pragma omp simd
             for (long j = 0; j < Dv; j++) { row[j] *= di; ks[j] += row[j] * ki; }
         }
