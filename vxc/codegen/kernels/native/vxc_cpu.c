@@ -20,9 +20,12 @@
 
 typedef uint16_t bf16_t;
 
-/* a read prefetch into every cache level that any build has (the kernels outside the vector-ISA blocks use this:
- * _mm_prefetch needs immintrin.h, which the plain fallback build does not include) */
-#define VXC_PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
+/* read prefetch of the n bytes from p into every cache level (prefetcht0), one per 64-byte line: the kernels that
+ * stream memory fetch what they read next with it. __builtin_prefetch, not _mm_prefetch: every build has it (the
+ * plain fallback build includes no immintrin.h); a prefetch past a buffer's end is a hint that cannot fault. */
+static inline __attribute__((always_inline)) void prefetch_bytes(const void *p, long n) {
+    for (long i = 0; i < n; i += 64) __builtin_prefetch((const char *)p + i, 0, 3);
+}
 
 
 static inline float bf2f(bf16_t h) {
@@ -211,22 +214,18 @@ static inline void dot4_f32(const float *w0, const float *x, long K, long rows, 
 #ifndef DOT1_MAX_K
 #define DOT1_MAX_K 2048
 #endif
-/* ... with a software prefetch DOT1_PF bytes ahead of the 256 bytes each iteration reads: on an Intel Xeon (2
+/* ... with a prefetch DOT1_PF bytes ahead of the 256 bytes each iteration reads: on an Intel Xeon (2
  * threads, qwen3-0.6b-shaped matrices in one sweep, interleaved A/B) bf16 70.9 -> 55.6 ms for 1.14 GB (16.8 ->
  * 21.4 GB/s; 1-8 KB ahead all within 5 %), fp32 level (109 -> 107 ms for 2.3 GB) */
 #ifndef DOT1_PF
 #define DOT1_PF 4096
 #endif
-#define DOT1_PREFETCH(p)                                                                          \
-    do {                                                                                          \
-        for (int pf_ = 0; pf_ < 256; pf_ += 64) _mm_prefetch((const char *)(p) + DOT1_PF + pf_, _MM_HINT_T0); \
-    } while (0)
 static inline float dot1_bf16(const bf16_t *w, const bf16_t *x, long K) {
 #if defined(__AVX512BF16__)
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     long k = 0;
     for (; k + 128 <= K; k += 128) {
-        DOT1_PREFETCH(w + k);
+        prefetch_bytes((const char *)(w + k) + DOT1_PF, 256);
         a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(w + k)), (__m512bh)_mm512_loadu_si512((const void *)(x + k)));
         a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512((const void *)(w + k + 32)), (__m512bh)_mm512_loadu_si512((const void *)(x + k + 32)));
         a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512((const void *)(w + k + 64)), (__m512bh)_mm512_loadu_si512((const void *)(x + k + 64)));
@@ -250,7 +249,7 @@ static inline float dot1_f32(const float *w, const float *x, long K) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     long k = 0;
     for (; k + 64 <= K; k += 64) {
-        DOT1_PREFETCH(w + k);
+        prefetch_bytes((const char *)(w + k) + DOT1_PF, 256);
         a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a0);
         a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
         a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
@@ -390,7 +389,7 @@ static inline void dot1_bf16_x4(const bf16_t *w, const bf16_t *x, long xs, long 
         for (int j = 0; j < 4; j++) a[t][j] = _mm512_setzero_ps();
     long k = 0;
     for (; k + 128 <= K; k += 128) {
-        DOT1_PREFETCH(w + k);
+        prefetch_bytes((const char *)(w + k) + DOT1_PF, 256);
         __m512bh w0 = (__m512bh)_mm512_loadu_si512((const void *)(w + k));
         __m512bh w1 = (__m512bh)_mm512_loadu_si512((const void *)(w + k + 32));
         __m512bh w2 = (__m512bh)_mm512_loadu_si512((const void *)(w + k + 64));
@@ -842,7 +841,7 @@ static void ssd_head(const void *x, const void *dt, const void *B, const void *C
             int r_n = p + R <= P ? R : 1;
             float *srow = state + (h * P + p) * N;
             if (nt == 1) /* a step streams the state once: fetch the rows SSD_PF ahead (see SSD_PF) */
-                for (long pf_ = 0; pf_ < R * N * 4; pf_ += 64) VXC_PREFETCH((const char *)(srow + SSD_PF * N) + pf_);
+                prefetch_bytes(srow + SSD_PF * N, R * N * 4);
             for (int r = 0; r < r_n; r++)
                 for (long t = 0; t < nt; t++) dx[r * nt + t] = dv[t] * ld(x, ((t0 + t) * H + h) * P + p + r, bf);
             if (vec) {
@@ -1112,7 +1111,7 @@ void vxc_delta_step(const void *q, const void *k, const void *v, const void *a, 
             float *row = S + i * Dv, ki = kn[i], di = decay[i];
             /* the first pass streams the head's state from memory: fetch the row 8 ahead (36 layers x 4 slots of
              * qwen3-next-shaped state, 288 MB, Intel Xeon, 2 threads, interleaved A/B: 23.7 -> 19.6 ms) */
-            for (long pf_ = 0; pf_ < Dv * 4; pf_ += 64) VXC_PREFETCH((const char *)(row + 8 * Dv) + pf_);
+            prefetch_bytes(row + 8 * Dv, Dv * 4);
 #pragma omp simd
             for (long j = 0; j < Dv; j++) { row[j] *= di; ks[j] += row[j] * ki; }
         }
@@ -2575,16 +2574,14 @@ void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
 #define P_DOT(acc, u, s) _mm512_add_epi32((acc), _mm512_madd_epi16(_mm512_maddubs_epi16((u), (s)), _mm512_set1_epi16(1)))
 #endif
 #define P_NB6 4 /* q6_k: rows of x per pass */
-/* fetch the bytes of the next tile that the loop reads next there (this group / super-block, one tile of TB bytes
- * ahead), n bytes from o: the hardware prefetcher alone leaves the loop waiting on memory at each tile's start (a
- * 0.35 GB q4_0 matrix, Intel Xeon, 2 threads: B = 1 22.7 -> 16.2 ms, B = 8 34.6 -> 25.4 ms); pf: only in the last
- * pass over a tile (many rows of x: the earlier passes read it from cache, and a second tile in L1 beside eight
- * rows of x slowed a 128-token prefill by a fifth) */
-#define P_NEXT_TILE(o, TB, n) \
-    if (pf) for (long pf_ = 0; pf_ < (n); pf_ += 64) _mm_prefetch((const char *)((o) + (TB) + pf_), _MM_HINT_T0)
 #define P_X4(p) _mm512_set1_epi32(*(const int32_t *)(const void *)(p)) /* 4 x bytes in every lane */
 
-/* one tile of 16 rows against NB (1..4) rows of x from b0: out[b] = the 16 rows' results */
+/* one tile of 16 rows against NB (1..8) rows of x from b0: out[b] = the 16 rows' results. With pf, each group /
+ * super-block first fetches the same bytes of the next tile (one tile ahead): the hardware prefetcher alone leaves
+ * the loop waiting on memory at each tile's start (a 0.35 GB q4_0 matrix, Intel Xeon, 2 threads: B = 1 22.7 ->
+ * 16.2 ms, B = 8 34.6 -> 25.4 ms). p_rows sets pf in the last pass over a tile only: the earlier passes read it
+ * from cache, and a second tile in L1 beside eight rows of x slowed a 128-token prefill by a fifth. q6_k keeps
+ * its next-super-block prefetch (the next tile's was level). */
 static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t *T, const a8_x *X, long cols, long b0,
                                                           int NB, int pf, __m512 out[8]) {
     const __m512i m4 = _mm512_set1_epi8(15);
@@ -2597,7 +2594,7 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
             const uint8_t *o = T + sb * 3360;
             /* the next super-block's 53 lines: its three regions per half defeat the hardware prefetcher (streaming
              * 0.36 GB of qwen3-shaped q6_k, 2 threads: 20.1 -> 24.4 GB/s; the other formats gain nothing) */
-            for (long pf = 0; pf < 3360; pf += 64) _mm_prefetch((const char *)(o + 3360 + pf), _MM_HINT_T0);
+            prefetch_bytes(o + 3360, 3360);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             for (int h = 0; h < 2; h++)
                 for (int cq = 0; cq < 2; cq++) { /* chunks 4cq..4cq+3: values of sub-blocks 8h + 2t + cq */
@@ -2633,7 +2630,7 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
     } else if (enc == Q4_K) {
         for (long sb = 0; sb < cols / 256; sb++) {
             const uint8_t *o = T + sb * 2368;
-            P_NEXT_TILE(o, cols / 256 * 2368, 2368);
+            if (pf) prefetch_bytes(o + cols / 256 * 2368, 2368);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32)));
             for (int p = 0; p < 4; p++) {
@@ -2668,7 +2665,7 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
         const int off = p_off(enc);
         for (long g = 0; g < ng; g++) {
             const uint8_t *o = T + g * GB;
-            P_NEXT_TILE(o, ng * GB, GB);
+            if (pf) prefetch_bytes(o + ng * GB, GB);
             __m512i p[8];
             for (int b = 0; b < NB; b++)
                 p[b] = off ? _mm512_set1_epi32(X->xs[(b0 + b) * ng + g]) : _mm512_setzero_si512(); /* a load, no multiply */
