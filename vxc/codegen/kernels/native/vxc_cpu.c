@@ -2117,7 +2117,7 @@ typedef struct {
     int32_t *ox; /* [B, nu * A8_LANES]: offset times the sum of each lane's four x bytes (formats with an offset) */
     float *xc;   /* [B, cols / 32]: d_g times the sum of block g (formats with a min) */
     int32_t *xs; /* [B, cols / 32]: the packed kernel's offset (p_off) times the sum of block g */
-    int32_t *xs16; /* [B, cols / 16]: the sum of each 16 values (q6_k's scale blocks) */
+    int32_t *xs16; /* [B, cols / 16]: -32 times the sum of each 16 values (q6_k's offset term per scale block) */
     float *d;    /* [B, cols / 32] */
     long nu, nl, ng;
 } a8_x;
@@ -2147,8 +2147,8 @@ static void a8_prepare(int enc, const float *x, long cols, long B, a8_x *X, int 
             X->xs[b * ng + g] = p_off(enc) * s;
             int s16 = 0;
             for (int i = 0; i < 16; i++) s16 += q[32 * g + i];
-            X->xs16[2 * (b * ng + g)] = s16;
-            X->xs16[2 * (b * ng + g) + 1] = s - s16;
+            X->xs16[2 * (b * ng + g)] = -32 * s16;
+            X->xs16[2 * (b * ng + g) + 1] = -32 * (s - s16);
         }
         for (long u = 0; u < nu; u++) {
             if (a8_split(enc) && !natural) { /* [lo g | hi g | lo g+1 | hi g+1] -> [lo g | lo g+1 | hi g | hi g+1] */
@@ -2573,8 +2573,37 @@ void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
 #else
 #define P_DOT(acc, u, s) _mm512_add_epi32((acc), _mm512_madd_epi16(_mm512_maddubs_epi16((u), (s)), _mm512_set1_epi16(1)))
 #endif
-#define P_NB6 4 /* q6_k: rows of x per pass */
 #define P_X4(p) _mm512_set1_epi32(*(const int32_t *)(const void *)(p)) /* 4 x bytes in every lane */
+
+/* q6_k in p_tile: sub-block 8h + 2t + cq of NB rows of x, t a constant after inlining. Its 4 chunks' values are
+ * decoded once (the low or high nibbles of ql, bits 2t..2t+1 of qh as bits 4-5) for all NB rows, each row's sum
+ * starts at its -32 offset term, and the scaled sums are added to acc[b]. oh: the half's chunk 4cq (ql bytes; qh
+ * 1024 on); xh: row b0's values of chunk 4cq (row stride cols); s16, xd: row b0's offset terms / block scales at
+ * (h, cq) / h; scb: the scale of sub-block 8h + cq. One sub-block at a time with t constant, rather than the four
+ * sub-blocks of a chunk at once (16 sums a pass, 4 rows of x, and t a loop variable), because GCC spilled those
+ * sums and copied every accumulator around each dot: the same products, bit for bit, and on Intel Xeon (2
+ * threads, 197 qwen3-shaped q6_k matrices, 466 MB, interleaved A/B) B = 8 55.6 -> 44.6 ms, B = 64 349 -> 259 ms,
+ * B = 1 22.4 -> 21.7 ms. */
+static inline __attribute__((always_inline)) void q6_sub(const uint8_t *oh, const int8_t *xh, const int32_t *s16,
+                                                          const float *xd, const uint8_t *scb, __m512 d, long cols,
+                                                          long ng, int NB, int t, __m512 acc[8]) {
+    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    __m512i p[8];
+    for (int b = 0; b < NB; b++) p[b] = _mm512_set1_epi32(s16[b * (cols / 16) + 2 * t]);
+    const uint8_t *ql = oh + (t & 1) * 512;
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        __m512i a = _mm512_loadu_si512((const void *)(ql + 64 * i));
+        __m512i hh = _mm512_loadu_si512((const void *)(oh + 1024 + 64 * i));
+        __m512i lo = t < 2 ? _mm512_and_si512(a, m4) : _mm512_and_si512(_mm512_srli_epi16(a, 4), m4);
+        __m512i hb = t == 0 ? _mm512_slli_epi16(hh, 4) : t == 1 ? _mm512_slli_epi16(hh, 2) : t == 2 ? hh : _mm512_srli_epi16(hh, 2);
+        __m512i v = _mm512_or_si512(lo, _mm512_and_si512(hb, m30));
+        for (int b = 0; b < NB; b++) p[b] = P_DOT(p[b], v, P_X4(xh + b * cols + 32 * t + 4 * i));
+    }
+    __m512 sc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(scb + 32 * t)))));
+    for (int b = 0; b < NB; b++)
+        acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[b]), _mm512_mul_ps(sc, _mm512_set1_ps(xd[b * ng + t])), acc[b]);
+}
 
 /* one tile of 16 rows against NB (1..8) rows of x from b0: out[b] = the 16 rows' results. With pf, each group /
  * super-block first fetches the same bytes of the next tile (one tile ahead): the hardware prefetcher alone leaves
@@ -2589,7 +2618,6 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
     __m512 acc[8];
     for (int b = 0; b < NB; b++) acc[b] = _mm512_setzero_ps();
     if (enc == Q6_K) {
-        const __m512i m30 = _mm512_set1_epi8(0x30);
         for (long sb = 0; sb < cols / 256; sb++) {
             const uint8_t *o = T + sb * 3360;
             /* the next super-block's 53 lines: its three regions per half defeat the hardware prefetcher (streaming
@@ -2597,34 +2625,16 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
             prefetch_bytes(o + 3360, 3360);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             for (int h = 0; h < 2; h++)
-                for (int cq = 0; cq < 2; cq++) { /* chunks 4cq..4cq+3: values of sub-blocks 8h + 2t + cq */
-                    __m512i p[8][4];
-                    for (int b = 0; b < NB; b++)
-                        for (int t = 0; t < 4; t++)
-                            p[b][t] = _mm512_set1_epi32(-32 * X->xs16[(b0 + b) * (cols / 16) + 16 * sb + 8 * h + 2 * t + cq]);
-                    const uint8_t *oh = o + 288 + 1536 * h;
-#pragma GCC unroll 4
-                    for (int c = 4 * cq; c < 4 * cq + 4; c++) {
-                        __m512i a = _mm512_loadu_si512((const void *)(oh + 64 * c));
-                        __m512i bq = _mm512_loadu_si512((const void *)(oh + 512 + 64 * c));
-                        __m512i hh = _mm512_loadu_si512((const void *)(oh + 1024 + 64 * c));
-                        __m512i v[4];
-                        v[0] = _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_and_si512(_mm512_slli_epi16(hh, 4), m30));
-                        v[1] = _mm512_or_si512(_mm512_and_si512(bq, m4), _mm512_and_si512(_mm512_slli_epi16(hh, 2), m30));
-                        v[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), _mm512_and_si512(hh, m30));
-                        v[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(bq, 4), m4), _mm512_and_si512(_mm512_srli_epi16(hh, 2), m30));
-                        for (int b = 0; b < NB; b++) {
-                            const int8_t *xg = X->q + (b0 + b) * cols + 256 * sb + 128 * h + 4 * c;
-                            for (int t = 0; t < 4; t++) p[b][t] = P_DOT(p[b][t], v[t], P_X4(xg + 32 * t));
-                        }
-                    }
-                    for (int t = 0; t < 4; t++) {
-                        __m512 sc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                                         _mm_loadu_si128((const __m128i *)(o + 32 + 16 * (8 * h + 2 * t + cq))))));
-                        for (int b = 0; b < NB; b++)
-                            acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[b][t]),
-                                                     _mm512_mul_ps(sc, _mm512_set1_ps(X->d[(b0 + b) * ng + 8 * sb + 4 * h + t])), acc[b]);
-                    }
+                for (int cq = 0; cq < 2; cq++) { /* chunks 4cq..4cq+3: values of sub-blocks 8h + 2t + cq, t = 0..3 */
+                    const uint8_t *oh = o + 288 + 1536 * h + 256 * cq;
+                    const int8_t *xh = X->q + b0 * cols + 256 * sb + 128 * h + 16 * cq;
+                    const int32_t *s16 = X->xs16 + b0 * (cols / 16) + 16 * sb + 8 * h + cq;
+                    const float *xd = X->d + b0 * ng + 8 * sb + 4 * h;
+                    const uint8_t *scb = o + 32 + 16 * (8 * h + cq);
+                    q6_sub(oh, xh, s16, xd, scb, d, cols, ng, NB, 0, acc);
+                    q6_sub(oh, xh, s16, xd, scb, d, cols, ng, NB, 1, acc);
+                    q6_sub(oh, xh, s16, xd, scb, d, cols, ng, NB, 2, acc);
+                    q6_sub(oh, xh, s16, xd, scb, d, cols, ng, NB, 3, acc);
                 }
         }
     } else if (enc == Q4_K) {
@@ -2713,7 +2723,7 @@ static inline __attribute__((always_inline)) void p_rows(int enc, const uint8_t 
     const uint8_t *T = P + t * TB;
     long r0 = 16 * t, nr = rows - r0 < 16 ? rows - r0 : 16;
     __mmask16 m = (__mmask16)((1u << nr) - 1u);
-    const int W = enc == Q6_K ? P_NB6 : 8; /* rows of x per pass over the tile (registers: q6_k keeps 4 sums a row) */
+    const int W = 8; /* rows of x per pass over the tile */
     for (long b0 = 0; b0 < B; b0 += W) {
         int nb = (int)(B - b0 < W ? B - b0 : W);
         __m512 out[8];
