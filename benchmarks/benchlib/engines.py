@@ -30,7 +30,8 @@ def _peak_rss_bytes() -> int:
 
 
 def bandwidth_child(args, result: dict) -> None:
-    """Read bandwidth (bytes/s): a >= 1 GB fp32 sum, and fp32 / bf16 GEMV over a >= 1 GB matrix; best of a few."""
+    """Read bandwidth (bytes/s): a >= 1 GB fp32 sum (torch's, and readbw.c's with software prefetch), and fp32 / bf16
+    GEMV over a >= 1 GB matrix; best of a few."""
     import torch
 
     dev = args.device
@@ -52,6 +53,10 @@ def bandwidth_child(args, result: dict) -> None:
 
     reps = 5
     out["sum_fp32"] = best(lambda: x.sum(), x.numel() * 4, reps)
+    lib = _readbw_lib() if dev == "cpu" else None
+    if lib is not None:  # the same sum with software prefetch, 4 KB ahead (see readbw.c)
+        n = x.numel() // 64 * 64
+        out["sum_fp32_prefetch"] = best(lambda: lib.vxcb_sum(x.data_ptr(), n, 4096), n * 4, reps)
     rows = 16384
     cols = numel // rows
     a = x[: rows * cols].view(rows, cols)
@@ -68,6 +73,30 @@ def bandwidth_child(args, result: dict) -> None:
     out["gemv_bf16"] = best(lambda: torch.mv(ab, vb), ab.numel() * 2, reps)
     out["sum_bf16"] = best(lambda: xb2.sum(), xb2.numel() * 2, reps)
     result["bandwidth"] = out
+
+
+def _readbw_lib():
+    """readbw.c built with the host compiler into a temporary directory (None, with a note, where that fails: the
+    bound then comes from torch's reads alone)."""
+    import ctypes
+    import shutil
+
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        print("note: no C compiler; the read-bandwidth probe runs without software prefetch", file=sys.stderr)
+        return None
+    out = Path(tempfile.mkdtemp(prefix="vxc-readbw-")) / "readbw.so"
+    src = Path(__file__).resolve().parent / "readbw.c"
+    r = subprocess.run([cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(src), "-o", str(out)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        print(f"note: the prefetching read probe did not build ({r.stderr.strip()[-300:]})", file=sys.stderr)
+        return None
+    lib = ctypes.CDLL(str(out))
+    shutil.rmtree(out.parent, ignore_errors=True)  # the loaded library stays mapped
+    lib.vxcb_sum.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
+    lib.vxcb_sum.restype = ctypes.c_float
+    return lib
 
 
 def _unique_bytes(tensors) -> int:

@@ -103,7 +103,9 @@ def report(args, rows, bw, bandwidth, prefill_lens, wall) -> None:
           f"load average {args._load0:.1f} at start, {os.getloadavg()[0]:.1f} at end")
     if bw:
         print(f"read bandwidth (best of 5 at the start and 5 at the end, >= 1 GB): sum fp32 {bw['sum_fp32'] / 1e9:.1f} GB/s, sum bf16 "
-              f"{bw['sum_bf16'] / 1e9:.1f}, GEMV fp32 {bw['gemv_fp32'] / 1e9:.1f}, GEMV bf16 {bw['gemv_bf16'] / 1e9:.1f}; "
+              f"{bw['sum_bf16'] / 1e9:.1f}, GEMV fp32 {bw['gemv_fp32'] / 1e9:.1f}, GEMV bf16 {bw['gemv_bf16'] / 1e9:.1f}"
+              + (f", sum fp32 with software prefetch {bw['sum_fp32_prefetch'] / 1e9:.1f}" if bw.get("sum_fp32_prefetch") else "")
+              + "; "
               f"bound uses the best, {bandwidth / 1e9:.1f} GB/s")
     print()
     pcols = [f"prefill{n} tok/s" for n in prefill_lens]
