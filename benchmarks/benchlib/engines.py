@@ -87,13 +87,15 @@ def _readbw_lib():
         return None
     out = Path(tempfile.mkdtemp(prefix="vxc-readbw-")) / "readbw.so"
     src = Path(__file__).resolve().parent / "readbw.c"
-    r = subprocess.run([cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(src), "-o", str(out)],
-                       capture_output=True, text=True)
-    if r.returncode:
-        print(f"note: the prefetching read probe did not build ({r.stderr.strip()[-300:]})", file=sys.stderr)
-        return None
-    lib = ctypes.CDLL(str(out))
-    shutil.rmtree(out.parent, ignore_errors=True)  # the loaded library stays mapped
+    try:
+        r = subprocess.run([cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(src), "-o", str(out)],
+                           capture_output=True, text=True)
+        if r.returncode:
+            print(f"note: the prefetching read probe did not build ({r.stderr.strip()[-300:]})", file=sys.stderr)
+            return None
+        lib = ctypes.CDLL(str(out))  # stays mapped once its file is gone
+    finally:
+        shutil.rmtree(out.parent, ignore_errors=True)
     lib.vxcb_sum.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
     lib.vxcb_sum.restype = ctypes.c_float
     return lib
