@@ -93,3 +93,66 @@ def test_a_fast_header_is_not_kept(tmp_path, monkeypatch):
     G.read(path)  # a miniature parses in milliseconds: below HEADER_CACHE_SECONDS
     assert not (tmp_path / "cache" / "gguf-headers").exists()
     G.forget()
+
+
+# ------------------------------------------------------------------------------------- slim(): the vocabulary arrays
+# dropped once the engine reads only the tensor table, read back from the file when asked for again
+
+
+@pytest.fixture
+def slim_file(tmp_path, monkeypatch):
+    """A miniature file (300 tokens) with the bulk threshold below its vocabulary, the disk cache off."""
+    monkeypatch.setenv("VXC_GGUF_CACHE", "0")
+    monkeypatch.setattr(G, "SLIM_MIN", 100)
+    G.forget()
+    path = write_llama_gguf(tmp_path / "m.gguf", MINI_LLAMA, seed=5)
+    yield path
+    G.forget()
+
+
+def test_slim_drops_the_vocabulary_arrays_and_reads_them_back_once(slim_file, monkeypatch):
+    snap = G.reader(slim_file)
+    tokens = list(snap.fields["tokenizer.ggml.tokens"].contents())
+    arch = snap.fields["general.architecture"].contents()
+    assert len(tokens) == MINI_LLAMA["vocab"]
+    bulky = [k for k, f in snap.fields.items() if G._bulky(f.contents())]
+    assert "tokenizer.ggml.tokens" in bulky
+    assert G.slim() == len(bulky)
+    assert all(snap.fields[k]._value is None for k in bulky)  # dropped, not just hidden
+    assert snap.fields["general.architecture"]._value == arch  # small values stay
+    assert G.slim() == 0  # nothing left to drop
+    parses = _parses(monkeypatch)
+    assert snap.fields["tokenizer.ggml.tokens"].contents() == tokens  # read back from the file
+    assert len(parses) == 1
+    for k in bulky:  # every dropped field came back with that one parse
+        snap.fields[k].contents()
+    assert len(parses) == 1
+    assert G.reader(slim_file) is snap  # still the remembered header
+
+
+def test_a_value_dropped_from_a_file_that_changed_since_is_refused(slim_file):
+    import os
+
+    snap = G.reader(slim_file)
+    field = snap.fields["tokenizer.ggml.tokens"]
+    G.slim()
+    st = slim_file.stat()
+    os.utime(slim_file, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched: perhaps another file now
+    with pytest.raises(G.GGUFError, match="changed since its header was read"):
+        field.contents()
+
+
+def test_loading_the_weights_leaves_the_header_slim(slim_file):
+    """The engine's weight file (runtime.weights.MappedFile) slims the remembered header before any weight is
+    packed; the tokenizer built before it and the header's small fields are unaffected."""
+    from vxc.runtime.weights import MappedFile
+
+    snap = G.reader(slim_file)
+    c = G.read(slim_file)  # a lowering's read: its metadata holds the arrays too
+    assert any(G._bulky(v) for v in c.metadata.values())
+    mf = MappedFile(slim_file, slim_file.stat().st_size, c.header_sha256, "w0", "gguf")
+    assert mf.entries
+    assert all(f._value is None or not G._bulky(f._value) for f in snap.fields.values())
+    assert not any(G._bulky(v) for k in list(G._CACHE) for v in G._CACHE[k].metadata.values())
+    again = G.read(slim_file)  # parsed again on demand: the same metadata
+    assert again.metadata == c.metadata

@@ -70,12 +70,13 @@ _READERS: dict[tuple, "Snapshot"] = {}
 
 
 class _Field:
-    """A metadata field's value, read once (or the error reading it raised, raised again on every read)."""
+    """A metadata field's value, read once (or the error reading it raised, raised again on every read). A value
+    :func:`slim` dropped (``_source``: the snapshot's key and the snapshot) is read back from the file on use."""
 
-    __slots__ = ("_value", "_error")
+    __slots__ = ("_value", "_error", "_source")
 
     def __init__(self, field):
-        self._value, self._error = None, None
+        self._value, self._error, self._source = None, None, None
         try:
             self._value = field.contents()
         except Exception as e:  # a string field that is not UTF-8, a truncated array: the caller names it
@@ -84,6 +85,8 @@ class _Field:
     def contents(self) -> Any:
         if self._error is not None:
             raise self._error
+        if self._source is not None:
+            _restore(*self._source)
         return self._value
 
 
@@ -105,26 +108,88 @@ def reader(path: Path) -> Snapshot:
     A header whose parse took ``HEADER_CACHE_SECONDS`` or more is also kept on disk (:func:`_stored_snapshot`), so
     the next process — the ``vxc exec`` after a ``vxc lower`` — reads it back in a fraction of a second.
     Read-only. Raises what GGUFReader raises (OSError; ValueError / struct.error / numpy errors on a corrupt file)."""
-    from gguf import GGUFReader
-
     st = Path(path).stat()
     key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
     snap = _READERS.get(key)
     if snap is None:
-        snap = _stored_snapshot(Path(path), st.st_size)
-        if snap is None:
-            t0 = time.perf_counter()
-            r = GGUFReader(str(path), "r")
-            tensors = [SimpleNamespace(name=t.name, tensor_type=t.tensor_type, shape=[int(x) for x in t.shape],
-                                       data_offset=int(t.data_offset), n_bytes=int(t.n_bytes)) for t in r.tensors]
-            snap = Snapshot({k: _Field(f) for k, f in r.fields.items()}, tensors, int(r.data_offset))
-            del r
-            if time.perf_counter() - t0 >= HEADER_CACHE_SECONDS:
-                _store_snapshot(Path(path), st.st_size, snap)
+        snap = _load_snapshot(Path(path), st.st_size)
         if len(_READERS) >= 2:
             _READERS.pop(next(iter(_READERS)))
         _READERS[key] = snap
     return snap
+
+
+def _load_snapshot(path: Path, size: int) -> Snapshot:
+    """The header of ``path``: the copy kept on disk when it still matches, else parsed (and kept when slow)."""
+    from gguf import GGUFReader
+
+    snap = _stored_snapshot(path, size)
+    if snap is None:
+        t0 = time.perf_counter()
+        r = GGUFReader(str(path), "r")
+        tensors = [SimpleNamespace(name=t.name, tensor_type=t.tensor_type, shape=[int(x) for x in t.shape],
+                                   data_offset=int(t.data_offset), n_bytes=int(t.n_bytes)) for t in r.tensors]
+        snap = Snapshot({k: _Field(f) for k, f in r.fields.items()}, tensors, int(r.data_offset))
+        del r
+        if time.perf_counter() - t0 >= HEADER_CACHE_SECONDS:
+            _store_snapshot(path, size, snap)
+    return snap
+
+
+# A metadata array longer than this (a vocabulary's tokens, merges, scores, token types) is what :func:`slim` drops.
+SLIM_MIN = 1024
+
+
+def _bulky(v: Any) -> bool:
+    return not isinstance(v, (str, bytes)) and hasattr(v, "__len__") and len(v) > SLIM_MIN
+
+
+def slim() -> int:
+    """Drop the large metadata arrays of the remembered headers (a vocabulary's token, merge, score and type lists:
+    for a 151936-token vocabulary ~11 MB of Python objects, ~14 MB of RSS) once a model's tokenizer is built and
+    only its tensor table is still read: the engine calls it before packing its weights, so they are not resident
+    beside the packed copies at the load's peak. Unlike :func:`forget`, what stays remembered stays usable: a dropped
+    value is read back from the file when next asked for (every dropped field of that header at once), after checking
+    that the file is still the one it was read from; remembered :func:`read` results that carry such arrays are
+    forgotten (a later read parses them again). Returns the number of values dropped."""
+    n = 0
+    for key, snap in list(_READERS.items()):
+        for f in snap.fields.values():
+            if f._error is None and f._source is None and _bulky(f._value):
+                f._value, f._source = None, (key, snap)
+                n += 1
+    for k in [k for k, c in _CACHE.items() if any(_bulky(v) for v in c.metadata.values())]:
+        del _CACHE[k]
+        n += 1
+    if n:
+        import ctypes
+        import gc
+
+        gc.collect()
+        try:
+            ctypes.CDLL(None).malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
+    return n
+
+
+def _restore(key: tuple, snap: Snapshot) -> None:
+    """Read the values :func:`slim` dropped from ``snap`` back from its file (key: resolved path, size, mtime)."""
+    path, size, mtime = key
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise GGUFError(f"{path}: cannot read its header again ({e.strerror})") from None
+    if (st.st_size, st.st_mtime_ns) != (size, mtime):
+        raise GGUFError(f"{path}: changed since its header was read (size or modification time differ); "
+                        f"load the model again")
+    again = _load_snapshot(Path(path), size)
+    for name, f in snap.fields.items():
+        if f._source is not None:
+            g = again.fields.get(name)
+            if g is None:
+                raise GGUFError(f"{path}: metadata {name!r} is gone from the header read again")
+            f._value, f._error, f._source = g._value, g._error, None
 
 
 # ------------------------------------------------------------------------------------- headers kept on disk
@@ -172,7 +237,7 @@ def _stored_snapshot(path: Path, size: int) -> Snapshot | None:
         fields = {}
         for k, v in d["fields"].items():
             f = _Field.__new__(_Field)
-            f._value, f._error = v, None
+            f._value, f._error, f._source = v, None, None
             fields[k] = f
         tensors = [SimpleNamespace(name=n, tensor_type=GGMLQuantizationType[t], shape=list(sh), data_offset=int(o),
                                    n_bytes=int(nb)) for n, t, sh, o, nb in d["tensors"]]

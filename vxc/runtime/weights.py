@@ -130,12 +130,15 @@ class MappedFile:
         if actual != size:
             raise WeightError(f"weights file {path}: size {actual} bytes, the IR recorded {size}; refusing to run on a different checkpoint")
         if format == "gguf":
-            from ..ir.gguf_container import GGUFError, read
+            from ..ir.gguf_container import GGUFError, read, slim
 
             try:
                 c = read(path, with_metadata=False)
             except GGUFError as e:
                 raise WeightError(str(e)) from None
+            # the engine reads only the tensor table from here on: the header's vocabulary arrays (read back on
+            # demand) need not be resident while the weights are packed, the load's peak
+            slim()
             got, self.data_start = c.header_sha256, c.data_start
             self.entries = {e.name: ((e.start, e.end), TORCH_DTYPES[e.dtype], list(e.shape)) for e in c.entries.values()}
         elif format == "safetensors":
