@@ -318,6 +318,87 @@ def test_attention_steps_window_sinks_ring(dtype, window, sinks):
         assert torch.equal(caches["native"][0], caches["torch"][0]) and torch.equal(caches["native"][1], caches["torch"][1])
 
 
+def _softmax_attention_fp64(q, kc, vc, start, scale, window=0, sinks=None):
+    """Causal GQA softmax attention written out in fp64: query t (position start + t) over cache rows
+    max(0, pos - window + 1)..pos; sinks add one logit per head to the denominator."""
+    T, Hq, _ = q.shape
+    group = Hq // kc.shape[1]
+    keys, vals = kc.double().repeat_interleave(group, 1), vc.double().repeat_interleave(group, 1)
+    out = torch.empty(T, Hq, vc.shape[-1], dtype=torch.float64)
+    for t in range(T):
+        pos = start + t
+        lo = max(0, pos - window + 1) if window else 0
+        logits = torch.einsum("hd,shd->hs", q[t].double(), keys[lo:pos + 1]) * scale
+        if sinks is not None:
+            logits = torch.cat([logits, sinks.double()[:, None]], 1)
+        p = logits.softmax(-1)[:, : pos + 1 - lo]
+        out[t] = torch.einsum("hs,shd->hd", p, vals[lo:pos + 1])
+    return out
+
+
+@pytest.mark.parametrize("T, start, Hq, Hkv, Dk, Dv, window, sinks", [
+    (37, 0, 6, 2, 64, 64, 0, False),      # 32 queries a unit (group 2): a short second unit; 2 key blocks, the last partial
+    (50, 13, 8, 8, 48, 80, 0, False),     # no grouping (64 queries a unit); a 48-wide key, 80-wide values (64 + a tail)
+    (129, 70, 16, 8, 128, 128, 0, False),  # the 0.6B softmax-decoder heads; a chunk after 70 cached positions
+    (70, 9, 9, 3, 64, 192, 0, False),     # groups of 3 (21 queries a unit, 63 rows); 192-wide values: 128 + 64
+    (33, 10, 4, 1, 32, 20, 7, True),      # a 7-position window and sinks; values narrower than a vector
+    (40, 0, 24, 1, 16, 64, 16, True),     # 24 query heads on one KV head: 2 queries a unit
+    (3, 200, 6, 2, 64, 64, 0, False),     # three tokens after 200: every unit reads 7 blocks for 3 queries
+    (2, 0, 2, 1, 8, 8, 0, False),         # below the threshold for threads
+])
+def test_attention_prefill(T, start, Hq, Hkv, Dk, Dv, window, sinks):
+    """T > 1 fp32 queries over a cache that holds every position (the blocked native kernel with its online
+    softmax) against the twin and the softmax written out in fp64: the new rows written into the cache, rows past
+    the last position never read."""
+    rows = start + T + 5
+    q, k, v = r(T, Hq, Dk), r(T, Hkv, Dk), r(T, Hkv, Dv)
+    kc, vc = r(rows, Hkv, Dk), r(rows, Hkv, Dv)
+    kc[start + T:], vc[start + T:] = math.nan, math.nan
+    snk = r(Hq) if sinks else None
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = native(attention.attention_native, q, k, v, kc, vc, start, 0.3, window, snk, expect="vxc_attention_prefill")
+    want = attention.attention_twin(q, k, v, kc2, vc2, start, 0.3, window, snk)
+    close(got, want, torch.float32)
+    assert torch.equal(kc[: start + T], kc2[: start + T]) and torch.equal(vc[: start + T], vc2[: start + T])
+    exact = _softmax_attention_fp64(q, kc[: start + T], vc[: start + T], start, 0.3, window, snk)
+    torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_prefill_in_chunks_then_steps_equals_the_torch_backend():
+    """A 45-token prompt as chunks of 20, 20 and 5 and then ten single-token steps through torch.ops.vxc.attention,
+    natively (the prefill kernel, then the step kernel) against the torch backend on its own cache."""
+    Hq, Hkv, Dk, Dv, rows = 8, 2, 64, 64, 64
+    caches = {b: (torch.zeros(rows, Hkv, Dk), torch.zeros(rows, Hkv, Dv)) for b in ("native", "torch")}
+    pos = 0
+    for T in (20, 20, 5, *([1] * 10)):
+        q, k, v = r(T, Hq, Dk), r(T, Hkv, Dk), r(T, Hkv, Dv)
+        outs = {}
+        for b, (kc, vc) in caches.items():
+            rec = N.Recorder()
+            with kernels.backend(b), N.recording(rec):
+                outs[b] = torch.ops.vxc.attention(q, k, v, kc, vc, pos, 0.125)
+            if b == "native":
+                want = "vxc_attention_prefill" if T > 1 else "vxc_attention_step"
+                assert [n for n, _ in rec.calls] == [want] and rec.failed is None, (rec.calls, rec.failed)
+        close(outs["native"], outs["torch"], torch.float32)
+        assert torch.equal(caches["native"][0], caches["torch"][0]) and torch.equal(caches["native"][1], caches["torch"][1])
+        pos += T
+
+
+@pytest.mark.parametrize("case", ["bf16", "wrapped ring"])
+def test_attention_prefill_declines_what_the_twin_keeps(case):
+    """bf16 sequences keep torch's fused half-precision kernel; a sliding-window ring that a chunk wraps is
+    linearised by the twin."""
+    if case == "bf16":
+        dt, rows, start, window = torch.bfloat16, 32, 0, 0
+    else:
+        dt, rows, start, window = torch.float32, 8, 5, 8
+    q, k, v = r(6, 4, 16, dtype=dt), r(6, 2, 16, dtype=dt), r(6, 2, 16, dtype=dt)
+    kc, vc = torch.zeros(rows, 2, 16, dtype=dt), torch.zeros(rows, 2, 16, dtype=dt)
+    with pytest.raises(kernels.NotCovered):
+        attention.attention_native(q, k, v, kc, vc, start, 0.3, window, None)
+
+
 def test_embedding():
     for dtype in DTYPES:
         ids, table = torch.tensor([3, 0, 49, 3]), r(50, 33, dtype=dtype)
@@ -337,10 +418,10 @@ def test_uncovered_cases_run_the_twin_and_say_so():
         got = torch.ops.vxc.linear(x, w, None)
     assert rec.calls == [] and "linear ran its torch twin" in rec.failed
     torch.testing.assert_close(got, dense.linear_twin(x, w, None))
-    rec = N.Recorder()
-    q, k, v, kc, vc = r(2, 4, 8), r(2, 2, 8), r(2, 2, 8), r(16, 2, 8), r(16, 2, 8)
+    rec = N.Recorder()  # two tokens past the end of a 4-row ring: only the twin linearises a wrapped ring
+    q, k, v, kc, vc = r(2, 4, 8), r(2, 2, 8), r(2, 2, 8), r(4, 2, 8), r(4, 2, 8)
     with N.recording(rec):
-        torch.ops.vxc.attention(q, k, v, kc, vc, 3, 0.3)
+        torch.ops.vxc.attention(q, k, v, kc, vc, 3, 0.3, 4)
     assert "attention ran its torch twin" in rec.failed
     rec = N.Recorder()
     with N.recording(rec):

@@ -2904,3 +2904,207 @@ void vxc_mla_decode_rows(const void *q, const void *kv, const void *norm_w, cons
                        (char *)cache + slots[r] * slot_bytes, (char *)out + r * H * V * es, H, N, P, V, R, starts[r], eps,
                        scale, interleaved, split_out, bf, nw_bf, w_bf, c_bf, cache_bf);
 }
+
+/* ------------------------------------------------------------------------------------ prefill attention (T > 1)
+ * Causal GQA softmax attention of T new queries at positions start..start+T-1 over caches that hold every position
+ * 0..start+T-1 (the caller writes the new K / V rows first): q [T, Hq, Dk], k_cache [rows, Hkv, Dk], v_cache
+ * [rows, Hkv, Dv], out [T, Hq, Dv]. Query t sees keys att_lo(start + t, window)..start + t; sinks [Hq] (or NULL) add
+ * one logit per head to the denominator. Blocked as flash attention is: a unit is one KV head and up to PF_ROWS /
+ * group queries with all of that group's heads (R rows sharing every K and V load), the keys run in blocks of PF_KB
+ * with the softmax kept online (a running max and denominator per row). The unit's queries are held transposed
+ * ([Dk][rows], scaled), so a block's scores come out key-major with the rows in vector lanes — K is read in place,
+ * one broadcast per value, and the masking and the online softmax run across rows in vectors. No [H, T, S] score
+ * tensor and no copy of K / V per query head (torch's fused kernel wants both expanded to Hq heads, and keeps ~25 MB
+ * of scratch after its first call). bf16 caches are widened block by block into fp32 scratch. */
+#define PF_KB 32
+#define PF_ROWS 64
+
+/* St[j][0..Rp) = K[j] . Qt[., 0..Rp) for the nk keys of a block (K row j at K + j * ks); Qt: [Dk][Rp], Rp % 16 == 0.
+ * AVX-512: 4 keys x up to 4 vectors of rows (16 accumulators) per pass over Dk, so each Qt load and K broadcast
+ * feeds 4 FMAs. */
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void pf_scores4(const float *Qt, long Rp, long Dk, const float *K, long ks,
+                                                              float *St, long j, long rv, int nv) {
+    __m512 a[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int u = 0; u < nv; u++) a[i][u] = _mm512_setzero_ps();
+    for (long d = 0; d < Dk; d++) {
+        __m512 qv[4];
+        for (int u = 0; u < nv; u++) qv[u] = _mm512_loadu_ps(Qt + d * Rp + rv + 16 * u);
+        for (int i = 0; i < 4; i++) {
+            __m512 kb = _mm512_set1_ps(K[(j + i) * ks + d]);
+            for (int u = 0; u < nv; u++) a[i][u] = _mm512_fmadd_ps(kb, qv[u], a[i][u]);
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        for (int u = 0; u < nv; u++) _mm512_storeu_ps(St + (j + i) * Rp + rv + 16 * u, a[i][u]);
+}
+#endif
+
+static void pf_scores(const float *Qt, long Rp, long Dk, const float *K, long ks, long nk, float *St) {
+    long j = 0;
+#if defined(__AVX512F__)
+    for (; j + 4 <= nk; j += 4)
+        for (long rv = 0; rv < Rp; rv += 64) {
+            long nv = (Rp - rv) / 16 < 4 ? (Rp - rv) / 16 : 4;
+            if (nv == 4) pf_scores4(Qt, Rp, Dk, K, ks, St, j, rv, 4);
+            else if (nv == 3) pf_scores4(Qt, Rp, Dk, K, ks, St, j, rv, 3);
+            else if (nv == 2) pf_scores4(Qt, Rp, Dk, K, ks, St, j, rv, 2);
+            else pf_scores4(Qt, Rp, Dk, K, ks, St, j, rv, 1);
+        }
+#endif
+    for (; j < nk; j++) {
+        float *o = St + j * Rp;
+        for (long r = 0; r < Rp; r++) o[r] = 0.0f;
+        for (long d = 0; d < Dk; d++) {
+            float kd = K[j * ks + d];
+            const float *qd = Qt + d * Rp;
+#pragma omp simd
+            for (long r = 0; r < Rp; r++) o[r] += kd * qd[r];
+        }
+    }
+}
+
+/* acc[r][0..Dv) += sum_j P[j][r] V[j][0..Dv) for R rows and the nk keys of a block (V row j at V + j * vs). AVX-512:
+ * two rows at a time over 128 (or 64) channels, so each V load feeds two FMAs. */
+static void pf_wsum(const float *P, long Rp, long R, long nk, const float *V, long vs, long Dv, float *acc) {
+    long r = 0, c0 = 0;
+#if defined(__AVX512F__)
+    for (; r + 2 <= R; r += 2) {
+        float *a0r = acc + r * Dv, *a1r = a0r + Dv;
+        long c = 0;
+        for (; c + 128 <= Dv; c += 128) {
+            __m512 a0[8], a1[8];
+            for (int u = 0; u < 8; u++) a0[u] = _mm512_loadu_ps(a0r + c + 16 * u), a1[u] = _mm512_loadu_ps(a1r + c + 16 * u);
+            for (long j = 0; j < nk; j++) {
+                __m512 p0 = _mm512_set1_ps(P[j * Rp + r]), p1 = _mm512_set1_ps(P[j * Rp + r + 1]);
+                for (int u = 0; u < 8; u++) {
+                    __m512 vv = _mm512_loadu_ps(V + j * vs + c + 16 * u);
+                    a0[u] = _mm512_fmadd_ps(p0, vv, a0[u]);
+                    a1[u] = _mm512_fmadd_ps(p1, vv, a1[u]);
+                }
+            }
+            for (int u = 0; u < 8; u++) _mm512_storeu_ps(a0r + c + 16 * u, a0[u]), _mm512_storeu_ps(a1r + c + 16 * u, a1[u]);
+        }
+        for (; c + 64 <= Dv; c += 64) {
+            __m512 a0[4], a1[4];
+            for (int u = 0; u < 4; u++) a0[u] = _mm512_loadu_ps(a0r + c + 16 * u), a1[u] = _mm512_loadu_ps(a1r + c + 16 * u);
+            for (long j = 0; j < nk; j++) {
+                __m512 p0 = _mm512_set1_ps(P[j * Rp + r]), p1 = _mm512_set1_ps(P[j * Rp + r + 1]);
+                for (int u = 0; u < 4; u++) {
+                    __m512 vv = _mm512_loadu_ps(V + j * vs + c + 16 * u);
+                    a0[u] = _mm512_fmadd_ps(p0, vv, a0[u]);
+                    a1[u] = _mm512_fmadd_ps(p1, vv, a1[u]);
+                }
+            }
+            for (int u = 0; u < 4; u++) _mm512_storeu_ps(a0r + c + 16 * u, a0[u]), _mm512_storeu_ps(a1r + c + 16 * u, a1[u]);
+        }
+        c0 = c; /* the same for every pair: the channels past it below */
+        for (int h = 0; h < 2; h++)
+            for (long j = 0; j < nk; j++) {
+                float p = P[j * Rp + r + h], *ar = acc + (r + h) * Dv;
+#pragma omp simd
+                for (long cc = c; cc < Dv; cc++) ar[cc] += p * V[j * vs + cc];
+            }
+    }
+#endif
+    (void)c0;
+    for (; r < R; r++) {
+        float *ar = acc + r * Dv;
+        for (long j = 0; j < nk; j++) {
+            float p = P[j * Rp + r];
+#pragma omp simd
+            for (long cc = 0; cc < Dv; cc++) ar[cc] += p * V[j * vs + cc];
+        }
+    }
+}
+
+void vxc_attention_prefill(const void *q, const void *k_cache, const void *v_cache, void *out, long T, long start,
+                           float scale, long Hq, long Hkv, long Dk, long Dv, long window, const void *sinks, int s_bf,
+                           int bf) {
+    long group = Hq / Hkv, qb = PF_ROWS / group > 0 ? PF_ROWS / group : 1, nqb = (T + qb - 1) / qb;
+    long Rmax = qb * group, Rpm = (Rmax + 15) / 16 * 16;
+    int par = T * (start + T) * Hq * Dk >= 65536;
+#pragma omp parallel if (par)
+    {
+        size_t n = (size_t)(Dk * Rpm + Rmax * Dv + PF_KB * Rpm + 6 * Rpm + PF_KB * (Dk + Dv));
+        float *Qt = (float *)malloc(sizeof(float) * n);
+        float *acc = Qt + Dk * Rpm, *St = acc + Rmax * Dv, *m = St + PF_KB * Rpm, *l = m + Rpm, *bm = l + Rpm,
+              *corr = bm + Rpm, *pos = corr + Rpm, *lo = pos + Rpm, *Kb = lo + Rpm, *Vb = Kb + PF_KB * Dk;
+        /* later query blocks see more keys: units handed out one at a time, the longest first */
+#pragma omp for schedule(dynamic, 1)
+        for (long w = 0; w < Hkv * nqb; w++) {
+            long g = w % Hkv, t0 = (nqb - 1 - w / Hkv) * qb, t1 = t0 + qb < T ? t0 + qb : T, R = (t1 - t0) * group;
+            long Rp = (R + 15) / 16 * 16;
+            for (long r = 0; r < Rp; r++) {
+                long i = r / group, h = g * group + r % group;
+                for (long d = 0; d < Dk; d++) Qt[d * Rp + r] = r < R ? ld(q, ((t0 + i) * Hq + h) * Dk + d, bf) * scale : 0.0f;
+                m[r] = -INFINITY;
+                l[r] = 0.0f;
+                pos[r] = (float)(r < R ? start + t0 + i : -1); /* positions as floats: exact below 2^24 */
+                lo[r] = (float)(r < R ? att_lo(start + t0 + i, window) : 0);
+            }
+            memset(acc, 0, sizeof(float) * (size_t)(R * Dv));
+            long kend = start + t1; /* keys att_lo(start + t0)..kend - 1 */
+            for (long kb = att_lo(start + t0, window); kb < kend; kb += PF_KB) {
+                long nk = kend - kb < PF_KB ? kend - kb : PF_KB, ks = Hkv * Dk, vs = Hkv * Dv;
+                const float *K = (const float *)k_cache + (kb * Hkv + g) * Dk, *V = (const float *)v_cache + (kb * Hkv + g) * Dv;
+                if (bf) { /* the block's K widened to fp32 */
+                    for (long j = 0; j < nk; j++)
+                        for (long d = 0; d < Dk; d++) Kb[j * Dk + d] = ld(k_cache, ((kb + j) * Hkv + g) * Dk + d, 1);
+                    K = Kb, ks = Dk;
+                }
+                /* V copied (widened) into contiguous scratch: every row rereads it, and the cache's rows lie
+                 * Hkv * Dv apart (4 KiB for 8 heads of 128), where they would all share an L1 set */
+                for (long j = 0; j < nk; j++) {
+                    if (bf)
+                        for (long c = 0; c < Dv; c++) Vb[j * Dv + c] = ld(v_cache, ((kb + j) * Hkv + g) * Dv + c, 1);
+                    else
+                        memcpy(Vb + j * Dv, V + j * vs, sizeof(float) * (size_t)Dv);
+                }
+                V = Vb, vs = Dv;
+                pf_scores(Qt, Rp, Dk, K, ks, nk, St);
+#pragma omp simd
+                for (long r = 0; r < Rp; r++) bm[r] = -INFINITY;
+                for (long j = 0; j < nk; j++) {
+                    float key = (float)(kb + j), *sj = St + j * Rp;
+#pragma omp simd
+                    for (long r = 0; r < Rp; r++) {
+                        float v = key >= lo[r] && key <= pos[r] ? sj[r] : -INFINITY;
+                        sj[r] = v;
+                        bm[r] = v > bm[r] ? v : bm[r];
+                    }
+                }
+#pragma omp simd
+                for (long r = 0; r < Rp; r++) {
+                    float mn = bm[r] > m[r] ? bm[r] : m[r];
+                    corr[r] = m[r] == -INFINITY || mn == m[r] ? 1.0f : vexp(m[r] - mn);
+                    m[r] = mn;
+                    l[r] *= corr[r];
+                }
+                for (long j = 0; j < nk; j++) {
+                    float *sj = St + j * Rp;
+#pragma omp simd
+                    for (long r = 0; r < Rp; r++) {
+                        float p = sj[r] == -INFINITY ? 0.0f : vexp(sj[r] - m[r]);
+                        sj[r] = p;
+                        l[r] += p;
+                    }
+                }
+                for (long r = 0; r < R; r++)
+                    if (corr[r] != 1.0f) {
+                        float cr = corr[r], *ar = acc + r * Dv;
+#pragma omp simd
+                        for (long c = 0; c < Dv; c++) ar[c] *= cr;
+                    }
+                pf_wsum(St, Rp, R, nk, V, vs, Dv, acc);
+            }
+            for (long r = 0; r < R; r++) {
+                long i = r / group, h = g * group + r % group;
+                float den = l[r] + (sinks ? expf(ld(sinks, h, s_bf) - m[r]) : 0.0f);
+                for (long c = 0; c < Dv; c++) st(out, ((t0 + i) * Hq + h) * Dv + c, acc[r * Dv + c] / den, bf);
+            }
+        }
+        free(Qt);
+    }
+}
