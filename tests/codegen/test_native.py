@@ -385,18 +385,37 @@ def test_attention_prefill_in_chunks_then_steps_equals_the_torch_backend():
         pos += T
 
 
-@pytest.mark.parametrize("case", ["bf16", "wrapped ring"])
-def test_attention_prefill_declines_what_the_twin_keeps(case):
-    """bf16 sequences keep torch's fused half-precision kernel; a sliding-window ring that a chunk wraps is
-    linearised by the twin."""
-    if case == "bf16":
-        dt, rows, start, window = torch.bfloat16, 32, 0, 0
-    else:
-        dt, rows, start, window = torch.float32, 8, 5, 8
+def test_attention_prefill_declines_bf16():
+    """bf16 sequences keep torch's fused half-precision kernel."""
+    dt = torch.bfloat16
     q, k, v = r(6, 4, 16, dtype=dt), r(6, 2, 16, dtype=dt), r(6, 2, 16, dtype=dt)
-    kc, vc = torch.zeros(rows, 2, 16, dtype=dt), torch.zeros(rows, 2, 16, dtype=dt)
+    kc, vc = torch.zeros(32, 2, 16, dtype=dt), torch.zeros(32, 2, 16, dtype=dt)
     with pytest.raises(kernels.NotCovered):
-        attention.attention_native(q, k, v, kc, vc, start, 0.3, window, None)
+        attention.attention_native(q, k, v, kc, vc, 0, 0.3, 0, None)
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_attention_prefill_chunks_through_a_sliding_window_ring(sinks):
+    """A 7-position window held as a ring of 7 rows: chunks of 5, 6 and 9 tokens (each wraps the ring, the last
+    by more than its length) and then steps, natively against the torch backend on its own ring."""
+    Hq, Hkv, Dk, Dv, window = 6, 2, 32, 16, 7
+    snk = r(Hq) if sinks else None
+    caches = {b: (torch.zeros(window, Hkv, Dk), torch.zeros(window, Hkv, Dv)) for b in ("native", "torch")}
+    pos = 0
+    for T in (5, 6, 9, 1, 1):
+        q, k, v = r(T, Hq, Dk), r(T, Hkv, Dk), r(T, Hkv, Dv)
+        outs = {}
+        for b, (kc, vc) in caches.items():
+            rec = N.Recorder()
+            with kernels.backend(b), N.recording(rec):
+                outs[b] = torch.ops.vxc.attention(q, k, v, kc, vc, pos, 0.3, window, snk)
+            if b == "native":
+                want = "vxc_attention_prefill" if T > 1 else "vxc_attention_step"
+                assert [n for n, _ in rec.calls] == [want], rec.calls
+                assert T == 1 or pos + T <= window or "ring linearised" in (rec.failed or ""), rec.failed
+        close(outs["native"], outs["torch"], torch.float32)
+        assert torch.equal(caches["native"][0], caches["torch"][0]) and torch.equal(caches["native"][1], caches["torch"][1])
+        pos += T
 
 
 def test_embedding():
@@ -418,10 +437,11 @@ def test_uncovered_cases_run_the_twin_and_say_so():
         got = torch.ops.vxc.linear(x, w, None)
     assert rec.calls == [] and "linear ran its torch twin" in rec.failed
     torch.testing.assert_close(got, dense.linear_twin(x, w, None))
-    rec = N.Recorder()  # two tokens past the end of a 4-row ring: only the twin linearises a wrapped ring
-    q, k, v, kc, vc = r(2, 4, 8), r(2, 2, 8), r(2, 2, 8), r(4, 2, 8), r(4, 2, 8)
+    rec = N.Recorder()  # a bf16 sequence: torch's fused half-precision kernel
+    q, k, v = r(2, 4, 8, dtype=torch.bfloat16), r(2, 2, 8, dtype=torch.bfloat16), r(2, 2, 8, dtype=torch.bfloat16)
+    kc, vc = r(16, 2, 8, dtype=torch.bfloat16), r(16, 2, 8, dtype=torch.bfloat16)
     with N.recording(rec):
-        torch.ops.vxc.attention(q, k, v, kc, vc, 3, 0.3, 4)
+        torch.ops.vxc.attention(q, k, v, kc, vc, 3, 0.3)
     assert "attention ran its torch twin" in rec.failed
     rec = N.Recorder()
     with N.recording(rec):
@@ -435,7 +455,7 @@ def test_uncovered_cases_run_the_twin_and_say_so():
     assert kernels.fallbacks() == {
         "conv1d_prefill": {"native": {N.OPERANDS: 1}},
         "ssd_prefill": {"native": {N.LIMITS: 1}},
-        "attention": {"native": {N.SEQUENCE: 1}},
+        "attention": {"native": {N.OPERANDS: 1}},
         "linear": {"native": {N.OPERANDS: 1}},
     }
 

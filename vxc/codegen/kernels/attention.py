@@ -309,10 +309,14 @@ _ATTENTION_STEP = N.declare("vxc_attention_step", P, P, P, P, P, P, L, Fc, L, L,
 @attention.impl("native")
 def attention_native(q, k, v, k_cache, v_cache, start, scale, window=0, sinks=None):
     """One query token, the sliding-window ring included (position p at cache row p % rows once the
-    positions outgrow the rows); or a prefill of T > 1 tokens while the cache still holds every position
-    (``_attention_prefill_native``)."""
+    positions outgrow the rows); or a prefill of T > 1 fp32 tokens (``_attention_prefill_native``; a ring that the
+    chunk wraps linearised around it as for the twin)."""
     if q.shape[0] != 1:
-        return _attention_prefill_native(q, k, v, k_cache, v_cache, start, scale, window, sinks)
+        if q.dtype != torch.float32:
+            # bf16 / fp16: torch's fused kernel multiplies in half precision (AMX / AVX-512 BF16), the native one
+            # widens to fp32: a 512-token bf16 prefill of the 0.6B softmax-decoder shape ran 786 -> 662 tok/s here
+            raise NotCovered(N.OPERANDS)
+        return _ring(_attention_prefill_native)(q, k, v, k_cache, v_cache, start, scale, window, sinks)
     if not (N.ok(q, k, v, k_cache, v_cache, sinks) and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype
             and (sinks is None or (sinks.dim() == 1 and sinks.shape[0] == q.shape[1])) and window >= 0):
         raise NotCovered(N.OPERANDS)
@@ -334,17 +338,11 @@ _ATTENTION_PREFILL = N.declare("vxc_attention_prefill", P, P, P, P, L, L, Fc, L,
 
 def _attention_prefill_native(q, k, v, k_cache, v_cache, start, scale, window, sinks):
     """T > 1 queries at positions start..start+T-1 over a cache that holds rows 0..start+T-1 (a sliding-window ring
-    that has not wrapped yet included): the new K / V rows written first, then one blocked native call (online
+    that a chunk wraps is linearised around it by ``_ring``, as for the twin): the new K / V rows written first, then one blocked native call (online
     softmax over blocks of keys, the GQA group's query heads sharing each K / V load; no score tensor, no K / V
     expanded per query head). The twin's result within fp32 summation order."""
     T = q.shape[0]
-    if start + T > k_cache.shape[0]:
-        raise NotCovered(N.SEQUENCE)  # the ring has wrapped: the twin linearises it
-    if q.dtype != torch.float32:
-        # bf16 / fp16: torch's fused kernel multiplies in half precision (AMX / AVX-512 BF16), this one widens to fp32:
-        # a 512-token bf16 prefill of the 0.6B softmax-decoder shape ran 786 -> 662 tok/s here, so those keep it
-        raise NotCovered(N.OPERANDS)
-    if not (N.ok(q, k, v, k_cache, v_cache, sinks) and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype
+    if not (q.dtype == torch.float32 and N.ok(q, k, v, k_cache, v_cache, sinks) and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype
             and q.dim() == 3 and q.shape[1] % k.shape[1] == 0
             and (sinks is None or (sinks.dim() == 1 and sinks.shape[0] == q.shape[1])) and window >= 0):
         raise NotCovered(N.OPERANDS)
