@@ -266,8 +266,9 @@ def exec_(
     system: Optional[str] = typer.Option(None, "--system", help="with --chat: the system turn"),
     kernels: str = typer.Option("auto", "--kernels", help="auto | torch | triton | native (triton on CPU needs TRITON_INTERPRET=1)"),
     kernel_report: bool = typer.Option(False, "--kernel-report", help="print the kernel backend and every fallback to a torch twin (--json: always in its \"kernels\" object)"),
-    prefill_chunk: int = typer.Option(256, "--prefill-chunk", min=0, help="prefill a longer prompt as chunks of this many "
-                                      "tokens (bounds the activations; 0: the prompt in one piece)"),
+    prefill_chunk: Optional[int] = typer.Option(None, "--prefill-chunk", min=0, help="prefill a longer prompt as chunks of this "
+                                                "many tokens (bounds the activations; 0: the prompt in one piece; default 128 "
+                                                "where the model's matmuls run packed int8 products, else 256)"),
     compile_decode: bool = typer.Option(False, "--compile", help="torch.compile the fixed-shape decode graph"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
     tp: int = typer.Option(1, "--tp", min=1, max=1024, help="tensor parallel over N ranks: spawned here (gloo on "
@@ -309,8 +310,9 @@ def chat_(
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="do not stop at the model's EOS token(s)"),
     stop: List[str] = typer.Option([], "--stop", help=_stop_help()),
     kernels: str = typer.Option("auto", "--kernels", help="auto | torch | triton | native"),
-    prefill_chunk: int = typer.Option(256, "--prefill-chunk", min=0, help="prefill a longer prompt as chunks of this many "
-                                      "tokens (bounds the activations; 0: the prompt in one piece)"),
+    prefill_chunk: Optional[int] = typer.Option(None, "--prefill-chunk", min=0, help="prefill a longer prompt as chunks of this "
+                                                "many tokens (bounds the activations; 0: the prompt in one piece; default 128 "
+                                                "where the model's matmuls run packed int8 products, else 256)"),
     compile_decode: bool = typer.Option(False, "--compile", help="torch.compile the fixed-shape decode graph"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object per turn instead of streaming text"),
     tp: int = typer.Option(1, "--tp", min=1, max=1024, help="tensor-parallel ranks: this process reads the turns as "
@@ -393,7 +395,7 @@ def demo(
     exec_(ir, prompt="The state of ", tokens=None, max_new_tokens=max_new_tokens, temperature=0.9, top_p=1.0, top_k=40, seed=0,
           dtype="fp32", device="cpu", max_context=256, model_dir=None, logits_out=None, save_state=None, resume_state=None,
           kernels="auto", kernel_report=False, compile_decode=False, as_json=False, ignore_eos=False, stop=[], chat=False,
-          prefill_chunk=256,
+          prefill_chunk=None,
           system=None, tp=1)
 
 

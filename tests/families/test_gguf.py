@@ -335,6 +335,19 @@ def test_int8_weights_are_packed_at_load(lowered_a8, monkeypatch):
     assert quant.packed_bytes() == loaded
 
 
+def test_prefill_chunk_follows_the_plans_products(lowered, lowered_a8, monkeypatch):
+    """A prompt's prefill runs in chunks of 128 tokens where the plan multiplies with int8_block32 activations (the
+    packed products' cost is per row of x: a smaller chunk halves the activations at the prefill's peak at no loss of
+    speed), of 256 otherwise (torch's GEMMs want the larger chunk); an explicit chunk wins."""
+    from vxc.runtime.engine import PREFILL_CHUNK, PREFILL_CHUNK_PACKED
+
+    assert (PREFILL_CHUNK, PREFILL_CHUNK_PACKED) == (256, 128)
+    monkeypatch.setenv("VXC_ENCODED", "1")
+    assert P.engine_for(lowered_a8, max_context=64).prefill_chunk == 128
+    assert P.engine_for(lowered["llama"] / "m.vxir", max_context=64).prefill_chunk == 256
+    assert P.engine_for(lowered_a8, max_context=64, prefill_chunk=40).prefill_chunk == 40
+
+
 @pytest.mark.native
 def test_int8_activation_decode_is_replayed_bit_identically(lowered_a8, monkeypatch):
     from vxc.runtime.session import Session

@@ -33,7 +33,6 @@ def _chunks(session, ids, C):
 @pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("C", [7, 20, 47])
 def test_chunked_prefill_equals_its_chunks_and_the_reference(lab, name, C):
-    from vxc.runtime.engine import PREFILL_CHUNK
     from vxc.runtime.session import Session
 
     f = lab.family(name)
@@ -42,6 +41,7 @@ def test_chunked_prefill_equals_its_chunks_and_the_reference(lab, name, C):
     one = len(ids) % C == 1  # a last chunk of one token runs the decode graph
     engine = lab.engine(name)
     s = Session(engine)
+    before = engine.prefill_chunk
     try:
         engine.prefill_chunk = 0
         by_hand = _chunks(s, ids, C)
@@ -64,7 +64,7 @@ def test_chunked_prefill_equals_its_chunks_and_the_reference(lab, name, C):
         s.reset()
         last = s.prefill(ids, last_only=True)
     finally:
-        engine.prefill_chunk = PREFILL_CHUNK
+        engine.prefill_chunk = before
         s.reset()
     assert seen and max(seen) == C and sum(seen) == len(ids) - one, seen
     assert chunked.shape == one_piece.shape == (len(ids), engine.padded_vocab)

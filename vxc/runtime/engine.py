@@ -26,6 +26,13 @@ from .weights import Weights
 # transient activations of a long prompt bounded at the same prefill speed (the 0.6B softmax-decoder benchmark
 # shape, q4_0 with int8 activations, 2 threads: pp512 in one piece 387 tok/s, chunks of 128 393, of 64 349)
 PREFILL_CHUNK = 256
+# ... and 128 where the plan's matmuls run the packed int8_block32 products (a cost per row of x, whatever the
+# chunk): there a 128-token chunk prefills as fast or faster and halves the activations at the prefill's peak
+# RSS. Intel Xeon, 2 threads, interleaved in one process, chunks of 256 vs 128, pp512 / pp1024 tok/s: qwen3-0.6b
+# shape q4_0 399 / 349 vs 408 / 322, q4_k_m 366 / 317 vs 365 / 340, mamba2-780m q4_0 202 / 196 vs 249 / 244;
+# (peak RSS - pre-load - state) / file 1.17-1.18 -> 1.12-1.14 (qwen3 q4_0), SmolLM2 Q4_1 1.39 -> 1.33. The torch
+# GEMMs of bf16 / dense fp32 weights want the larger chunk (qwen3 bf16 pp512 729 vs 563, f32 223 vs 209).
+PREFILL_CHUNK_PACKED = 128
 
 DTYPES = {"fp32": torch.float32, "f32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "f16": torch.float16}
 
@@ -34,11 +41,10 @@ class Engine:
     def __init__(self, module: Module, model_dir: Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
                  max_context: int = 2048, provider: StateProvider | None = None, compile_decode: bool = False,
                  replay: bool = True, sequences: int = 1, tp: int = 1, rank: int = 0,
-                 prefill_chunk: int = PREFILL_CHUNK):
+                 prefill_chunk: int | None = None):
         self.tp, self.rank = tp, rank
-        if prefill_chunk < 0:
+        if prefill_chunk is not None and prefill_chunk < 0:
             raise EngineError(f"prefill_chunk must be >= 0 (0: a prompt in one piece), not {prefill_chunk}")
-        self.prefill_chunk = prefill_chunk  # Session.prefill runs a longer prompt as chunks of this many tokens
         import threading
 
         self.built_in = threading.current_thread().name  # (vxc serve steps the engine in the thread that built it)
@@ -64,6 +70,8 @@ class Engine:
         self.state: StateBuffers = provider.allocate(self.plan, dtype, max_context, self.device, sequences)
         operands = module.operand_table()
         packed = _packed_products(self.lowered.values())
+        # Session.prefill runs a longer prompt as chunks of this many tokens (None: by the plan's matmuls)
+        self.prefill_chunk = prefill_chunk if prefill_chunk is not None else PREFILL_CHUNK_PACKED if packed else PREFILL_CHUNK
         for lw in self.lowered.values():
             for ref in _refs(lw):
                 name = buffer_name(ref)
