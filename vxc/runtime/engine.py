@@ -28,10 +28,11 @@ from .weights import Weights
 PREFILL_CHUNK = 256
 # ... and 128 where the plan's matmuls run the packed int8_block32 products (a cost per row of x, whatever the
 # chunk): there a 128-token chunk prefills as fast or faster and halves the activations at the prefill's peak
-# RSS. Intel Xeon, 2 threads, interleaved in one process, chunks of 256 vs 128, pp512 / pp1024 tok/s: qwen3-0.6b
-# shape q4_0 399 / 349 vs 408 / 322, q4_k_m 366 / 317 vs 365 / 340, mamba2-780m q4_0 202 / 196 vs 249 / 244;
-# (peak RSS - pre-load - state) / file 1.17-1.18 -> 1.12-1.14 (qwen3 q4_0), SmolLM2 Q4_1 1.39 -> 1.33. The torch
-# GEMMs of bf16 / dense fp32 weights want the larger chunk (qwen3 bf16 pp512 729 vs 563, f32 223 vs 209).
+# RSS. Intel Xeon, 2 threads, interleaved in one process, chunks of 256 vs 128, pp512 / pp1024 tok/s: the 0.6B
+# softmax-decoder shape q4_0 399 / 349 vs 408 / 322, q4_k_m 366 / 317 vs 365 / 340, the 780M SSM shape q4_0 202 /
+# 196 vs 249 / 244; (peak RSS - pre-load - state) / file 1.17-1.18 -> 1.12-1.14 (the 0.6B q4_0 file), a real 135M
+# Q4_1 file 1.39 -> 1.33. The torch GEMMs of bf16 / dense fp32 weights want the larger chunk (the 0.6B shape in
+# bf16: pp512 729 vs 563; in f32: 223 vs 209).
 PREFILL_CHUNK_PACKED = 128
 
 DTYPES = {"fp32": torch.float32, "f32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "f16": torch.float16}
