@@ -275,6 +275,19 @@ def test_attention_step_wide_heads(Hq, Hkv, Dk, Dv, start):
     torch.testing.assert_close(got[0].double(), torch.einsum("hs,shd->hd", p, vals.double()), rtol=1e-5, atol=1e-5)
 
 
+def _attention_on_both_backends(caches, q, k, v, pos, scale, window=0, sinks=None):
+    """torch.ops.vxc.attention under the native and the torch backend, each on its own (K, V) cache of ``caches``;
+    returns the outputs by backend and the native run's recorder."""
+    outs, native_rec = {}, None
+    for b, (kc, vc) in caches.items():
+        rec = N.Recorder()
+        with kernels.backend(b), N.recording(rec):
+            outs[b] = torch.ops.vxc.attention(q, k, v, kc, vc, pos, scale, window, sinks)
+        if b == "native":
+            native_rec = rec
+    return outs, native_rec
+
+
 @pytest.mark.parametrize("window, sinks", [(0, True), (7, True), (7, False)])
 def test_attention_steps_wide_heads_window_sinks_ring(window, sinks):
     """Forty steps of 64-wide heads (the AVX-512 path) with sinks, a sliding window and a ring of rows, natively
@@ -285,13 +298,8 @@ def test_attention_steps_wide_heads_window_sinks_ring(window, sinks):
     caches = {b: (torch.zeros(rows, Hkv, Dk), torch.zeros(rows, Hkv, Dv)) for b in ("native", "torch")}
     for pos in range(40):
         q, k, v = r(1, Hq, Dk), r(1, Hkv, Dk), r(1, Hkv, Dv)
-        outs = {}
-        for b, (kc, vc) in caches.items():
-            rec = N.Recorder()
-            with kernels.backend(b), N.recording(rec):
-                outs[b] = torch.ops.vxc.attention(q, k, v, kc, vc, pos, 0.3, window, snk)
-            if b == "native":
-                assert [n for n, _ in rec.calls] == ["vxc_attention_step"] and rec.failed is None, (rec.calls, rec.failed)
+        outs, rec = _attention_on_both_backends(caches, q, k, v, pos, 0.3, window, snk)
+        assert [n for n, _ in rec.calls] == ["vxc_attention_step"] and rec.failed is None, (rec.calls, rec.failed)
         close(outs["native"], outs["torch"], torch.float32)
 
 
@@ -307,13 +315,8 @@ def test_attention_steps_window_sinks_ring(dtype, window, sinks):
               for b in ("native", "torch")}
     for pos in range(20):
         q, k, v = r(1, Hq, Dk, dtype=dtype), r(1, Hkv, Dk, dtype=dtype), r(1, Hkv, Dv, dtype=dtype)
-        outs = {}
-        for b, (kc, vc) in caches.items():
-            rec = N.Recorder()
-            with kernels.backend(b), N.recording(rec):
-                outs[b] = torch.ops.vxc.attention(q, k, v, kc, vc, pos, 0.3, window, snk)
-            if b == "native":
-                assert [n for n, _ in rec.calls] == ["vxc_attention_step"] and rec.failed is None, (rec.calls, rec.failed)
+        outs, rec = _attention_on_both_backends(caches, q, k, v, pos, 0.3, window, snk)
+        assert [n for n, _ in rec.calls] == ["vxc_attention_step"] and rec.failed is None, (rec.calls, rec.failed)
         close(outs["native"], outs["torch"], dtype)
         assert torch.equal(caches["native"][0], caches["torch"][0]) and torch.equal(caches["native"][1], caches["torch"][1])
 
@@ -372,14 +375,9 @@ def test_attention_prefill_in_chunks_then_steps_equals_the_torch_backend():
     pos = 0
     for T in (20, 20, 5, *([1] * 10)):
         q, k, v = r(T, Hq, Dk), r(T, Hkv, Dk), r(T, Hkv, Dv)
-        outs = {}
-        for b, (kc, vc) in caches.items():
-            rec = N.Recorder()
-            with kernels.backend(b), N.recording(rec):
-                outs[b] = torch.ops.vxc.attention(q, k, v, kc, vc, pos, 0.125)
-            if b == "native":
-                want = "vxc_attention_prefill" if T > 1 else "vxc_attention_step"
-                assert [n for n, _ in rec.calls] == [want] and rec.failed is None, (rec.calls, rec.failed)
+        outs, rec = _attention_on_both_backends(caches, q, k, v, pos, 0.125)
+        want = "vxc_attention_prefill" if T > 1 else "vxc_attention_step"
+        assert [n for n, _ in rec.calls] == [want] and rec.failed is None, (rec.calls, rec.failed)
         close(outs["native"], outs["torch"], torch.float32)
         assert torch.equal(caches["native"][0], caches["torch"][0]) and torch.equal(caches["native"][1], caches["torch"][1])
         pos += T
@@ -404,15 +402,10 @@ def test_attention_prefill_chunks_through_a_sliding_window_ring(sinks):
     pos = 0
     for T in (5, 6, 9, 1, 1):
         q, k, v = r(T, Hq, Dk), r(T, Hkv, Dk), r(T, Hkv, Dv)
-        outs = {}
-        for b, (kc, vc) in caches.items():
-            rec = N.Recorder()
-            with kernels.backend(b), N.recording(rec):
-                outs[b] = torch.ops.vxc.attention(q, k, v, kc, vc, pos, 0.3, window, snk)
-            if b == "native":
-                want = "vxc_attention_prefill" if T > 1 else "vxc_attention_step"
-                assert [n for n, _ in rec.calls] == [want], rec.calls
-                assert T == 1 or pos + T <= window or "ring linearised" in (rec.failed or ""), rec.failed
+        outs, rec = _attention_on_both_backends(caches, q, k, v, pos, 0.3, window, snk)
+        want = "vxc_attention_prefill" if T > 1 else "vxc_attention_step"
+        assert [n for n, _ in rec.calls] == [want], rec.calls
+        assert T == 1 or pos + T <= window or "ring linearised" in (rec.failed or ""), rec.failed
         close(outs["native"], outs["torch"], torch.float32)
         assert torch.equal(caches["native"][0], caches["torch"][0]) and torch.equal(caches["native"][1], caches["torch"][1])
         pos += T

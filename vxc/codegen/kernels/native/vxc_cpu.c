@@ -2967,56 +2967,44 @@ static void pf_scores(const float *Qt, long Rp, long Dk, const float *K, long ks
 
 /* acc[r][0..Dv) += sum_j P[j][r] V[j][0..Dv) for R rows and the nk keys of a block (V row j at V + j * vs). AVX-512:
  * two rows at a time over 128 (or 64) channels, so each V load feeds two FMAs. */
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void pf_wsum2(const float *P, long Rp, long r, long nk, const float *V, long vs,
+                                                            long Dv, float *acc, long c, int nu) {
+    float *a0r = acc + r * Dv + c, *a1r = a0r + Dv;
+    __m512 a0[8], a1[8];
+    for (int u = 0; u < nu; u++) a0[u] = _mm512_loadu_ps(a0r + 16 * u), a1[u] = _mm512_loadu_ps(a1r + 16 * u);
+    for (long j = 0; j < nk; j++) {
+        __m512 p0 = _mm512_set1_ps(P[j * Rp + r]), p1 = _mm512_set1_ps(P[j * Rp + r + 1]);
+        for (int u = 0; u < nu; u++) {
+            __m512 vv = _mm512_loadu_ps(V + j * vs + c + 16 * u);
+            a0[u] = _mm512_fmadd_ps(p0, vv, a0[u]);
+            a1[u] = _mm512_fmadd_ps(p1, vv, a1[u]);
+        }
+    }
+    for (int u = 0; u < nu; u++) _mm512_storeu_ps(a0r + 16 * u, a0[u]), _mm512_storeu_ps(a1r + 16 * u, a1[u]);
+}
+#endif
+
 static void pf_wsum(const float *P, long Rp, long R, long nk, const float *V, long vs, long Dv, float *acc) {
-    long r = 0, c0 = 0;
+    long r = 0, c = 0; /* rows r.. and channels c.. of the rows before r: what the vector passes leave */
 #if defined(__AVX512F__)
     for (; r + 2 <= R; r += 2) {
-        float *a0r = acc + r * Dv, *a1r = a0r + Dv;
-        long c = 0;
-        for (; c + 128 <= Dv; c += 128) {
-            __m512 a0[8], a1[8];
-            for (int u = 0; u < 8; u++) a0[u] = _mm512_loadu_ps(a0r + c + 16 * u), a1[u] = _mm512_loadu_ps(a1r + c + 16 * u);
+        for (c = 0; c + 128 <= Dv; c += 128) pf_wsum2(P, Rp, r, nk, V, vs, Dv, acc, c, 8);
+        for (; c + 64 <= Dv; c += 64) pf_wsum2(P, Rp, r, nk, V, vs, Dv, acc, c, 4);
+        for (long h = r; h < r + 2; h++)
             for (long j = 0; j < nk; j++) {
-                __m512 p0 = _mm512_set1_ps(P[j * Rp + r]), p1 = _mm512_set1_ps(P[j * Rp + r + 1]);
-                for (int u = 0; u < 8; u++) {
-                    __m512 vv = _mm512_loadu_ps(V + j * vs + c + 16 * u);
-                    a0[u] = _mm512_fmadd_ps(p0, vv, a0[u]);
-                    a1[u] = _mm512_fmadd_ps(p1, vv, a1[u]);
-                }
-            }
-            for (int u = 0; u < 8; u++) _mm512_storeu_ps(a0r + c + 16 * u, a0[u]), _mm512_storeu_ps(a1r + c + 16 * u, a1[u]);
-        }
-        for (; c + 64 <= Dv; c += 64) {
-            __m512 a0[4], a1[4];
-            for (int u = 0; u < 4; u++) a0[u] = _mm512_loadu_ps(a0r + c + 16 * u), a1[u] = _mm512_loadu_ps(a1r + c + 16 * u);
-            for (long j = 0; j < nk; j++) {
-                __m512 p0 = _mm512_set1_ps(P[j * Rp + r]), p1 = _mm512_set1_ps(P[j * Rp + r + 1]);
-                for (int u = 0; u < 4; u++) {
-                    __m512 vv = _mm512_loadu_ps(V + j * vs + c + 16 * u);
-                    a0[u] = _mm512_fmadd_ps(p0, vv, a0[u]);
-                    a1[u] = _mm512_fmadd_ps(p1, vv, a1[u]);
-                }
-            }
-            for (int u = 0; u < 4; u++) _mm512_storeu_ps(a0r + c + 16 * u, a0[u]), _mm512_storeu_ps(a1r + c + 16 * u, a1[u]);
-        }
-        c0 = c; /* the same for every pair: the channels past it below */
-        for (int h = 0; h < 2; h++)
-            for (long j = 0; j < nk; j++) {
-                float p = P[j * Rp + r + h], *ar = acc + (r + h) * Dv;
+                float p = P[j * Rp + h], *ar = acc + h * Dv;
 #pragma omp simd
                 for (long cc = c; cc < Dv; cc++) ar[cc] += p * V[j * vs + cc];
             }
     }
 #endif
-    (void)c0;
-    for (; r < R; r++) {
-        float *ar = acc + r * Dv;
+    for (; r < R; r++)
         for (long j = 0; j < nk; j++) {
-            float p = P[j * Rp + r];
+            float p = P[j * Rp + r], *ar = acc + r * Dv;
 #pragma omp simd
             for (long cc = 0; cc < Dv; cc++) ar[cc] += p * V[j * vs + cc];
         }
-    }
 }
 
 void vxc_attention_prefill(const void *q, const void *k_cache, const void *v_cache, void *out, long T, long start,
