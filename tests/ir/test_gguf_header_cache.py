@@ -86,6 +86,25 @@ def test_a_corrupt_or_disabled_entry_falls_back_to_the_parse(cached, monkeypatch
     assert len(parses) == 2 and not entry.exists()  # parsed, and nothing written
 
 
+def test_copies_of_a_file_share_one_entry(cached, tmp_path, monkeypatch):
+    """Entries are named by content (size and first bytes), not path: a copy of a file in another folder (a test
+    suite unpacking a model afresh each run) reads the entry its original made, and adds none."""
+    import shutil
+
+    first = G.read(cached)
+    folder = cached.parent / "cache" / "gguf-headers"
+    assert len(list(folder.glob("*.json"))) == 1
+    copy = tmp_path / "elsewhere" / "copy.gguf"
+    copy.parent.mkdir()
+    shutil.copyfile(cached, copy)
+    G.forget()
+    parses = _parses(monkeypatch)
+    again = G.read(copy)
+    assert parses == []  # read back, not parsed
+    assert len(list(folder.glob("*.json"))) == 1
+    assert again.header_sha256 == first.header_sha256 and again.entries == first.entries
+
+
 def test_a_fast_header_is_not_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("VXC_CACHE_DIR", str(tmp_path / "cache"))
     G.forget()

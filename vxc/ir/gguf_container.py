@@ -196,12 +196,15 @@ def _restore(key: tuple, snap: Snapshot) -> None:
 # A slow header (a large vocabulary's token / score / type arrays) is written, after GGUFReader parsed it, as JSON
 # into the cache directory (vxc.cache): every field's value, the tensor infos, the data offset — and the sha256 of
 # the file's header bytes (everything before the data region), checked against the file at every read, so an entry
-# of a file that changed in any header byte is never used. Entries are named by the file's resolved path (one per
-# file: rewritten when it changes), at most HEADER_CACHE_ENTRIES of them (the oldest removed). VXC_GGUF_CACHE=0
+# of a file that changed in any header byte is never used. Entries are named by the file's content — its size and
+# its first HEADER_KEY_BYTES — not its path: copies of one file share an entry (a test suite that unpacks the same
+# model into a fresh temporary folder each run no longer adds an entry per run, evicting the user's), and a file
+# whose header changed gets a new one. At most HEADER_CACHE_ENTRIES of them (the oldest removed). VXC_GGUF_CACHE=0
 # turns it off. Losing or corrupting an entry only costs the parse.
 
 HEADER_CACHE_SECONDS = 1.0  # parses faster than this are not worth an entry
 HEADER_CACHE_ENTRIES = 16
+HEADER_KEY_BYTES = 1 << 16
 _HEADER_CACHE_VERSION = 1
 
 
@@ -210,8 +213,10 @@ def _header_cache_path(path: Path) -> Path | None:
         return None
     from ..cache import cache_dir
 
-    name = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32]
-    return cache_dir() / "gguf-headers" / f"{name}.json"
+    h = hashlib.sha256(f"{path.stat().st_size}:".encode())
+    with open(path, "rb") as f:
+        h.update(f.read(HEADER_KEY_BYTES))
+    return cache_dir() / "gguf-headers" / f"{h.hexdigest()[:32]}.json"
 
 
 def _header_digest(path: Path, data_offset: int) -> str:
@@ -225,12 +230,15 @@ def _stored_snapshot(path: Path, size: int) -> Snapshot | None:
 
     from gguf import GGMLQuantizationType
 
-    cp = _header_cache_path(path)
+    try:
+        cp = _header_cache_path(path)
+    except OSError:  # unreadable: the parse names it
+        return None
     if cp is None or not cp.is_file():
         return None
     try:
         d = json.loads(cp.read_text())
-        if d.get("version") != _HEADER_CACHE_VERSION or d["size"] != size or d["path"] != str(path.resolve()):
+        if d.get("version") != _HEADER_CACHE_VERSION or d["size"] != size:
             return None
         if _header_digest(path, int(d["data_offset"])) != d["header_sha256"]:
             return None
@@ -251,7 +259,10 @@ def _store_snapshot(path: Path, size: int, snap: Snapshot) -> None:
     import json
     import tempfile
 
-    cp = _header_cache_path(path)
+    try:
+        cp = _header_cache_path(path)
+    except OSError:
+        return
     if cp is None or any(f._error is not None for f in snap.fields.values()):
         return
     try:
