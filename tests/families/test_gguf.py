@@ -335,6 +335,19 @@ def test_int8_weights_are_packed_at_load(lowered_a8, monkeypatch):
     assert quant.packed_bytes() == loaded
 
 
+@pytest.mark.native
+def test_fp32_prefill_attention_runs_natively(lowered):
+    """A prompt's softmax attention runs the native prefill kernel end to end (it fell back to the torch twin, and
+    torch's fused kernel, before there was one): no attention fallback is recorded over a chunked prefill."""
+    from vxc.codegen import kernels
+    from vxc.runtime.session import Session
+
+    eng = P.engine_for(lowered["llama"] / "m.vxir", max_context=64, prefill_chunk=16)
+    kernels.reset_fallbacks()
+    Session(eng).prefill(list(range(3, 40)))
+    assert "attention" not in kernels.fallbacks(), kernels.fallbacks()
+
+
 def test_prefill_chunk_follows_the_plans_products(lowered, lowered_a8, monkeypatch):
     """A prompt's prefill runs in chunks of 128 tokens where the plan multiplies with int8_block32 activations (the
     packed products' cost is per row of x: a smaller chunk halves the activations at the prefill's peak at no loss of
