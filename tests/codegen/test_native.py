@@ -383,6 +383,19 @@ def test_attention_prefill_in_chunks_then_steps_equals_the_torch_backend():
         pos += T
 
 
+def test_attention_prefill_kernel_bf16_form():
+    """The kernel's bf16 form (K / V widened block by block; the op sends it fp32 only) against the twin, within a
+    bf16 rounding of the output."""
+    dt = torch.bfloat16
+    T, start, Hq, Hkv, D = 40, 9, 8, 2, 64
+    q, k, v = r(T, Hq, D, dtype=dt), r(T, Hkv, D, dtype=dt), r(T, Hkv, D, dtype=dt)
+    kc, vc = r(start + T, Hkv, D, dtype=dt), r(start + T, Hkv, D, dtype=dt)
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = native(attention._attention_prefill_native, q, k, v, kc, vc, start, 0.125, 0, None, expect="vxc_attention_prefill")
+    close(got, attention.attention_twin(q, k, v, kc2, vc2, start, 0.125), dt)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+
+
 def test_attention_prefill_declines_bf16():
     """bf16 sequences keep torch's fused half-precision kernel."""
     dt = torch.bfloat16

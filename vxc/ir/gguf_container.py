@@ -162,14 +162,7 @@ def slim() -> int:
         del _CACHE[k]
         n += 1
     if n:
-        import ctypes
-        import gc
-
-        gc.collect()
-        try:
-            ctypes.CDLL(None).malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc
-            pass
+        _hand_back_heap()
     return n
 
 
@@ -290,13 +283,18 @@ def forget() -> None:
     """Drop the remembered headers (:func:`reader`, :func:`read`) once a model is loaded: a 262144-token vocabulary's
     token, score and type lists are ~180 MB of Python objects, which need not stay beside the weights. The freed
     heap is handed back to the OS where the C library can (glibc's ``malloc_trim``)."""
-    import ctypes
-    import gc
-
     if not (_READERS or _CACHE):
         return
     _READERS.clear()
     _CACHE.clear()
+    _hand_back_heap()
+
+
+def _hand_back_heap() -> None:
+    """Collect the dropped objects and hand the freed heap back to the OS where the C library can (glibc)."""
+    import ctypes
+    import gc
+
     gc.collect()
     try:
         ctypes.CDLL(None).malloc_trim(0)

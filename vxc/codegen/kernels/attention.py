@@ -337,12 +337,13 @@ _ATTENTION_PREFILL = N.declare("vxc_attention_prefill", P, P, P, P, L, L, Fc, L,
 
 
 def _attention_prefill_native(q, k, v, k_cache, v_cache, start, scale, window, sinks):
-    """T > 1 queries at positions start..start+T-1 over a cache that holds rows 0..start+T-1 (a sliding-window ring
-    that a chunk wraps is linearised around it by ``_ring``, as for the twin): the new K / V rows written first, then one blocked native call (online
-    softmax over blocks of keys, the GQA group's query heads sharing each K / V load; no score tensor, no K / V
-    expanded per query head). The twin's result within fp32 summation order."""
+    """T > 1 fp32 queries (``attention_native`` declines other dtypes) at positions start..start+T-1 over a cache
+    that holds rows 0..start+T-1 (a sliding-window ring that a chunk wraps is linearised around it by ``_ring``, as
+    for the twin): the new K / V rows written first, then one blocked native call (online softmax over blocks of
+    keys, the GQA group's query heads sharing each K / V load; no score tensor, no K / V expanded per query head).
+    The twin's result within fp32 summation order."""
     T = q.shape[0]
-    if not (q.dtype == torch.float32 and N.ok(q, k, v, k_cache, v_cache, sinks) and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype
+    if not (N.ok(q, k, v, k_cache, v_cache, sinks) and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype
             and q.dim() == 3 and q.shape[1] % k.shape[1] == 0
             and (sinks is None or (sinks.dim() == 1 and sinks.shape[0] == q.shape[1])) and window >= 0):
         raise NotCovered(N.OPERANDS)

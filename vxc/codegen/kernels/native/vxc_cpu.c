@@ -2914,8 +2914,9 @@ void vxc_mla_decode_rows(const void *q, const void *kv, const void *norm_w, cons
  * with the softmax kept online (a running max and denominator per row). The unit's queries are held transposed
  * ([Dk][rows], scaled), so a block's scores come out key-major with the rows in vector lanes — K is read in place,
  * one broadcast per value, and the masking and the online softmax run across rows in vectors. No [H, T, S] score
- * tensor and no copy of K / V per query head (torch's fused kernel wants both expanded to Hq heads, and keeps ~25 MB
- * of scratch after its first call). bf16 caches are widened block by block into fp32 scratch. */
+ * tensor and no copy of K / V per query head (torch's fused kernel wants both expanded to Hq heads, and keeps ~17 MB
+ * of scratch after its first call). bf16 (bf = 1) is widened block by block into fp32 scratch: correct, but slower
+ * than torch's half-precision kernel, so the op sends only fp32 here (the bf16 form is tested directly). */
 #define PF_KB 32
 #define PF_ROWS 64
 
