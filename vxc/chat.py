@@ -108,7 +108,7 @@ def _chat_follower(rank: int, kw: dict) -> None:
 
 def run_chat(*, model: Path, system, max_new_tokens, temperature, top_p, top_k, seed, dtype, device, max_context,
              model_dir, kernels, compile_decode, as_json, ignore_eos=False, stop=(), input_stream=None, tp: int = 1,
-             rank: int | None = None, prefill_chunk: int | None = None) -> int:
+             rank: int | None = None, prefill_chunk: int | None = None, kv_dtype: str | None = None) -> int:
     """Read one user turn per line from stdin; answer each, continuing from the state the previous turn left.
 
     Each turn prefills only the text the template adds to what the model has consumed: the end of the previous
@@ -130,7 +130,7 @@ def run_chat(*, model: Path, system, max_new_tokens, temperature, top_p, top_k, 
         kw = dict(model=model, system=system, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                   top_k=top_k, seed=seed, dtype=dtype, device=device, max_context=max_context, model_dir=model_dir,
                   kernels=kernels, compile_decode=compile_decode, as_json=as_json, ignore_eos=ignore_eos, stop=stop,
-                  tp=tp, prefill_chunk=prefill_chunk)
+                  tp=tp, prefill_chunk=prefill_chunk, kv_dtype=kv_dtype)
         backend = TP.backend_for(device)
         if TP.under_torchrun():
             r = TP.join(tp, backend)
@@ -145,7 +145,7 @@ def run_chat(*, model: Path, system, max_new_tokens, temperature, top_p, top_k, 
     rank = rank or 0
     lm = load_model(model=model, dtype=dtype, device=device, max_context=max_context, model_dir=model_dir,
                     kernels=kernels, compile_decode=compile_decode, need_tokenizer="vxc chat", ignore_eos=ignore_eos,
-                    prefill_chunk=prefill_chunk, **({"tp": tp, "rank": rank} if tp > 1 else {}))
+                    prefill_chunk=prefill_chunk, kv_dtype=kv_dtype, **({"tp": tp, "rank": rank} if tp > 1 else {}))
     for w in lm.warnings:
         note(w)
     chat = Chat(lm.model_dir, lm.module, lm.tok, system)

@@ -196,6 +196,11 @@ def passes(
         print(f"ok: {','.join(names)}")
 
 
+KV_HELP = ("fp32 | bf16 | fp16: the element type of the growing row caches (KV / latent rows; default: the compute "
+           "dtype). fp16 halves an fp32 model's cache and the bytes a decode step reads from it, as llama.cpp's "
+           "default f16 cache; fixed regions (recurrent, conv) keep their declared precision")
+
+
 @app.command()
 def describe(
     input: Path = typer.Argument(..., help="a .vxir file or a model directory"),
@@ -206,6 +211,7 @@ def describe(
                                   help="with --context: the state of this many sequence slots (vxc serve --sequences)"),
     tp: int = typer.Option(1, "--tp", min=1, max=1024, help="also each rank's weight and state bytes under tensor "
                                                              "parallelism over N ranks"),
+    kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help=KV_HELP),
 ):
     """The surfaces of a model, read from its plan."""
     from .driver import load, run
@@ -217,7 +223,14 @@ def describe(
     ctx = _guard(lambda: run(load(input), DEFAULT_PIPELINE, emit=lambda s: None), as_json)
     if sequences != 1 and context is None:
         _fail("--sequences needs --context (the bytes of S slots at that many tokens each)", 1, as_json)
-    d = surfaces(ctx.plan, context, sequences=sequences)
+    kv = None
+    if kv_dtype is not None:
+        from .exec_cmd import DTYPE_NAMES
+
+        if kv_dtype not in DTYPE_NAMES:
+            _fail(f"--kv-dtype {kv_dtype}: expected one of {' | '.join(DTYPE_NAMES)}", 1, as_json)
+        kv = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}[kv_dtype]
+    d = surfaces(ctx.plan, context, sequences=sequences, kv=kv)
     if tp > 1:
         from .passes.surfaces import tp_ranks
 
@@ -252,6 +265,7 @@ def exec_(
     top_k: int = typer.Option(0, "--top-k", min=0),
     seed: int = typer.Option(0, "--seed", min=0, max=2**63 - 1),
     dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
+    kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help=KV_HELP),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
     max_context: Optional[int] = typer.Option(None, "--max-context", min=1, max=MAX_CONTEXT,
                                               help="positions preallocated for growing state (default: the model's "
@@ -287,7 +301,8 @@ def exec_(
                         top_p=top_p, top_k=top_k, seed=seed, dtype=dtype, device=device, max_context=max_context,
                         model_dir=model_dir, logits_out=logits_out, save_state=save_state, resume_state=resume_state,
                         kernels=kernels, compile_decode=compile_decode, as_json=as_json, kernel_report=kernel_report,
-                        ignore_eos=ignore_eos, stop=list(stop), chat=chat, system=system, tp=tp, prefill_chunk=prefill_chunk)
+                        ignore_eos=ignore_eos, stop=list(stop), chat=chat, system=system, tp=tp, prefill_chunk=prefill_chunk,
+                        kv_dtype=kv_dtype)
 
     _guard(go, as_json)
 
@@ -302,6 +317,7 @@ def chat_(
     top_k: int = typer.Option(0, "--top-k", min=0),
     seed: int = typer.Option(0, "--seed", min=0, max=2**63 - 1),
     dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
+    kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help=KV_HELP),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
     max_context: Optional[int] = typer.Option(None, "--max-context", min=1, max=MAX_CONTEXT,
                                               help="positions for the whole conversation (default: the model's "
@@ -327,7 +343,7 @@ def chat_(
         return run_chat(model=model, system=system, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                         top_k=top_k, seed=seed, dtype=dtype, device=device, max_context=max_context, model_dir=model_dir,
                         kernels=kernels, compile_decode=compile_decode, as_json=as_json, ignore_eos=ignore_eos, stop=list(stop),
-                        tp=tp, prefill_chunk=prefill_chunk)
+                        tp=tp, prefill_chunk=prefill_chunk, kv_dtype=kv_dtype)
 
     code = _guard(go, as_json)
     if code:
@@ -341,6 +357,7 @@ def serve_(
     port: int = typer.Option(8000, "--port", min=0, max=65535),
     sequences: int = typer.Option(4, "--sequences", min=1, max=4096, help="state slots: requests decoded together"),
     dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
+    kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help=KV_HELP),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
     max_context: Optional[int] = typer.Option(None, "--max-context", min=1, max=MAX_CONTEXT,
                                               help="positions per slot (default: the model's max_position_embeddings, "
@@ -368,7 +385,8 @@ def serve_(
 
         return run_serve(model=model, host=host, port=port, sequences=sequences, dtype=dtype, device=device,
                          max_context=max_context, chunk=chunk, max_queue=max_queue, model_dir=model_dir,
-                         model_name=model_name, kernels=kernels, prefix_cache_bytes=int(prefix_cache_mib * 2**20), tp=tp)
+                         model_name=model_name, kernels=kernels, prefix_cache_bytes=int(prefix_cache_mib * 2**20), tp=tp,
+                         kv_dtype=kv_dtype)
 
     _guard(go)
 
@@ -390,12 +408,12 @@ def demo(
     print(f"== built miniature witness in {mdir}")
     ctx = _guard(lambda: lower_to_file(mdir, ir))
     print(f"== lowered → {ir} ({len(ctx.module.layers)} layers, {len(ctx.module.operands)} operands)")
-    describe(ir, as_json=False, context=None, dot=None, sequences=1, tp=1)
+    describe(ir, as_json=False, context=None, dot=None, sequences=1, tp=1, kv_dtype=None)
     print("== exec --prompt 'The state of ' --temperature 0.9 --top-k 40 --seed 0 (random weights: the text is noise)")
     exec_(ir, prompt="The state of ", tokens=None, max_new_tokens=max_new_tokens, temperature=0.9, top_p=1.0, top_k=40, seed=0,
           dtype="fp32", device="cpu", max_context=256, model_dir=None, logits_out=None, save_state=None, resume_state=None,
           kernels="auto", kernel_report=False, compile_decode=False, as_json=False, ignore_eos=False, stop=[], chat=False,
-          prefill_chunk=None,
+          prefill_chunk=None, kv_dtype=None,
           system=None, tp=1)
 
 

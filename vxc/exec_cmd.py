@@ -57,7 +57,7 @@ class Loaded:
     warnings: list[str] = field(default_factory=list)
 
 
-def check_common(*, model: Path, dtype: str, device: str, kernels: str) -> None:
+def check_common(*, model: Path, dtype: str, device: str, kernels: str, kv_dtype: str | None = None) -> None:
     import torch
 
     from .codegen import kernels as K
@@ -68,6 +68,8 @@ def check_common(*, model: Path, dtype: str, device: str, kernels: str) -> None:
         raise VxcError(f"{model}: no such IR file (lower a model directory first: vxc lower DIR -o {model})")
     if dtype not in DTYPE_NAMES:
         raise VxcError(f"--dtype {dtype}: expected one of {' | '.join(DTYPE_NAMES)}")
+    if kv_dtype is not None and kv_dtype not in DTYPE_NAMES:
+        raise VxcError(f"--kv-dtype {kv_dtype}: expected one of {' | '.join(DTYPE_NAMES)}")
     if not re.fullmatch(r"cpu|cuda(:\d{1,3})?", device):
         raise VxcError(f"--device {device}: expected cpu, cuda or cuda:N")
     if device.startswith("cuda"):
@@ -80,7 +82,7 @@ def check_common(*, model: Path, dtype: str, device: str, kernels: str) -> None:
 
 
 def choose_max_context(m, mdir: Path, dtype: str, device: str, asked: int | None,
-                       sequences: int = 1) -> tuple[int, str]:
+                       sequences: int = 1, kv_dtype: str | None = None) -> tuple[int, str]:
     """``--max-context`` as given; by default the model's trained positions (its files' ``max_position_embeddings``
     / GGUF ``context_length``), capped by the state budget (STATE_BUDGET, and half the memory available) for
     ``sequences`` slots together."""
@@ -101,7 +103,8 @@ def choose_max_context(m, mdir: Path, dtype: str, device: str, asked: int | None
 
     plan = PassManager(parse_pipeline(DEFAULT_PIPELINE), emit=lambda s: None).run(Context(m, model_dir=Path(mdir))).plan
     prov, dt = StateProvider(), DTYPES[dtype]
-    per = prov.nbytes(plan, dt, 1, sequences) - prov.nbytes(plan, dt, 0, sequences)
+    kv = DTYPES[kv_dtype] if kv_dtype is not None else None
+    per = prov.nbytes(plan, dt, 1, sequences, kv) - prov.nbytes(plan, dt, 0, sequences, kv)
     avail = available_bytes(torch.device(device))
     budget = STATE_BUDGET if avail is None else min(STATE_BUDGET, avail // 2)
     if per > 0 and n * per > budget:
@@ -114,7 +117,7 @@ def choose_max_context(m, mdir: Path, dtype: str, device: str, asked: int | None
 
 def load_model(*, model: Path, dtype: str, device: str, max_context: int | None, model_dir, kernels: str,
                compile_decode: bool, need_tokenizer: str | None, ignore_eos: bool = False, sequences: int = 1,
-               tp: int = 1, rank: int = 0, prefill_chunk: int | None = None) -> Loaded:
+               tp: int = 1, rank: int = 0, prefill_chunk: int | None = None, kv_dtype: str | None = None) -> Loaded:
     """Parse the IR, load the tokenizer (an error when ``need_tokenizer`` names why one is needed), build the
     engine at the chosen --max-context (with ``sequences`` state slots: ``vxc serve``) and warm it up."""
     from .codegen import kernels as K
@@ -125,7 +128,7 @@ def load_model(*, model: Path, dtype: str, device: str, max_context: int | None,
     from .runtime.session import Session
     from .runtime.tokenizer import load_tokenizer
 
-    check_common(model=model, dtype=dtype, device=device, kernels=kernels)
+    check_common(model=model, dtype=dtype, device=device, kernels=kernels, kv_dtype=kv_dtype)
     if kernels != "auto":
         K.set_backend(kernels)
     K.reset_fallbacks()  # the report covers this run
@@ -144,14 +147,15 @@ def load_model(*, model: Path, dtype: str, device: str, max_context: int | None,
             tok = None
             warnings.append(f"warning: {e}; output is token ids")
     stop = StopIds() if ignore_eos else stop_ids(mdir, m, tok)
-    ctx_n, ctx_note = choose_max_context(m, mdir, dtype, device, max_context, sequences)
+    ctx_n, ctx_note = choose_max_context(m, mdir, dtype, device, max_context, sequences, kv_dtype)
     if tp > 1:  # the ranks must agree on it (the memory each process sees differs): rank 0's choice
         from .runtime.tp import broadcast_object
 
         ctx_n, ctx_note = broadcast_object((ctx_n, ctx_note))
     t0 = time.perf_counter()
     engine = Engine(m, mdir, dtype=DTYPES[dtype], device=device, max_context=ctx_n, compile_decode=compile_decode,
-                    sequences=sequences, **({"tp": tp, "rank": rank} if tp > 1 else {}),
+                    sequences=sequences, kv_dtype=DTYPES[kv_dtype] if kv_dtype is not None else None,
+                    **({"tp": tp, "rank": rank} if tp > 1 else {}),
                     **({} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}))
     load_s = time.perf_counter() - t0
     stop.ids = [i for i in stop.ids if i < engine.vocab]
@@ -217,7 +221,7 @@ def context_full_note(lm: Loaded) -> str:
 def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p, top_k, seed, dtype, device, max_context,
              model_dir, logits_out, save_state, resume_state, kernels, compile_decode, as_json,
              kernel_report=False, ignore_eos=False, stop=(), chat=False, system=None, tp=1, rank=None,
-             prefill_chunk=None) -> None:
+             prefill_chunk=None, kv_dtype=None) -> None:
     from .codegen import kernels as K
     from .runtime.sampling import Sampler
 
@@ -228,7 +232,8 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
                   top_p=top_p, top_k=top_k, seed=seed, dtype=dtype, device=device, max_context=max_context,
                   model_dir=model_dir, logits_out=logits_out, save_state=save_state, resume_state=resume_state,
                   kernels=kernels, compile_decode=compile_decode, as_json=as_json, kernel_report=kernel_report,
-                  ignore_eos=ignore_eos, stop=stop, chat=chat, system=system, tp=tp, prefill_chunk=prefill_chunk)
+                  ignore_eos=ignore_eos, stop=stop, chat=chat, system=system, tp=tp, prefill_chunk=prefill_chunk,
+                  kv_dtype=kv_dtype)
         check_tp(model, model_dir, tp)  # a model that does not split is refused before any rank starts
         backend = TP.backend_for(device)
         if TP.under_torchrun():
@@ -264,7 +269,7 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
     need = "--chat" if chat else "--prompt" if prompt is not None else "--stop" if stop else None
     lm = load_model(model=model, dtype=dtype, device=device, max_context=max_context, model_dir=model_dir,
                     kernels=kernels, compile_decode=compile_decode, need_tokenizer=need, ignore_eos=ignore_eos,
-                    tp=tp, rank=rank, prefill_chunk=prefill_chunk)
+                    tp=tp, rank=rank, prefill_chunk=prefill_chunk, kv_dtype=kv_dtype)
     for w in lm.warnings:
         note(w)
     tok, session = lm.tok, lm.session
@@ -325,6 +330,7 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
         "load_seconds": lm.load_s,
         "warmup_seconds": lm.warmup_s,
         "dtype": dtype,
+        "kv_dtype": kv_dtype or dtype,
         "device": device,
         "kernels": K.report(),  # the backend, the native library's status, every fallback to a torch twin
         "decode_replay": lm.engine.replay_status(),

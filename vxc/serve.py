@@ -601,7 +601,7 @@ def create_app(engine=None, *, tokenizer, model_name: str, stop_ids=(), chat_tem
 
 def load_app(model, *, dtype: str = "fp32", device: str = "cpu", max_context: int | None = None, sequences: int = 1,
              chunk: int = 64, max_queue: int = 64, model_dir=None, model_name: str | None = None, kernels: str = "auto",
-             prefix_cache_bytes: int = 0, tp: int = 1, rank: int = 0, executor=None):
+             prefix_cache_bytes: int = 0, tp: int = 1, rank: int = 0, executor=None, kv_dtype: str | None = None):
     """(app, loaded model): the IR loaded as ``vxc exec`` loads it (tokenizer, EOS ids, --max-context, dtype) on an
     engine with ``sequences`` slots, and the model's chat template when it has one; with ``prefix_cache_bytes`` > 0,
     an exact prefix cache (vxc.runtime.prefix_cache) of that budget shared by every request. ``executor``: the
@@ -619,7 +619,7 @@ def load_app(model, *, dtype: str = "fp32", device: str = "cpu", max_context: in
         raise ServeError(f"--max-queue must be at least 1, not {max_queue} (every request waits in the queue "
                          f"until the engine's thread admits it)")
     lm = load_model(model=Path(model), dtype=dtype, device=device, max_context=max_context, model_dir=model_dir,
-                    kernels=kernels, compile_decode=False, need_tokenizer="vxc serve", sequences=sequences,
+                    kernels=kernels, compile_decode=False, need_tokenizer="vxc serve", sequences=sequences, kv_dtype=kv_dtype,
                     **({"tp": tp, "rank": rank} if tp > 1 else {}))
     if rank != 0:  # a tensor-parallel rank without clients: its scheduler, stepped as rank 0 says
         _warm(lm)
@@ -668,7 +668,7 @@ def _scheduler(engine, chunk: int, max_queue: int, prefix_cache_bytes: int):
 
     cache = None
     if prefix_cache_bytes < 0:
-        raise ServeError(f"--prefix-cache-mib must be >= 0 (0: no prefix cache)")
+        raise ServeError("--prefix-cache-mib must be >= 0 (0: no prefix cache)")
     if prefix_cache_bytes > 0:
         from .runtime.prefix_cache import PrefixCache
 
@@ -686,14 +686,14 @@ def _follower(rank: int, kw: dict) -> None:
 
 def run_serve(*, model, host: str, port: int, sequences: int, dtype: str, device: str, max_context: int | None,
               chunk: int, max_queue: int, model_dir, model_name: str | None, kernels: str = "auto",
-              prefix_cache_bytes: int = 0, tp: int = 1) -> None:
+              prefix_cache_bytes: int = 0, tp: int = 1, kv_dtype: str | None = None) -> None:
     import uvicorn  # noqa: F401  (before any rank or engine starts: a missing HTTP stack fails at once)
 
     if not 0 <= port <= 65535:
         raise ServeError(f"--port {port}: expected 0..65535")
     kw = dict(model=model, dtype=dtype, device=device, max_context=max_context, sequences=sequences, chunk=chunk,
               max_queue=max_queue, model_dir=model_dir, model_name=model_name, kernels=kernels,
-              prefix_cache_bytes=prefix_cache_bytes, tp=tp)
+              prefix_cache_bytes=prefix_cache_bytes, tp=tp, kv_dtype=kv_dtype)
     followers = None
     if tp > 1:  # tensor parallel: this process serves as rank 0; the others follow its scheduler (vxc.runtime.lockstep)
         from .exec_cmd import check_tp

@@ -670,3 +670,124 @@ def test_moe_experts_adds_only_the_experts_its_banks_hold(dtype):
           R.experts_fp64(x, weights, experts, w_in, None, w_down, b_in, b_down, *tail))
     none = moe.experts_native(x, weights, torch.tensor([[0, 1, 2, 3]]), *part(4, *tail), 4)  # no slot held: zeros
     assert torch.equal(none, torch.zeros_like(none))
+
+
+# ------------------------------------------------------------------ KV caches narrower than the activations
+
+KV_NARROW = [torch.float16, torch.bfloat16]
+
+
+def _half_extremes(dtype):
+    """K / V values whose rounding to ``dtype`` is delicate: ties, subnormals, the largest finite values and past
+    them (to inf), signed zeros."""
+    if dtype == torch.float16:
+        vals = [65504.0, 65519.99, 65520.0, -70000.0, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, 1.5 * 2.0 ** -24,
+                6.0e-5, -0.0, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, -(1.0 + 2.0 ** -11), 1e-8, 0.333333]
+    else:
+        vals = [3.0e38, -3.3e38, 1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, 1e-39, -0.0, 0.333333, 2.0 ** -133]
+    return torch.tensor(vals, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("kv", KV_NARROW)
+def test_attention_step_narrow_cache_stores_torchs_rounding(kv):
+    """An fp32 step into an f16 / bf16 cache writes its K / V row rounded exactly as torch's cast (round to nearest
+    even, subnormals, overflow to inf) — the prefill writes rows with that cast."""
+    Hq, Hkv, D = 4, 2, 16
+    vals = _half_extremes(kv)
+    k = vals.repeat(Hkv * D // len(vals) + 1)[: Hkv * D].reshape(1, Hkv, D)
+    v = -k.flip(-1)
+    kc, vc = torch.zeros(8, Hkv, D, dtype=kv), torch.zeros(8, Hkv, D, dtype=kv)
+    native(attention.attention_native, r(1, Hq, D) * 0, k, v, kc, vc, 3, 0.1, expect="vxc_attention_step")
+    assert torch.equal(kc[3].view(torch.int16), k[0].to(kv).view(torch.int16))
+    assert torch.equal(vc[3].view(torch.int16), v[0].to(kv).view(torch.int16))
+
+
+@pytest.mark.parametrize("kv", KV_NARROW)
+@pytest.mark.parametrize("Hq, Hkv, Dk, Dv, start", [
+    (16, 8, 128, 128, 150),  # the 0.6B softmax-decoder heads: blocks of 16 positions and a tail of 7
+    (9, 3, 64, 64, 40),      # groups of 3
+    (6, 2, 20, 12, 13),      # widths that are no whole vector: the per-position path
+    (4, 1, 48, 192, 33),     # a 48-wide key, 192-wide values
+])
+def test_attention_step_narrow_cache(kv, Hq, Hkv, Dk, Dv, start):
+    """fp32 queries over an f16 / bf16 cache against the twin on the same cache and against the softmax written
+    out in fp64 over the cache's values (widening is exact, so the cache's rounding is the only difference from an
+    fp32 cache): within the fp32 kernel tolerance of both."""
+    S = start + 5
+    q, k, v = r(1, Hq, Dk), r(1, Hkv, Dk), r(1, Hkv, Dv)
+    kc, vc = r(S, Hkv, Dk).to(kv), r(S, Hkv, Dv).to(kv)
+    kc[start + 1:], vc[start + 1:] = math.nan, math.nan  # rows past the position are never read
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = native(attention.attention_native, q, k, v, kc, vc, start, 0.3, expect="vxc_attention_step")
+    want = attention.attention_twin(q, k, v, kc2, vc2, start, 0.3)
+    assert got.dtype == torch.float32 and torch.equal(kc[: start + 1], kc2[: start + 1]) and torch.equal(vc[: start + 1], vc2[: start + 1])
+    close(got, want, torch.float32)
+    exact = _softmax_attention_fp64(q, kc[: start + 1], vc[: start + 1], start, 0.3)
+    torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv", KV_NARROW)
+def test_attention_prefill_chunks_then_steps_narrow_cache(kv):
+    """A 45-token prompt as chunks of 20, 20 and 5, then ten steps, into an f16 / bf16 cache, natively (the prefill
+    kernel widening blocks, then the step) against the torch backend on its own cache: equal caches, outputs within
+    the fp32 kernel tolerance."""
+    Hq, Hkv, Dk, Dv, rows = 8, 2, 64, 64, 64
+    caches = {b: (torch.zeros(rows, Hkv, Dk, dtype=kv), torch.zeros(rows, Hkv, Dv, dtype=kv)) for b in ("native", "torch")}
+    pos = 0
+    for T in (20, 20, 5, *([1] * 10)):
+        q, k, v = r(T, Hq, Dk), r(T, Hkv, Dk), r(T, Hkv, Dv)
+        outs, rec = _attention_on_both_backends(caches, q, k, v, pos, 0.125)
+        want = "vxc_attention_prefill" if T > 1 else "vxc_attention_step"
+        assert [n for n, _ in rec.calls] == [want] and rec.failed is None, (rec.calls, rec.failed)
+        close(outs["native"], outs["torch"], torch.float32)
+        assert torch.equal(caches["native"][0], caches["torch"][0]) and torch.equal(caches["native"][1], caches["torch"][1])
+        pos += T
+
+
+@pytest.mark.parametrize("kv", KV_NARROW)
+def test_attention_narrow_cache_window_ring(kv):
+    """A 7-position window in a ring of 7 f16 / bf16 rows, with sinks: chunks that wrap the ring, then steps,
+    natively against the torch backend (the ring's linearised copy keeps the cache's element type, so the new rows
+    are rounded as in the linear case)."""
+    Hq, Hkv, D, window = 6, 2, 32, 7
+    snk = r(Hq)
+    caches = {b: (torch.zeros(window, Hkv, D, dtype=kv), torch.zeros(window, Hkv, D, dtype=kv)) for b in ("native", "torch")}
+    pos = 0
+    for T in (5, 6, 9, 1, 1, 1):
+        q, k, v = r(T, Hq, D), r(T, Hkv, D), r(T, Hkv, D)
+        outs, _ = _attention_on_both_backends(caches, q, k, v, pos, 0.3, window, snk)
+        close(outs["native"], outs["torch"], torch.float32)
+        assert torch.equal(caches["native"][0], caches["torch"][0]) and torch.equal(caches["native"][1], caches["torch"][1])
+        pos += T
+
+
+@pytest.mark.parametrize("kv", KV_NARROW)
+def test_attention_rows_narrow_cache_equal_the_single_row_steps(kv):
+    """The B-row step over an f16 / bf16 [S, 2, rows, Hkv, D] region gives each row exactly the single-row step on
+    that slot's cache (the same rounding on write, the same sums)."""
+    S, Hq, Hkv, D, rows = 3, 16, 8, 128, 64
+    kvbuf = r(S, 2, rows, Hkv, D).to(kv)
+    single = kvbuf.clone()
+    starts, slots = torch.tensor([40, 17, 3]), torch.tensor([2, 0, 1])
+    q, k, v = r(3, Hq, D), r(3, Hkv, D), r(3, Hkv, D)
+    got = native(attention.attention_rows_native, q, k, v, kvbuf, starts, 0.09, 0, None, slots, expect="vxc_attention_step_rows")
+    for b in range(3):
+        s = int(slots[b])
+        one = attention.attention_native(q[b:b + 1], k[b:b + 1], v[b:b + 1], single[s, 0], single[s, 1], int(starts[b]), 0.09)
+        assert torch.equal(got[b:b + 1], one), b
+    assert torch.equal(kvbuf, single)
+
+
+def test_narrow_cache_on_the_scalar_build():
+    """The build without AVX-512, AVX2 or F16C (the portable f16 conversion both ways): the stored rows are torch's
+    rounding and the step is at the twin, as above. (The AVX2 build runs this whole file in CI's second pass.)"""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, VXC_NATIVE_CFLAGS="-mno-avx512f -mno-avx2 -mno-f16c")
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", __file__,
+                        "-k", "narrow and not scalar_build"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]

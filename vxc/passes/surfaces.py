@@ -13,15 +13,21 @@ from ..ir.operators import OPERATORS
 from .plan import plan_ops, region_id
 
 
-def region_bytes_per_element(precision: str, compute: str) -> int:
-    return DTYPES["f32"] if precision == "f32" else DTYPES[compute]
+def region_dtype(precision: str, compute: str, growth: str = "fixed", kv: str | None = None) -> str:
+    """A region's element type (as the state provider allocates it): fp32 for a fixed-precision region, else the
+    compute dtype — or ``kv`` (``--kv-dtype``) for a growing one (KV / latent rows)."""
+    if precision == "f32":
+        return "f32"
+    return kv if kv is not None and growth == "per_token" else compute
 
 
-def region_dtype(precision: str, compute: str) -> str:
-    return "f32" if precision == "f32" else compute
+def region_bytes_per_element(precision: str, compute: str, growth: str = "fixed", kv: str | None = None) -> int:
+    return DTYPES[region_dtype(precision, compute, growth, kv)]
 
 
-def describe(g: nx.DiGraph, context: int | None = None, compute: str | None = None, sequences: int = 1) -> dict[str, Any]:
+def describe(g: nx.DiGraph, context: int | None = None, compute: str | None = None, sequences: int = 1,
+             kv: str | None = None) -> dict[str, Any]:
+    """``kv``: the growing row regions' element type when it is not ``compute`` (``--kv-dtype``)."""
     compute = compute or g.graph["compute"]
     ops = plan_ops(g)
     layer_ops = [p for p in ops if p.layer is not None and p.slot in ("mixer", "ffn")]
@@ -41,9 +47,9 @@ def describe(g: nx.DiGraph, context: int | None = None, compute: str | None = No
     for p in ops:
         for r in p.regions:
             n = r.elements()
-            bpe = region_bytes_per_element(r.precision, compute)
+            bpe = region_bytes_per_element(r.precision, compute, r.growth, kv)
             regions.append({"layer": p.layer, "operator": p.kind, "name": r.name, "kind": r.kind, "shape": list(r.shape),
-                            "dtype": region_dtype(r.precision, compute),
+                            "dtype": region_dtype(r.precision, compute, r.growth, kv),
                             "growth": r.growth if not r.window else f"per_token window {r.window}"})
             per_layer.setdefault(p.layer, []).append(r)
             if r.growth == "fixed":
@@ -71,6 +77,7 @@ def describe(g: nx.DiGraph, context: int | None = None, compute: str | None = No
         "name": g.graph["name"],
         "layers": g.graph["layers"],
         "compute": compute,
+        **({"kv_dtype": kv} if kv is not None else {}),
         "vocab": {"logical": emb.attrs["vocab"], "padded": emb.attrs["padded_vocab"]},
         "operators": operators,
         "surfaces": {k: len(v) for k, v in surf.items()},

@@ -42,7 +42,7 @@ class Engine:
     def __init__(self, module: Module, model_dir: Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
                  max_context: int = 2048, provider: StateProvider | None = None, compile_decode: bool = False,
                  replay: bool = True, sequences: int = 1, tp: int = 1, rank: int = 0,
-                 prefill_chunk: int | None = None):
+                 prefill_chunk: int | None = None, kv_dtype: torch.dtype | None = None):
         self.tp, self.rank = tp, rank
         if prefill_chunk is not None and prefill_chunk < 0:
             raise EngineError(f"prefill_chunk must be >= 0 (0: a prompt in one piece), not {prefill_chunk}")
@@ -66,9 +66,11 @@ class Engine:
         self.lowered = {v: lower_plan(self.plan, v, self.encoded_weights) for v in VARIANTS}
         root = torch.nn.Module()
         provider = provider or StateProvider()
-        _check_memory(provider, self.plan, self.lowered, dtype, max_context, self.device, sequences)
+        # the growing row regions' element type where it is not the compute dtype (None: it is)
+        self.kv_dtype = kv_dtype if kv_dtype != dtype else None
+        _check_memory(provider, self.plan, self.lowered, dtype, max_context, self.device, sequences, self.kv_dtype)
         self.sequences = sequences
-        self.state: StateBuffers = provider.allocate(self.plan, dtype, max_context, self.device, sequences)
+        self.state: StateBuffers = provider.allocate(self.plan, dtype, max_context, self.device, sequences, self.kv_dtype)
         operands = module.operand_table()
         packed = _packed_products(self.lowered.values())
         # Session.prefill runs a longer prompt as chunks of this many tokens (None: by the plan's matmuls)
@@ -244,12 +246,12 @@ def build_graph_batch(lw: Lowered, root: torch.nn.Module):
 
 
 def _check_memory(provider: StateProvider, plan, lowered, dtype, max_context: int, device: torch.device,
-                  sequences: int = 1) -> None:
+                  sequences: int = 1, kv_dtype: torch.dtype | None = None) -> None:
     """The buffers sized by --max-context (state regions, rotary tables) must fit before any is allocated."""
     from .rope import inv_freq
 
-    fixed = provider.nbytes(plan, dtype, 0, sequences)
-    per_state = provider.nbytes(plan, dtype, 1, sequences) - fixed
+    fixed = provider.nbytes(plan, dtype, 0, sequences, kv_dtype)
+    per_state = provider.nbytes(plan, dtype, 1, sequences, kv_dtype) - fixed
     freqs = {key: inv_freq(attrs)[0].numel() for lw in lowered.values() for key, attrs in lw.ropes.items()}
     per_rope = sum(4 * 3 * n + 8 for n in freqs.values())  # cos + sin tables and the frequencies they are made from
     need = fixed + (per_state + per_rope) * max_context

@@ -6,7 +6,10 @@ slot dimension: one independent copy of the whole continuation state per
 sequence slot (``StateBuffers.slots``), each growing region up to its own
 ``max_context``; ``buffers`` are the views of the slot a single-sequence
 session runs in (slot 0). Precision follows the IR: ``f32`` regions stay fp32
-whatever the compute dtype; ``compute`` regions take it. A provider declares
+whatever the compute dtype; ``compute`` regions take it — or, for the growing
+row regions (KV rows, latent rows) only, ``kv_dtype`` where one is asked for
+(``--kv-dtype``: a cache narrower than the activations, as the common f16 KV
+cache; the fixed regions never change). A provider declares
 the region kinds it can hold and refuses — by name — a layer needing any
 other kind, rather than allocating part of it.
 """
@@ -58,11 +61,11 @@ class StateProvider:
     kinds: tuple[str, ...] = REGION_KINDS
     name: str = "static"
 
-    def layout(self, g: nx.DiGraph, dtype: torch.dtype, max_context: int):
+    def layout(self, g: nx.DiGraph, dtype: torch.dtype, max_context: int, kv_dtype: torch.dtype | None = None):
         """(region id, region, shape, dtype) of every buffer :meth:`allocate` makes, without allocating."""
         for p in plan_ops(g):
             for r in p.regions:
-                dt = torch.float32 if r.precision == "f32" else dtype
+                dt = region_torch_dtype(r.precision, r.growth, dtype, kv_dtype)
                 if r.growth == "fixed":
                     shape = tuple(r.shape)
                 else:
@@ -71,13 +74,15 @@ class StateProvider:
                     shape = (r.shape[0], n, *r.shape[1:]) if r.kind == "kv_rows" else (n, *r.shape)  # kv: K rows, V rows
                 yield region_id(p.id, r.name), r, shape, dt
 
-    def nbytes(self, g: nx.DiGraph, dtype: torch.dtype, max_context: int, sequences: int = 1) -> int:
+    def nbytes(self, g: nx.DiGraph, dtype: torch.dtype, max_context: int, sequences: int = 1,
+               kv_dtype: torch.dtype | None = None) -> int:
         """The bytes :meth:`allocate` would allocate."""
-        one = sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for _, _, shape, dt in self.layout(g, dtype, max_context))
+        one = sum(math.prod(shape) * torch.empty((), dtype=dt).element_size()
+                  for _, _, shape, dt in self.layout(g, dtype, max_context, kv_dtype))
         return one * sequences
 
     def allocate(self, g: nx.DiGraph, dtype: torch.dtype, max_context: int, device: torch.device | str = "cpu",
-                 sequences: int = 1) -> StateBuffers:
+                 sequences: int = 1, kv_dtype: torch.dtype | None = None) -> StateBuffers:
         if sequences < 1:
             raise ValueError(f"sequences must be at least 1, not {sequences}")
         findings = []
@@ -92,13 +97,21 @@ class StateProvider:
         if findings:
             raise Refusal("state provider", findings)
         slots, growing, layout, ring = {}, {}, {}, {}
-        for rid, r, shape, dt in self.layout(g, dtype, max_context):
+        for rid, r, shape, dt in self.layout(g, dtype, max_context, kv_dtype):
             slots[rid] = _zeros((sequences, *shape), dt, device)
             growing[rid] = r.growth == "per_token"
             layout[rid] = r.kind
             # fewer rows than the context: positions wrap around (position p in row p % rows)
             ring[rid] = growing[rid] and bool(r.window) and r.window < max_context
         return StateBuffers({rid: b[0] for rid, b in slots.items()}, growing, max_context, layout, slots, sequences, ring)
+
+
+def region_torch_dtype(precision: str, growth: str, dtype: torch.dtype, kv_dtype: torch.dtype | None) -> torch.dtype:
+    """A region's element type: fp32 for a fixed-precision (``f32``) region; for a ``compute`` one the compute dtype,
+    or ``kv_dtype`` (when given) if it grows per token (KV / latent rows)."""
+    if precision == "f32":
+        return torch.float32
+    return kv_dtype if kv_dtype is not None and growth == "per_token" else dtype
 
 
 def _zeros(shape: tuple, dt: torch.dtype, device) -> torch.Tensor:

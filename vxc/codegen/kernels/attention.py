@@ -157,8 +157,9 @@ def _ring(linear):
         N.refuse_capture("attention over a sliding-window ring linearised by torch ops")
         first = max(0, start - rows + 1)
         old = torch.arange(first, start, device=q.device) % rows
-        k_lin = torch.cat([k_cache[old], torch.empty_like(k)])
-        v_lin = torch.cat([v_cache[old], torch.empty_like(v)])
+        # (at the cache's element type: a narrower cache's new rows are rounded as the linear case rounds them)
+        k_lin = torch.cat([k_cache[old], k_cache.new_empty(k.shape)])
+        v_lin = torch.cat([v_cache[old], v_cache.new_empty(v.shape)])
         out = linear(q, k, v, k_lin, v_lin, start - first, scale, window, sinks)
         keep = min(T, rows)
         dst = torch.arange(start + T - keep, start + T, device=q.device) % rows
@@ -181,8 +182,8 @@ def attention_twin(q, k, v, k_cache, v_cache, start, scale, window=0, sinks=None
     end = start + T
     k_cache[start:end] = k
     v_cache[start:end] = v
-    if sinks is None and window == 0:
-        return _sdpa(q, k_cache[:end], v_cache[:end], start, scale)
+    if sinks is None and window == 0:  # (a cache narrower than q widened to q's dtype: exact)
+        return _sdpa(q, k_cache[:end].to(q.dtype), v_cache[:end].to(q.dtype), start, scale)
     group = Hq // k.shape[1]
     keys = k_cache[:end].float().repeat_interleave(group, dim=1)  # [S, Hq, Dk]
     values = v_cache[:end].float().repeat_interleave(group, dim=1)
@@ -303,7 +304,7 @@ attention.impl("torch")(_ring(attention_twin))
 attention.impl("triton")(_ring(attention_triton))
 
 
-_ATTENTION_STEP = N.declare("vxc_attention_step", P, P, P, P, P, P, L, Fc, L, L, L, L, P, L, L, P, I, I)
+_ATTENTION_STEP = N.declare("vxc_attention_step", P, P, P, P, P, P, L, Fc, L, L, L, L, P, L, L, P, I, I, I)
 
 
 @attention.impl("native")
@@ -317,7 +318,7 @@ def attention_native(q, k, v, k_cache, v_cache, start, scale, window=0, sinks=No
             # widens to fp32: a 512-token bf16 prefill of the 0.6B softmax-decoder shape ran 786 -> 662 tok/s here
             raise NotCovered(N.OPERANDS)
         return _ring(_attention_prefill_native)(q, k, v, k_cache, v_cache, start, scale, window, sinks)
-    if not (N.ok(q, k, v, k_cache, v_cache, sinks) and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype
+    if not (N.ok(q, k, v, sinks) and N.ok_cache(k_cache, v_cache) and q.dtype == k.dtype == v.dtype
             and (sinks is None or (sinks.dim() == 1 and sinks.shape[0] == q.shape[1])) and window >= 0):
         raise NotCovered(N.OPERANDS)
     if max(q.shape[-1], v.shape[-1]) > N.MAX_HEAD_DIM:
@@ -329,11 +330,11 @@ def attention_native(q, k, v, k_cache, v_cache, start, scale, window=0, sinks=No
     scratch = N.empty(rows * Hq, dtype=torch.float32)
     N.call(_ATTENTION_STEP, q.data_ptr(), k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
            out.data_ptr(), start, scale, Hq, Hkv, Dk, Dv, scratch.data_ptr(), rows, window, N.ptr(sinks),
-           BF[sinks.dtype] if sinks is not None else 0, BF[q.dtype])
+           BF[sinks.dtype] if sinks is not None else 0, BF[q.dtype], N.KV[k_cache.dtype])
     return out
 
 
-_ATTENTION_PREFILL = N.declare("vxc_attention_prefill", P, P, P, P, L, L, Fc, L, L, L, L, L, P, I, I)
+_ATTENTION_PREFILL = N.declare("vxc_attention_prefill", P, P, P, P, L, L, Fc, L, L, L, L, L, P, I, I, I)
 
 
 def _attention_prefill_native(q, k, v, k_cache, v_cache, start, scale, window, sinks):
@@ -343,28 +344,29 @@ def _attention_prefill_native(q, k, v, k_cache, v_cache, start, scale, window, s
     keys, the GQA group's query heads sharing each K / V load; no score tensor, no K / V expanded per query head).
     The twin's result within fp32 summation order."""
     T = q.shape[0]
-    if not (N.ok(q, k, v, k_cache, v_cache, sinks) and q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype
+    if not (N.ok(q, k, v, sinks) and N.ok_cache(k_cache, v_cache) and q.dtype == k.dtype == v.dtype
             and q.dim() == 3 and q.shape[1] % k.shape[1] == 0
             and (sinks is None or (sinks.dim() == 1 and sinks.shape[0] == q.shape[1])) and window >= 0):
         raise NotCovered(N.OPERANDS)
     _, Hq, Dk = q.shape
     Hkv, Dv = k.shape[1], v.shape[-1]
-    k_cache[start:start + T] = k
+    k_cache[start:start + T] = k  # (a narrower cache: torch's round to nearest even, as the step's f2h / f2bf)
     v_cache[start:start + T] = v
     out = N.empty(T, Hq, Dv, dtype=q.dtype)
     N.call(_ATTENTION_PREFILL, q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), T, start, scale,
-           Hq, Hkv, Dk, Dv, window, N.ptr(sinks), BF[sinks.dtype] if sinks is not None else 0, BF[q.dtype])
+           Hq, Hkv, Dk, Dv, window, N.ptr(sinks), BF[sinks.dtype] if sinks is not None else 0, BF[q.dtype],
+           N.KV[k_cache.dtype])
     return out
 
 
-_ATTENTION_STEP_ROWS = N.declare("vxc_attention_step_rows", P, P, P, P, L, L, P, P, Fc, L, L, L, L, P, L, L, P, I, I, L, P)
+_ATTENTION_STEP_ROWS = N.declare("vxc_attention_step_rows", P, P, P, P, L, L, P, P, Fc, L, L, L, L, P, L, L, P, I, I, I, L, P)
 
 
 def attention_rows_native(q, k, v, kv, starts, scale, window, sinks, slots):
     """The one-token ``attention`` for B rows (``q [B, Hq, Dk]``, ``k``/``v [B, Hkv, D]``), row b at position
     ``starts[b]`` on the K and V rows of slot ``slots[b]`` of ``kv`` (the region's [S, 2, rows, Hkv, D] buffer), in
     one native call; each row exactly the single-row native step."""
-    if not (N.ok(q, k, v, kv, sinks) and q.dtype == k.dtype == v.dtype == kv.dtype and kv.dim() == 5 and kv.shape[1] == 2
+    if not (N.ok(q, k, v, sinks) and N.ok_cache(kv) and q.dtype == k.dtype == v.dtype and kv.dim() == 5 and kv.shape[1] == 2
             and k.shape[-1] == v.shape[-1] == kv.shape[-1] and slots.dtype == starts.dtype == torch.int64
             and slots.is_contiguous() and starts.is_contiguous()
             and (sinks is None or (sinks.dim() == 1 and sinks.shape[0] == q.shape[1])) and window >= 0):
@@ -379,5 +381,5 @@ def attention_rows_native(q, k, v, kv, starts, scale, window, sinks, slots):
     scratch = N.empty(Bn * rows * Hq, dtype=torch.float32)  # each row's scores apart: the rows run side by side
     N.call(_ATTENTION_STEP_ROWS, q.data_ptr(), k.data_ptr(), v.data_ptr(), kv.data_ptr(), kv.stride(0) * es,
            kv.stride(1) * es, out.data_ptr(), starts.data_ptr(), scale, Hq, Hkv, Dk, Dv, scratch.data_ptr(), rows, window,
-           N.ptr(sinks), BF[sinks.dtype] if sinks is not None else 0, BF[q.dtype], Bn, slots.data_ptr())
+           N.ptr(sinks), BF[sinks.dtype] if sinks is not None else 0, BF[q.dtype], N.KV[kv.dtype], Bn, slots.data_ptr())
     return out

@@ -285,12 +285,19 @@ def refuse_capture(why: str) -> None:
 # ------------------------------------------------------------------------------------------------ helpers
 
 BF = {torch.bfloat16: 1, torch.float32: 0}  # the ``bf`` flag of a tensor's dtype
+KV = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the ``kt`` code of a KV cache's element type
 ACT = {"none": 0, "silu": 1, "sigmoid": 2}  # the C activation codes
 
 
 def ok(*ts: Optional[Tensor]) -> bool:
     """Every tensor is a contiguous fp32/bf16 CPU tensor (or None)."""
     return all(t is None or (t.device.type == "cpu" and t.is_contiguous() and t.dtype in BF) for t in ts)
+
+
+def ok_cache(*ts: Tensor) -> bool:
+    """Contiguous CPU KV caches of one element type that the attention kernels read (fp32, bf16 or f16: a cache may
+    be narrower than the activations)."""
+    return all(t.device.type == "cpu" and t.is_contiguous() and t.dtype in KV and t.dtype == ts[0].dtype for t in ts)
 
 
 def row_stride(t: Tensor) -> Optional[int]:

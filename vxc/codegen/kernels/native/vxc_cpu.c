@@ -52,6 +52,76 @@ static inline void st(void *p, long i, float v, int bf) {
     else ((float *)p)[i] = v;
 }
 
+static inline float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+    if (e == 0x1f) u = s | 0x7f800000u | (m << 13);
+    else if (e) u = s | ((e + 112u) << 23) | (m << 13);
+    else {
+        float f = (float)m * 5.9604644775390625e-8f; /* a subnormal half: m 2^-24, exact */
+        return s ? -f : f;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+/* fp32 -> f16, rounded to nearest even (as torch's cast): F16C's vcvtps2ph, or the same rounding by hand */
+static inline uint16_t f2h(float f) {
+#if defined(__F16C__)
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu)); /* NaN stays NaN */
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* from halfway past 65504: inf */
+    if (ax < 0x38800000u) { /* below 2^-14: a subnormal half, m 2^-24 (the scaling is exact, rint rounds to even) */
+        float a;
+        memcpy(&a, &ax, 4);
+        return (uint16_t)(sign | (uint32_t)lrintf(a * 16777216.0f));
+    }
+    uint32_t h = (((ax >> 23) - 112u) << 10) | ((ax >> 13) & 0x3ffu), rest = ax & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++; /* a carry into the exponent is still right */
+    return (uint16_t)(sign | h);
+#endif
+}
+
+/* a KV cache's element type (``kt``): 0 fp32, 1 bf16, 2 f16 — the cache may be narrower than the activations */
+static inline long kt_size(int kt) { return kt ? 2 : 4; }
+
+static inline float ldk(const void *p, long i, int kt) {
+    return kt == 2 ? h2f((const uint8_t *)p + 2 * i) : kt == 1 ? bf2f(((const bf16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static inline void stk(void *p, long i, float v, int kt) {
+    if (kt == 2) ((uint16_t *)p)[i] = f2h(v);
+    else if (kt == 1) ((bf16_t *)p)[i] = f2bf(v);
+    else ((float *)p)[i] = v;
+}
+
+#if defined(__AVX512F__)
+/* 16 cache elements from element i, widened to fp32 (exact for every kt) */
+static inline __attribute__((always_inline)) __m512 ldk16(const void *p, long i, int kt) {
+    if (kt == 0) return _mm512_loadu_ps((const float *)p + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    if (kt == 2) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
+/* n activations (bf: their dtype) written as cache elements of type kt: a copy when the types agree */
+static inline void put_row(void *dst, const void *src, long n, int bf, int kt) {
+    if (kt == bf) memcpy(dst, src, (size_t)(n * kt_size(kt)));
+    else
+        for (long i = 0; i < n; i++) stk(dst, i, ld(src, i, bf), kt);
+}
+
 /* round through the activation dtype (a value the torch twin materialises at x.dtype) */
 static inline float rnd(float v, int bf) { return bf ? bf2f(f2bf(v)) : v; }
 
@@ -98,7 +168,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 36
+#define VXC_ABI_VERSION 37
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -345,6 +415,24 @@ static inline float dot_row(const float *x, const void *row, long off, long n, i
 #pragma omp simd reduction(+ : s)
         for (long i = 0; i < n; i++) s += x[i] * r[i];
     }
+    return s;
+}
+
+/* axpy_row / dot_row over a KV cache row of element type kt (f16 too) */
+static inline void axpyk_row(float *acc, float a, const void *row, long off, long n, int kt) {
+    if (kt != 2) {
+        axpy_row(acc, a, row, off, n, kt);
+        return;
+    }
+    const uint8_t *r = (const uint8_t *)row + 2 * off;
+    for (long i = 0; i < n; i++) acc[i] += a * h2f(r + 2 * i);
+}
+
+static inline float dotk_row(const float *x, const void *row, long off, long n, int kt) {
+    if (kt != 2) return dot_row(x, row, off, n, kt);
+    const uint8_t *r = (const uint8_t *)row + 2 * off;
+    float s = 0.0f;
+    for (long i = 0; i < n; i++) s += x[i] * h2f(r + 2 * i);
     return s;
 }
 
@@ -938,20 +1026,21 @@ static inline void att_prefetch(const void *base, long byte_off, long nbytes) {
  * positions in order (each head's sum as axpy_row takes it), the 2 x NV accumulators in registers */
 static inline __attribute__((always_inline)) void att_wsum(float acc[][1024], const float *scratch, const float *den,
                                                            const void *v_cache, long lo, long S, long rows, long Hkv,
-                                                           long g, long Dv, long h0, long j0, long nh, long d0, int NV) {
+                                                           long g, long Dv, long h0, long j0, long nh, long d0, int NV,
+                                                           int kt) {
     int two = j0 + 1 < nh;
     const float *p0 = scratch + (h0 + j0) * rows, *p1 = two ? scratch + (h0 + j0 + 1) * rows : p0;
     float n0 = den[j0], n1 = two ? den[j0 + 1] : 1.0f;
     __m512 A[2][8];
     for (int k = 0; k < 8; k++) A[0][k] = A[1][k] = _mm512_setzero_ps();
     for (long i = 0; i < S; i++) {
-        const float *vr = (const float *)v_cache + (((lo + i) % rows) * Hkv + g) * Dv + d0;
-        if (i + ATT_PF < S) att_prefetch(v_cache, ((((lo + i + ATT_PF) % rows) * Hkv + g) * Dv + d0) * 4, 64 * NV);
+        long vr = (((lo + i) % rows) * Hkv + g) * Dv + d0;
+        if (i + ATT_PF < S) att_prefetch(v_cache, ((((lo + i + ATT_PF) % rows) * Hkv + g) * Dv + d0) * kt_size(kt), 16 * kt_size(kt) * NV);
         __m512 w0 = _mm512_set1_ps(p0[i] / n0), w1 = _mm512_set1_ps(p1[i] / n1);
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             if (k >= NV) break;
-            __m512 x = _mm512_loadu_ps(vr + 16 * k);
+            __m512 x = ldk16(v_cache, vr + 16 * k, kt);
             A[0][k] = _mm512_fmadd_ps(w0, x, A[0][k]);
             A[1][k] = _mm512_fmadd_ps(w1, x, A[1][k]);
         }
@@ -960,6 +1049,64 @@ static inline __attribute__((always_inline)) void att_wsum(float acc[][1024], co
         _mm512_storeu_ps(acc[j0] + d0 + 16 * k, A[0][k]);
         if (two) _mm512_storeu_ps(acc[j0 + 1] + d0 + 16 * k, A[1][k]);
     }
+}
+#endif
+
+#if defined(__AVX512F__)
+/* the 16 sums of v[0..15] as one vector, out[p] = sum of the lanes of v[SIG(p)] (SIG: the 4 x 4 index transpose
+ * p = 4m + e -> 4e + m, which the four halving steps leave): 15 adds and 30 shuffles, where 16 separate horizontal
+ * sums take ~8 dependent instructions each */
+#define ATT_SIG(p) ((((p) & 3) << 2) | ((p) >> 2))
+static inline __attribute__((always_inline)) __m512 att_hsum16(const __m512 *v) {
+    __m512 t[8], u[4], w[2];
+    for (int i = 0; i < 8; i++)
+        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)
+        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88), _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)
+        w[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(u[2 * i]), _mm512_castps_pd(u[2 * i + 1]))),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(u[2 * i]), _mm512_castps_pd(u[2 * i + 1]))));
+    return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+}
+
+/* The scores of a one-token step in blocks of 16 positions: for each head of the tile, 16 dot products side by side
+ * (a q vector loaded once feeds 16 FMAs, one accumulator per position) and one transposing reduction, so a block
+ * ends in one vector of 16 scores (scaled, stored, and folded into the head's running max in lanes). A bf16 / f16
+ * block is widened once into fp32 scratch for all the tile's heads. Returns the positions done (a multiple of 16;
+ * the caller finishes the rest a position at a time). scratch: the tile's first head's row; mx: the running maxima. */
+static long att_scores16(float qv[][1024], long nh, const void *k_cache, long lo, long S, long rows, long Hkv, long g,
+                         long Dk, int kt, float scale, float *scratch, float *mx) {
+    float Kf[16 * 1024]; /* Dk <= 1024 (checked by the caller) */
+    const float *kr[16];
+    __m512 mxv[ATT_TILE], sc = _mm512_set1_ps(scale);
+    long es = kt_size(kt), i = 0;
+    for (long j = 0; j < nh; j++) mxv[j] = _mm512_set1_ps(mx[j]);
+    for (; i + 16 <= S; i += 16) {
+        for (int p = 0; p < 16; p++) {
+            long off = (((lo + i + p) % rows) * Hkv + g) * Dk;
+            if (i + 16 + p < S) att_prefetch(k_cache, (((lo + i + 16 + p) % rows) * Hkv + g) * Dk * es, Dk * es);
+            if (kt == 0) kr[ATT_SIG(p)] = (const float *)k_cache + off;
+            else {
+                float *dst = Kf + p * Dk;
+                for (long d = 0; d < Dk; d += 16) _mm512_storeu_ps(dst + d, ldk16(k_cache, off + d, kt));
+                kr[ATT_SIG(p)] = dst;
+            }
+        }
+        for (long j = 0; j < nh; j++) {
+            __m512 a[16];
+            for (int p = 0; p < 16; p++) a[p] = _mm512_setzero_ps();
+            for (long d = 0; d < Dk; d += 16) {
+                __m512 qd = _mm512_loadu_ps(qv[j] + d);
+#pragma GCC unroll 16
+                for (int p = 0; p < 16; p++) a[p] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(kr[p] + d), a[p]);
+            }
+            __m512 s = _mm512_mul_ps(att_hsum16(a), sc);
+            _mm512_storeu_ps(scratch + j * rows + i, s);
+            mxv[j] = _mm512_max_ps(mxv[j], s);
+        }
+    }
+    for (long j = 0; j < nh; j++) mx[j] = _mm512_reduce_max_ps(mxv[j]);
+    return i;
 }
 #endif
 
@@ -972,8 +1119,8 @@ static inline __attribute__((always_inline)) void att_wsum(float acc[][1024], co
 /* one work unit of a one-token attention step: KV group u / tiles, its tile u % tiles of query heads */
 static void att_unit(const void *q, const void *k_cache, const void *v_cache, void *out, long lo, long S, float scale,
                      long Hq, long Hkv, long Dk, long Dv, float *scratch, long rows, const void *sinks, int s_bf, int bf,
-                     long u, long tiles, long tile) {
-    long es = bf ? 2 : 4, group = Hq / Hkv;
+                     int kt, long u, long tiles, long tile) {
+    long es = kt_size(kt), group = Hq / Hkv;
     long g = u / tiles, h0 = g * group + (u % tiles) * tile, h1 = h0 + tile < (g + 1) * group ? h0 + tile : (g + 1) * group;
     long nh = h1 - h0;
     float qv[ATT_TILE][1024], acc[ATT_TILE][1024]; /* Dk, Dv <= 1024, checked by the caller */
@@ -983,18 +1130,19 @@ static void att_unit(const void *q, const void *k_cache, const void *v_cache, vo
         mx[j] = sinks ? ld(sinks, h0 + j, s_bf) : -INFINITY;
     }
 #if defined(__AVX512F__)
-    if (!bf && Dk % 16 == 0) { /* fp32 cache: two accumulators a dot, one K row load for the tile's heads */
-        for (long i = 0; i < S; i++) {
-            const float *kr = (const float *)k_cache + (((lo + i) % rows) * Hkv + g) * Dk;
+    if (!bf && Dk % 16 == 0) { /* fp32 activations: blocks of 16 positions, then two accumulators a dot */
+        long i = att_scores16(qv, nh, k_cache, lo, S, rows, Hkv, g, Dk, kt, scale, scratch + h0 * rows, mx);
+        for (; i < S; i++) {
+            long kr = (((lo + i) % rows) * Hkv + g) * Dk;
             if (i + ATT_PF < S) att_prefetch(k_cache, (((lo + i + ATT_PF) % rows) * Hkv + g) * Dk * es, Dk * es);
             for (long j = 0; j < nh; j++) {
                 __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
                 long d = 0;
                 for (; d + 32 <= Dk; d += 32) {
-                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d), _mm512_loadu_ps(kr + d), a0);
-                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d + 16), _mm512_loadu_ps(kr + d + 16), a1);
+                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d), ldk16(k_cache, kr + d, kt), a0);
+                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d + 16), ldk16(k_cache, kr + d + 16, kt), a1);
                 }
-                if (d < Dk) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d), _mm512_loadu_ps(kr + d), a0);
+                if (d < Dk) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d), ldk16(k_cache, kr + d, kt), a0);
                 float sc = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * scale;
                 scratch[(h0 + j) * rows + i] = sc;
                 if (sc > mx[j]) mx[j] = sc;
@@ -1007,7 +1155,7 @@ static void att_unit(const void *q, const void *k_cache, const void *v_cache, vo
         if (i + ATT_PF < S) att_prefetch(k_cache, (((lo + i + ATT_PF) % rows) * Hkv + g) * Dk * es, Dk * es);
         for (long j = 0; j < nh; j++) {
             float *p = scratch + (h0 + j) * rows;
-            p[i] = dot_row(qv[j], k_cache, off, Dk, bf) * scale;
+            p[i] = dotk_row(qv[j], k_cache, off, Dk, kt) * scale;
             if (p[i] > mx[j]) mx[j] = p[i];
         }
     }
@@ -1027,15 +1175,15 @@ static void att_unit(const void *q, const void *k_cache, const void *v_cache, vo
                                 * the V rows, its accumulators in registers across the positions */
         for (long j0 = 0; j0 < nh; j0 += 2)
             for (long d0 = 0; d0 < Dv; d0 += (Dv % 128 == 0 ? 128 : 64)) {
-                if (Dv % 128 == 0) att_wsum(acc, scratch, den, v_cache, lo, S, rows, Hkv, g, Dv, h0, j0, nh, d0, 8);
-                else att_wsum(acc, scratch, den, v_cache, lo, S, rows, Hkv, g, Dv, h0, j0, nh, d0, 4);
+                if (Dv % 128 == 0) att_wsum(acc, scratch, den, v_cache, lo, S, rows, Hkv, g, Dv, h0, j0, nh, d0, 8, kt);
+                else att_wsum(acc, scratch, den, v_cache, lo, S, rows, Hkv, g, Dv, h0, j0, nh, d0, 4, kt);
             }
     } else
 #endif
     for (long i = 0; i < S; i++) {
         long off = (((lo + i) % rows) * Hkv + g) * Dv;
         if (i + ATT_PF < S) att_prefetch(v_cache, (((lo + i + ATT_PF) % rows) * Hkv + g) * Dv * es, Dv * es);
-        for (long j = 0; j < nh; j++) axpy_row(acc[j], scratch[(h0 + j) * rows + i] / den[j], v_cache, off, Dv, bf);
+        for (long j = 0; j < nh; j++) axpyk_row(acc[j], scratch[(h0 + j) * rows + i] / den[j], v_cache, off, Dv, kt);
     }
     for (long j = 0; j < nh; j++)
         for (long d = 0; d < Dv; d++) st(out, (h0 + j) * Dv + d, acc[j][d], bf);
@@ -1056,16 +1204,16 @@ static void att_tiles(long group, long Hkv, long threads, long *tiles_out, long 
 
 void vxc_attention_step(const void *q, const void *k, const void *v, void *k_cache, void *v_cache, void *out,
                         long start, float scale, long Hq, long Hkv, long Dk, long Dv, float *scratch, long rows,
-                        long window, const void *sinks, int s_bf, int bf) {
-    long es = bf ? 2 : 4, group = Hq / Hkv, row = start % rows, lo = att_lo(start, window), S = start - lo + 1;
-    memcpy((char *)k_cache + row * Hkv * Dk * es, k, (size_t)(Hkv * Dk * es));
-    memcpy((char *)v_cache + row * Hkv * Dv * es, v, (size_t)(Hkv * Dv * es));
+                        long window, const void *sinks, int s_bf, int bf, int kt) {
+    long es = kt_size(kt), group = Hq / Hkv, row = start % rows, lo = att_lo(start, window), S = start - lo + 1;
+    put_row((char *)k_cache + row * Hkv * Dk * es, k, Hkv * Dk, bf, kt);
+    put_row((char *)v_cache + row * Hkv * Dv * es, v, Hkv * Dv, bf, kt);
     int par = S * Hq * Dk >= 32768;
     long tiles, tile;
     att_tiles(group, Hkv, par ? omp_get_max_threads() : 1, &tiles, &tile);
 #pragma omp parallel for schedule(static) if (par)
     for (long u = 0; u < Hkv * tiles; u++)
-        att_unit(q, k_cache, v_cache, out, lo, S, scale, Hq, Hkv, Dk, Dv, scratch, rows, sinks, s_bf, bf, u, tiles, tile);
+        att_unit(q, k_cache, v_cache, out, lo, S, scale, Hq, Hkv, Dk, Dv, scratch, rows, sinks, s_bf, bf, kt, u, tiles, tile);
 }
 
 /* ------------------------------------------------------------------------------- delta (delta.py, kda.py) */
@@ -1488,25 +1636,6 @@ void vxc_scale_segments(const void *x, void *out, long rows, long w, int nseg, c
 enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q_COUNT = 6 };
 static const long Q_BLOCK[Q_COUNT] = {32, 32, 32, 256, 256, 32};  /* values per block */
 static const long Q_TSIZE[Q_COUNT] = {34, 18, 20, 144, 210, 22};  /* bytes per block */
-
-static inline float h2f(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
-    if (e == 0x1f) u = s | 0x7f800000u | (m << 13);
-    else if (e) u = s | ((e + 112u) << 23) | (m << 13);
-    else {
-        float f = (float)m * 5.9604644775390625e-8f; /* a subnormal half: m 2^-24, exact */
-        return s ? -f : f;
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
 
 /* q4_k's eight 6-bit scales (sc) and mins (m) from the 12 scale bytes, as the bytes of two 64-bit words (scale /
  * min j in byte j): bytes 0-3 hold scales 0-3 in their low 6 bits and the top 2 bits of scales 4-7, bytes 4-7 the
@@ -2851,17 +2980,17 @@ void vxc_ssd_step_rows(const void *x, const void *dt, const void *A_log, const v
 /* kv: the region's buffer [S, 2, rows, Hkv, D] (K rows then V rows per slot); starts[b]: row b's position */
 void vxc_attention_step_rows(const void *q, const void *k, const void *v, void *kv, long slot_bytes, long v_bytes,
                              void *out, const int64_t *starts, float scale, long Hq, long Hkv, long Dk, long Dv,
-                             float *scratch, long rows, long window, const void *sinks, int s_bf, int bf, long B,
-                             const int64_t *slots) {
+                             float *scratch, long rows, long window, const void *sinks, int s_bf, int bf, int kt,
+                             long B, const int64_t *slots) {
     /* every row's new K / V first, then the rows' (group, tile) units in one parallel region (a region per row cost
      * more than the short contexts' work: 8 rows of the 0.6B shape at ~25 positions, 6.8 ms a step); scratch holds
      * B x Hq x rows. Each row's arithmetic is the single-row step's. */
-    long es = bf ? 2 : 4, group = Hq / Hkv, work = 0;
+    long es = bf ? 2 : 4, ks = kt_size(kt), group = Hq / Hkv, work = 0;
     for (long b = 0; b < B; b++) {
         char *kc = (char *)kv + slots[b] * slot_bytes;
         long row = starts[b] % rows, lo = att_lo(starts[b], window);
-        memcpy(kc + row * Hkv * Dk * es, (const char *)k + b * Hkv * Dk * es, (size_t)(Hkv * Dk * es));
-        memcpy(kc + v_bytes + row * Hkv * Dv * es, (const char *)v + b * Hkv * Dv * es, (size_t)(Hkv * Dv * es));
+        put_row(kc + row * Hkv * Dk * ks, (const char *)k + b * Hkv * Dk * es, Hkv * Dk, bf, kt);
+        put_row(kc + v_bytes + row * Hkv * Dv * ks, (const char *)v + b * Hkv * Dv * es, Hkv * Dv, bf, kt);
         work += (starts[b] - lo + 1) * Hq * Dk;
     }
     int par = work >= 32768;
@@ -2874,7 +3003,7 @@ void vxc_attention_step_rows(const void *q, const void *k, const void *v, void *
         const char *kc = (const char *)kv + slots[b] * slot_bytes;
         long lo = att_lo(starts[b], window);
         att_unit((const char *)q + b * Hq * Dk * es, kc, kc + v_bytes, (char *)out + b * Hq * Dv * es, lo, starts[b] - lo + 1,
-                 scale, Hq, Hkv, Dk, Dv, scratch + b * Hq * rows, rows, sinks, s_bf, bf, w % units, tiles, tile);
+                 scale, Hq, Hkv, Dk, Dv, scratch + b * Hq * rows, rows, sinks, s_bf, bf, kt, w % units, tiles, tile);
     }
 }
 
@@ -2915,8 +3044,9 @@ void vxc_mla_decode_rows(const void *q, const void *kv, const void *norm_w, cons
  * ([Dk][rows], scaled), so a block's scores come out key-major with the rows in vector lanes — K is read in place,
  * one broadcast per value, and the masking and the online softmax run across rows in vectors. No [H, T, S] score
  * tensor and no copy of K / V per query head (torch's fused kernel wants both expanded to Hq heads, and keeps ~17 MB
- * of scratch after its first call). bf16 (bf = 1) is widened block by block into fp32 scratch: correct, but slower
- * than torch's half-precision kernel, so the op sends only fp32 here (the bf16 form is tested directly). */
+ * of scratch after its first call). A bf16 / f16 cache (kt) is widened block by block into fp32 scratch. bf16
+ * activations (bf = 1) work too, but slower than torch's half-precision kernel, so the op sends only fp32
+ * activations here (the bf16 form is tested directly). */
 #define PF_KB 32
 #define PF_ROWS 64
 
@@ -3010,7 +3140,7 @@ static void pf_wsum(const float *P, long Rp, long R, long nk, const float *V, lo
 
 void vxc_attention_prefill(const void *q, const void *k_cache, const void *v_cache, void *out, long T, long start,
                            float scale, long Hq, long Hkv, long Dk, long Dv, long window, const void *sinks, int s_bf,
-                           int bf) {
+                           int bf, int kt) {
     long group = Hq / Hkv, qb = PF_ROWS / group > 0 ? PF_ROWS / group : 1, nqb = (T + qb - 1) / qb;
     long Rmax = qb * group, Rpm = (Rmax + 15) / 16 * 16;
     int par = T * (start + T) * Hq * Dk >= 65536;
@@ -3038,16 +3168,16 @@ void vxc_attention_prefill(const void *q, const void *k_cache, const void *v_cac
             for (long kb = att_lo(start + t0, window); kb < kend; kb += PF_KB) {
                 long nk = kend - kb < PF_KB ? kend - kb : PF_KB, ks = Hkv * Dk, vs = Hkv * Dv;
                 const float *K = (const float *)k_cache + (kb * Hkv + g) * Dk, *V = (const float *)v_cache + (kb * Hkv + g) * Dv;
-                if (bf) { /* the block's K widened to fp32 */
+                if (kt) { /* the block's K widened to fp32 */
                     for (long j = 0; j < nk; j++)
-                        for (long d = 0; d < Dk; d++) Kb[j * Dk + d] = ld(k_cache, ((kb + j) * Hkv + g) * Dk + d, 1);
+                        for (long d = 0; d < Dk; d++) Kb[j * Dk + d] = ldk(k_cache, ((kb + j) * Hkv + g) * Dk + d, kt);
                     K = Kb, ks = Dk;
                 }
                 /* V copied (widened) into contiguous scratch: every row rereads it, and the cache's rows lie
                  * Hkv * Dv apart (4 KiB for 8 heads of 128), where they would all share an L1 set */
                 for (long j = 0; j < nk; j++) {
-                    if (bf)
-                        for (long c = 0; c < Dv; c++) Vb[j * Dv + c] = ld(v_cache, ((kb + j) * Hkv + g) * Dv + c, 1);
+                    if (kt)
+                        for (long c = 0; c < Dv; c++) Vb[j * Dv + c] = ldk(v_cache, ((kb + j) * Hkv + g) * Dv + c, kt);
                     else
                         memcpy(Vb + j * Dv, V + j * vs, sizeof(float) * (size_t)Dv);
                 }
