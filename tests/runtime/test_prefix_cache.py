@@ -81,9 +81,10 @@ class Models:
             self._ir[name] = BUILDERS[name](self.root, name)[1]
         return self._ir[name]
 
-    def engine(self, name: str, *, sequences: int = 2, dtype=torch.float32):
+    def engine(self, name: str, *, sequences: int = 2, dtype=torch.float32, kv_dtype=None):
         """A fresh engine (zeroed state)."""
-        return P.engine_for(self.ir(name), max_context=CONTEXT, dtype=dtype, sequences=sequences, replay=False)
+        return P.engine_for(self.ir(name), max_context=CONTEXT, dtype=dtype, sequences=sequences, replay=False,
+                            kv_dtype=kv_dtype)
 
 
 @pytest.fixture(scope="module")
@@ -323,6 +324,33 @@ def test_declared_dtypes_kept_under_bf16(models, name):
             seen[eng.state.layout[rid]] = t.dtype
     assert seen["recurrent"] == torch.float32 and seen["kv_rows"] == seen["conv_history"] == torch.bfloat16, seen
     cold_eng = models.engine(name, dtype=torch.bfloat16)
+    assert_same(hit, run(Scheduler(cold_eng, chunk=K, prefix_cache=Recompute(cold_eng, (B, 20, 20))), B, 5))
+
+
+@pytest.mark.parametrize("name", ["nemotron_h", "gemma3", "deepseek_v3"])
+def test_narrow_kv_cache_kept_and_hit_equals_cold(models, name):
+    """fp32 compute with an f16 KV / latent cache (--kv-dtype fp16): the held rows are f16 as the slot's region is
+    (never widened or narrowed again), the fp32 recurrent matrices and conv histories keep fp32, and a hit is
+    bit-identical to the cold run on the same cache type."""
+    eng = models.engine(name, kv_dtype=torch.float16)
+    v = eng.vocab
+    A = tokens(v, 20, 51)
+    B = A + tokens(v, 5, 52)
+    cache = Checked(1 << 26)
+    s = Scheduler(eng, chunk=K, prefix_cache=cache)
+    run(s, A, 2)
+    hit = run(s, B, 5)
+    assert hit.cached == 20
+    slot_dt = {rid: b.dtype for rid, b in eng.state.slots.items()}
+    seen = {}
+    for n in cache.nodes():
+        for rid, t in list(n.rows.items()) + list((n.snap or {}).items()):
+            assert t.dtype == slot_dt[rid], (rid, t.dtype, slot_dt[rid])
+            seen.setdefault(eng.state.layout[rid], set()).add(t.dtype)
+    rows = seen.get("kv_rows", set()) | seen.get("latent_rows", set())
+    assert rows == {torch.float16}, seen
+    assert all(seen.get(k, {torch.float32}) == {torch.float32} for k in ("recurrent", "conv_history")), seen
+    cold_eng = models.engine(name, kv_dtype=torch.float16)
     assert_same(hit, run(Scheduler(cold_eng, chunk=K, prefix_cache=Recompute(cold_eng, (B, 20, 20))), B, 5))
 
 
