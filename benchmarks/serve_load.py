@@ -264,6 +264,8 @@ def main() -> int:
     ap.add_argument("--max-context", type=int, default=512, help="vxc serve --max-context (per slot); llama.cpp: per slot too")
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--kv-dtype", default="", help="vxc serve --kv-dtype; comma-separated to run vxc once per cache "
+                                                   "type in this run (e.g. fp32,fp16; llama-server keeps its default f16)")
     ap.add_argument("--threads", type=int, help="torch / llama.cpp threads (default: theirs)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole run")
     ap.add_argument("--json-out", type=Path)
@@ -293,20 +295,23 @@ def main() -> int:
             log(f"built the demo miniature: {model}")
         reqs = prompts(a.requests)
         seqs = a.sequences or max(levels)
-        port = free_port()
-        cmd = [sys.executable, "-m", "vxc.cli", "serve", str(model), "--port", str(port), "--sequences", str(seqs),
-               "--max-context", str(a.max_context), "--chunk", str(a.chunk), "--dtype", a.dtype,
-               "--max-queue", str(max(64, a.requests))]
-        log("starting: " + " ".join(cmd))
-        p = subprocess.Popen(cmd, env=env, cwd=REPO)
-        procs.append(p)
-        base = f"http://127.0.0.1:{port}"
-        wait_up(p, base + "/health", deadline, "vxc serve")
         rows, problems = {}, []
-        log(f"vxc serve: {a.requests} requests x {a.max_tokens} tokens at concurrency {levels}, {seqs} slots")
-        rows["vxc"], pr = run_engine("vxc", base, reqs, levels, a.max_tokens, None, deadline)
-        problems += pr
-        stop(p)
+        kvs = [k.strip() for k in a.kv_dtype.split(",") if k.strip()] or [None]
+        for kv in kvs:
+            port = free_port()
+            cmd = [sys.executable, "-m", "vxc.cli", "serve", str(model), "--port", str(port), "--sequences", str(seqs),
+                   "--max-context", str(a.max_context), "--chunk", str(a.chunk), "--dtype", a.dtype,
+                   "--max-queue", str(max(64, a.requests))] + (["--kv-dtype", kv] if kv else [])
+            log("starting: " + " ".join(cmd))
+            p = subprocess.Popen(cmd, env=env, cwd=REPO)
+            procs.append(p)
+            base = f"http://127.0.0.1:{port}"
+            wait_up(p, base + "/health", deadline, "vxc serve")
+            name = f"vxc (kv {kv})" if kv else "vxc"
+            log(f"{name} serve: {a.requests} requests x {a.max_tokens} tokens at concurrency {levels}, {seqs} slots")
+            rows[name], pr = run_engine(name, base, reqs, levels, a.max_tokens, None, deadline)
+            problems += pr
+            stop(p)
         lcpp = os.environ.get("VXC_LLAMA_CPP")
         if lcpp and a.gguf is not None:
             binary = Path(lcpp) / "build" / "bin" / "llama-server"

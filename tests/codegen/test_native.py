@@ -791,3 +791,17 @@ def test_narrow_cache_on_the_scalar_build():
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", __file__,
                         "-k", "narrow and not scalar_build"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+def test_attention_prefill_takes_split_views():
+    """A conv-QKV layer's q / k / v are column views of one fused tensor (not contiguous): the prefill kernel takes
+    them (q copied dense, k / v written into the cache by torch) instead of declining to the twin."""
+    T, Hq, Hkv, D = 12, 4, 2, 16
+    fused = r(T, (Hq + 2 * Hkv) * D)
+    q, k, v = fused.split([Hq * D, Hkv * D, Hkv * D], -1)
+    q, k, v = q.view(T, Hq, D), k.view(T, Hkv, D), v.view(T, Hkv, D)
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    kc, vc = torch.zeros(T, Hkv, D), torch.zeros(T, Hkv, D)
+    got = native(attention.attention_native, q, k, v, kc, vc, 0, 0.25, expect="vxc_attention_prefill")
+    close(got, attention.attention_twin(q, k, v, torch.zeros(T, Hkv, D), torch.zeros(T, Hkv, D), 0, 0.25), torch.float32)
+    torch.testing.assert_close(got.double(), _softmax_attention_fp64(q, k, v, 0, 0.25), rtol=1e-5, atol=1e-5)

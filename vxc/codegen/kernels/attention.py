@@ -344,8 +344,10 @@ def _attention_prefill_native(q, k, v, k_cache, v_cache, start, scale, window, s
     keys, the GQA group's query heads sharing each K / V load; no score tensor, no K / V expanded per query head).
     The twin's result within fp32 summation order."""
     T = q.shape[0]
-    if not (N.ok(q, k, v, sinks) and N.ok_cache(k_cache, v_cache) and q.dtype == k.dtype == v.dtype
-            and q.dim() == 3 and q.shape[1] % k.shape[1] == 0
+    # (q read densely; k / v only copied into the cache by torch: a conv-QKV layer's split views are fine)
+    q = q.contiguous() if q.device.type == "cpu" else q
+    if not (N.ok(q, sinks) and N.ok_cache(k_cache, v_cache) and q.dtype == k.dtype == v.dtype
+            and k.device.type == v.device.type == "cpu" and q.dim() == 3 and q.shape[1] % k.shape[1] == 0
             and (sinks is None or (sinks.dim() == 1 and sinks.shape[0] == q.shape[1])) and window >= 0):
         raise NotCovered(N.OPERANDS)
     _, Hq, Dk = q.shape
