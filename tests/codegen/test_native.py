@@ -805,3 +805,25 @@ def test_attention_prefill_takes_split_views():
     got = native(attention.attention_native, q, k, v, kc, vc, 0, 0.25, expect="vxc_attention_prefill")
     close(got, attention.attention_twin(q, k, v, torch.zeros(T, Hkv, D), torch.zeros(T, Hkv, D), 0, 0.25), torch.float32)
     torch.testing.assert_close(got.double(), _softmax_attention_fp64(q, k, v, 0, 0.25), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv", KV_NARROW)
+@pytest.mark.parametrize("layout", ["none", "half"])
+def test_mla_decode_narrow_latent_cache(kv, layout):
+    """fp32 activations over f16 / bf16 latent rows (--kv-dtype): the written row is the twin's (torch's rounding
+    of the same fp32 values) and the absorbed attention is at the twin within the fp32 kernel tolerance."""
+    H, NOPE, P, V, R, start = 5, 12, 6, 7, 20, 9
+    q, kv_in = r(1, H, NOPE + P), r(1, R + P)
+    norm_w, w_kvb = r(R, scale=0.5) + 1.0, r(H * (NOPE + V), R, scale=R ** -0.5)
+    cos = sin = None
+    if layout != "none":
+        ang = torch.rand(1, P // 2) * 6.0
+        cos, sin = torch.cos(ang), torch.sin(ang)
+    c0 = r(16, R + P).to(kv)
+    c1, c2 = c0.clone(), c0.clone()
+    args = (q, kv_in, norm_w, 1e-6, w_kvb, cos, sin)
+    tail = (start, 0.23, NOPE, False, False)
+    got = native(mla.mla_decode_native, *args, c1, *tail, expect="vxc_mla_decode")
+    want = mla.mla_decode_twin(*args, c2, *tail)
+    close(got, want, torch.float32)
+    assert c1.dtype == kv and torch.equal(c1, c2)

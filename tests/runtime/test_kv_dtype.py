@@ -31,7 +31,7 @@ DEEPSEEK = P.Family("deepseek_v3-dense", lambda d: LS.build(d, "deepseek_v3", DS
 
 
 def _built(lab, name):
-    if name == DEEPSEEK.name:  # MLA latent rows (the decode runs the torch twin on an f16 cache: a reported fallback)
+    if name == DEEPSEEK.name:  # MLA latent rows
         if name not in lab._built:
             lab._built[name] = P.build(DEEPSEEK, lab.root)
         return DEEPSEEK, lab._built[name]

@@ -323,13 +323,13 @@ def mla_decode_native(q, kv, norm_w, eps, w_kvb, cos, sin, cache, start, scale, 
     """One MLA token (absorbed attention over the latent rows)."""
     if q.shape[0] != 1 or kv.shape[0] != 1:
         raise NotCovered(N.SEQUENCE)
-    if not (N.ok(q, kv, norm_w, w_kvb, cos, sin, cache) and q.dtype == kv.dtype and (cos is None) == (sin is None)):
+    if not (N.ok(q, kv, norm_w, w_kvb, cos, sin) and N.ok_cache(cache) and q.dtype == kv.dtype and (cos is None) == (sin is None)):
         raise NotCovered(N.OPERANDS)
     H, R, P_, V = _native_dims(q, norm_w, w_kvb, cos, nope)
     out = N.empty(1, H, V, dtype=q.dtype)
     N.call(_MLA_DECODE, q.data_ptr(), kv.data_ptr(), norm_w.data_ptr(), w_kvb.data_ptr(), N.ptr(cos), N.ptr(sin),
            cache.data_ptr(), out.data_ptr(), H, nope, P_, V, R, start, eps, scale, int(interleaved), int(split_out),
-           BF[q.dtype], BF[norm_w.dtype], BF[w_kvb.dtype], BF[cos.dtype] if cos is not None else 0, BF[cache.dtype])
+           BF[q.dtype], BF[norm_w.dtype], BF[w_kvb.dtype], BF[cos.dtype] if cos is not None else 0, N.KV[cache.dtype])
     return out
 
 
@@ -342,7 +342,7 @@ def mla_decode_rows_native(q, kv, norm_w, eps, w_kvb, cos, sin, caches, starts, 
     """One MLA token for B rows (``q [B, H, N + P]``, ``kv [B, R + P]``, ``cos``/``sin [B, P/2]``), row b at
     position ``starts[b]`` on the latent rows of slot ``slots[b]`` of ``caches`` (the region's [S, rows, R + P]
     buffer), in one native call; each row exactly the single-row native step."""
-    if not (N.ok(q, kv, norm_w, w_kvb, cos, sin, caches) and q.dtype == kv.dtype and (cos is None) == (sin is None)
+    if not (N.ok(q, kv, norm_w, w_kvb, cos, sin) and N.ok_cache(caches) and q.dtype == kv.dtype and (cos is None) == (sin is None)
             and q.dim() == 3 and kv.dim() == 2 and caches.dim() == 3 and slots.dtype == starts.dtype == torch.int64
             and slots.is_contiguous() and starts.is_contiguous()):
         raise NotCovered(N.OPERANDS)
@@ -352,5 +352,5 @@ def mla_decode_rows_native(q, kv, norm_w, eps, w_kvb, cos, sin, caches, starts, 
     N.call(_MLA_DECODE_ROWS, q.data_ptr(), kv.data_ptr(), norm_w.data_ptr(), w_kvb.data_ptr(), N.ptr(cos), N.ptr(sin),
            caches.data_ptr(), caches.stride(0) * caches.element_size(), out.data_ptr(), H, nope, P_, V, R,
            starts.data_ptr(), eps, scale, int(interleaved), int(split_out), BF[q.dtype], BF[norm_w.dtype],
-           BF[w_kvb.dtype], BF[cos.dtype] if cos is not None else 0, BF[caches.dtype], Bn, slots.data_ptr())
+           BF[w_kvb.dtype], BF[cos.dtype] if cos is not None else 0, N.KV[caches.dtype], Bn, slots.data_ptr())
     return out

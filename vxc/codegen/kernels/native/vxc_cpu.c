@@ -168,7 +168,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 37
+#define VXC_ABI_VERSION 38
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -1335,7 +1335,7 @@ static void mla_rope(float *x, long P, const float *c, const float *s, int inter
 
 /* mla.mla_decode_twin for one token at position ``start``: q [H, N + P], kv [R + P] (activation dtype), norm_w [R]
  * (nw_bf), w_kvb [H·(N + V), R] (w_bf), cos / sin [P/2] (c_bf) or NULL (no rotary), cache [rows, R + P]
- * (cache_bf). Writes the latent row (plain-weight rmsnorm of kv[:R], rounded as the twin materialises it at the
+ * (cache_bf: its element type, kt: 0 fp32, 1 bf16, 2 f16). Writes the latent row (plain-weight rmsnorm of kv[:R], rounded as the twin materialises it at the
  * activation dtype, then the rotated rope key) into cache row ``start``; then per head the absorbed attention
  * over cache rows 0..start: q_lat = q_nope · W_k, logits = (q_lat · c_s + q_pe · k_pe_s) · scale, softmax,
  * o_lat = Σ p_s c_s, out = W_v · o_lat; out [H, V] at the activation dtype. R, N + P, V <= 1024. */
@@ -1350,7 +1350,7 @@ void vxc_mla_decode(const void *q, const void *kv, const void *norm_w, const voi
     double inv = rms_inv(row, R, eps);
     for (long i = 0; i < R; i++) row[i] = rnd(rnd(ld(norm_w, i, nw_bf), bf) * rnd((float)((double)row[i] * inv), bf), bf);
     if (cos_t) mla_rope(row + R, P, c, sn, interleaved, split_out);
-    store_row(cache, start * width, width, cache_bf, row);
+    for (long i = 0; i < width; i++) stk(cache, start * width + i, row[i], cache_bf);
     long S = start + 1;
 #pragma omp parallel
     {
@@ -1364,14 +1364,14 @@ void vxc_mla_decode(const void *q, const void *kv, const void *norm_w, const voi
             for (long n = 0; n < N; n++) axpy_row(qlat, qh[n], w_kvb, (h * (N + V) + n) * R, R, w_bf);
             float m = -INFINITY;
             for (long t = 0; t < S; t++) {
-                float acc = dot_row(qlat, cache, t * width, R, cache_bf), acc2 = dot_row(qh + N, cache, t * width + R, P, cache_bf);
+                float acc = dotk_row(qlat, cache, t * width, R, cache_bf), acc2 = dotk_row(qh + N, cache, t * width + R, P, cache_bf);
                 logit[t] = (acc + acc2) * scale;
                 m = logit[t] > m ? logit[t] : m;
             }
             float z = 0.0f;
             for (long t = 0; t < S; t++) { logit[t] = expf(logit[t] - m); z += logit[t]; }
             for (long r = 0; r < R; r++) olat[r] = 0.0f;
-            for (long t = 0; t < S; t++) axpy_row(olat, logit[t] / z, cache, t * width, R, cache_bf);
+            for (long t = 0; t < S; t++) axpyk_row(olat, logit[t] / z, cache, t * width, R, cache_bf);
             for (long vv = 0; vv < V; vv++)
                 st(out, h * V + vv, dot_row(olat, w_kvb, (h * (N + V) + N + vv) * R, R, w_bf), bf);
         }
