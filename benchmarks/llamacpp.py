@@ -109,6 +109,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--vxc-activations", default=None, choices=("int8_block32",),
                     help="lower the quantised files with this activation precision (vxc lower --activations): "
                          "int8 blocks of 32 as llama.cpp's q8_0 / q8_1 / q8_K dot products take them")
+    ap.add_argument("--vxc-kv-dtype", default=None, choices=("fp32", "bf16", "fp16"),
+                    help="vxc's KV cache element type (vxc exec --kv-dtype; default: the compute dtype); llama.cpp "
+                         "keeps its default f16 cache")
     ap.add_argument("--small", action="store_true", help="tiny geometries (smoke run, < 3 minutes)")
     ap.add_argument("--agreement", action="store_true", help="the agreement mode (perplexity, top-1, greedy)")
     ap.add_argument("--ppl-ctx", type=int, default=256, help="--agreement: llama-perplexity -c (halved until it fits)")
@@ -125,6 +128,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--_prompt_file", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_other_text", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
+    ap.add_argument("--kv-dtype", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cpu", help=argparse.SUPPRESS)  # the bandwidth child reads it
     return ap.parse_args()
 
@@ -240,7 +244,7 @@ def timing(args, entries: list[dict], llama: Path, prefill: list[int], load: int
                         r = llama_bench(bench, e["gguf"], args.threads, prefill, args.decode, args.repeats, env,
                                         args.timeout, depth=args.depth)
                         if r.get("decode_tps"):
-                            log(f"  [llama.cpp] " + ", ".join(f"pp{n} {v:.1f}" for n, v in r["prefill_tps"].items())
+                            log("  [llama.cpp] " + ", ".join(f"pp{n} {v:.1f}" for n, v in r["prefill_tps"].items())
                                 + f", tg{args.decode} {r['decode_tps']:.2f} tok/s")
                     elif e.get("vxc_refusal"):
                         continue
@@ -251,6 +255,8 @@ def timing(args, entries: list[dict], llama: Path, prefill: list[int], load: int
                                 "--prefill-logits", args.prefill_logits, "--_ir", e["vxir"], "--dtype", e["vxc_dtype"],
                                 "--depth", str(args.depth),
                                 "--_max_context", str(args.depth + max(prefill + [args.decode]) + 8)]
+                        if args.vxc_kv_dtype:
+                            argv += ["--kv-dtype", args.vxc_kv_dtype]
                         r = run_child("vxc", argv, env, args.timeout)
                     if r.get("error"):
                         log(f"  {eng}: {r['error']}")
@@ -302,6 +308,8 @@ def agreement(args, entries: list[dict], llama: Path, workdir: Path) -> list[dic
             log(f"{label}: vxc (fp32, VXC_ENCODED={env['VXC_ENCODED']})")
             argv = ["--threads", str(args.threads), "--_ir", e["vxir"], "--dtype", "fp32", "--decode", str(args.decode),
                     "--_prompt_file", str(prompt_file), "--_max_context", str(max(args.ppl_ctx, 1024) + 8)]
+            if args.vxc_kv_dtype:
+                argv += ["--kv-dtype", args.vxc_kv_dtype]
             if lp.get("ppl") and Path(lp["kld_file"]).is_file():
                 argv += ["--_kld", lp["kld_file"]]
             if other is not None:
@@ -362,7 +370,8 @@ def main() -> None:
         print(header(args, facts).split("\n- read bandwidth")[0])
         print(f"- load average (1 min): {load_start:.2f} at start, {facts['load_end']:.2f} at end")
         print(f"- text: Pride and Prejudice, chapter 1 ({len(TEXT.split())} words); vxc runs fp32 "
-              f"(VXC_ENCODED={rows[0]['vxc_encoded'] if rows else '?'} for the quantised files) on llama-perplexity's "
+              f"(VXC_ENCODED={rows[0]['vxc_encoded'] if rows else '?'} for the quantised files; KV cache "
+              f"{args.vxc_kv_dtype or 'fp32'}, llama.cpp's f16) on llama-perplexity's "
               f"tokens, scoring its positions (the second half of each chunk)\n")
         print(agreement_table(rows, args.decode))
         out = {"mode": "agreement", "rows": rows, "facts": facts, "wall_s": time.time() - t0}

@@ -90,6 +90,17 @@ class Phase:
     concurrency: int
     wall: float
     results: list[Result] = field(default_factory=list)
+    # vxc's scheduler counters over the level (from /health): generated rows, seconds in batched decode steps and in
+    # prefill chunks (the engine calls alone), batched steps; None for an engine that does not report them
+    sched: dict | None = None
+
+    @property
+    def step_rate(self) -> float | None:
+        """Generated tokens per second of batched decode steps: the decode rate without the prefills the level's
+        wall time also holds."""
+        if not self.sched or self.sched["decode_seconds"] <= 0:
+            return None
+        return self.sched["decoded_rows"] / self.sched["decode_seconds"]
 
     @property
     def tokens(self) -> int:
@@ -211,11 +222,15 @@ def run_engine(name: str, base: str, reqs: list[str], levels: list[int], max_tok
         if left <= 0:
             problems.append(f"{name}: out of time before concurrency {c}")
             break
+        before = sched_stats(base)
         try:
             ph = asyncio.run(asyncio.wait_for(phase(base, reqs, c, max_tokens, model), left))
         except asyncio.TimeoutError:
             problems.append(f"{name}: concurrency {c} ran past --timeout")
             break
+        after = sched_stats(base)
+        if before and after:
+            ph.sched = {k: after[k] - before[k] for k in ("decoded_rows", "decode_seconds", "prefill_seconds", "decode_steps")}
         bad = [i for i, r in enumerate(ph.results) if r is None or not r.ok]
         for i in bad[:5]:
             problems.append(f"{name} c={c}: request {i} lost or failed: {ph.results[i].error if ph.results[i] else 'never sent'}")
@@ -235,21 +250,39 @@ def run_engine(name: str, base: str, reqs: list[str], levels: list[int], max_tok
     return phases, problems
 
 
+def sched_stats(base: str) -> dict | None:
+    """vxc serve's scheduler counters (GET /health), or None (another server, or counters it lacks)."""
+    import httpx
+
+    try:
+        st = httpx.get(base + "/health", timeout=10).json().get("scheduler") or {}
+    except Exception:
+        return None
+    keys = ("decoded_rows", "decode_seconds", "prefill_seconds", "decode_steps")
+    return {k: st[k] for k in keys} if all(k in st for k in keys) else None
+
+
 def fmt_ms(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 1000:.0f} ms"
 
 
 def table(rows: dict[str, list[Phase]]) -> str:
-    out = ["| engine | streams | requests | completion tokens | wall s | decode tok/s (aggregate) | TTFT p50 | TTFT p99 |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| engine | streams | requests | completion tokens | wall s | decode tok/s (aggregate) | TTFT p50 | TTFT p99 "
+           "| in decode steps: s / tok/s | in prefill chunks: s |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, phases in rows.items():
         for ph in phases:
+            steps = (f"{ph.sched['decode_seconds']:.2f} / {ph.step_rate:.1f}" if ph.step_rate else "n/a")
+            pre = f"{ph.sched['prefill_seconds']:.2f}" if ph.sched else "n/a"
             out.append(f"| {name} | {ph.concurrency} | {len(ph.results)} | {ph.tokens} | {ph.wall:.2f} | {ph.rate:.1f} | "
-                       f"{fmt_ms(ph.ttft(0.5))} | {fmt_ms(ph.ttft(0.99))} |")
+                       f"{fmt_ms(ph.ttft(0.5))} | {fmt_ms(ph.ttft(0.99))} | {steps} | {pre} |")
     for name, phases in rows.items():
         by = {p.concurrency: p for p in phases}
         if 1 in by and 8 in by and by[1].rate > 0:
             out.append(f"\n{name}: 8 streams / 1 stream aggregate decode rate = {by[8].rate / by[1].rate:.2f}x")
+            if by[1].step_rate and by[8].step_rate:
+                out.append(f"{name}: 8 streams / 1 stream in decode steps alone (prefill chunks left out) = "
+                           f"{by[8].step_rate / by[1].step_rate:.2f}x")
     return "\n".join(out)
 
 
@@ -336,7 +369,8 @@ def main() -> int:
             a.json_out.write_text(json.dumps({name: [{"concurrency": ph.concurrency, "wall_s": ph.wall,
                                                       "completion_tokens": ph.tokens, "tok_per_s": ph.rate,
                                                       "ttft_s": [r.ttft if r else None for r in ph.results],
-                                                      "ok": [bool(r and r.ok) for r in ph.results]} for ph in phases]
+                                                      "ok": [bool(r and r.ok) for r in ph.results],
+                                                      "scheduler": ph.sched} for ph in phases]
                                               for name, phases in rows.items()}, indent=1))
         if problems:
             print("\nCHECKS FAILED:\n  " + "\n  ".join(problems))

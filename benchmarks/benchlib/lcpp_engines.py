@@ -287,7 +287,10 @@ def _engine(args, result: dict):
     mdir = model_dir_of(m, Path(args._ir))
     result["rss_before_load"] = _peak_rss_bytes()
     t0 = time.perf_counter()
-    eng = Engine(m, mdir, dtype=DTYPES[args.dtype], device="cpu", max_context=args._max_context)
+    kv = getattr(args, "kv_dtype", None)
+    eng = Engine(m, mdir, dtype=DTYPES[args.dtype], device="cpu", max_context=args._max_context,
+                 **({"kv_dtype": DTYPES[kv]} if kv else {}))
+    result["kv_dtype"] = kv or args.dtype
     from vxc.ir.gguf_container import forget
 
     forget()  # as vxc exec does once the model is loaded

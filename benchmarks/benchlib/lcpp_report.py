@@ -108,7 +108,8 @@ def header(args, facts: dict) -> str:
         f"- machine: {cpu_model()} ({facts['cores']} cores visible; flags {cpu_flags()}); threads: {args.threads} "
         f"(llama-bench -t, torch.set_num_threads / OMP_NUM_THREADS for vxc)",
         f"- llama.cpp: {facts.get('llama_version') or '?'}; tree {facts['llama_cpp']}",
-        f"- vxc: {facts.get('vxc_commit') or '?'}; torch {facts.get('torch') or '?'}",
+        f"- vxc: {facts.get('vxc_commit') or '?'}; torch {facts.get('torch') or '?'}"
+        + (f"; KV cache {args.vxc_kv_dtype} (--vxc-kv-dtype)" if getattr(args, "vxc_kv_dtype", None) else ""),
         f"- read bandwidth (best of start/end, same thread count): "
         + (", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in sorted(facts.get("bandwidth", {}).items())) or "not measured"),
         f"- load average (1 min): {facts['load_start']:.2f} at start, {facts['load_end']:.2f} at end",

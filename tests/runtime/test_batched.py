@@ -109,3 +109,21 @@ def test_scheduler_stats_count_only_requests_still_running(lab):
     assert short in sch.active  # (its slot is freed at the next step's start)
     sch.run()
     assert long.finish_reason == "length" and sch.stats()["active"] == 0
+
+
+def test_scheduler_counts_decode_and_prefill_time(lab):
+    """The counters /health reports for the load test's decode-only rate: batched steps and their seconds, prefill
+    chunks' seconds, and the generated rows those steps produced (the first token of each request comes from its
+    prefill, the rest from batched rows)."""
+    from vxc.runtime.scheduler import Scheduler
+
+    _, ir = lab.built("qwen3")
+    sch = Scheduler(P.engine_for(ir, max_context=64, sequences=2), chunk=4)
+    st0 = sch.stats()
+    assert (st0["decode_steps"], st0["decode_seconds"], st0["prefill_seconds"]) == (0, 0.0, 0.0)
+    reqs = [sch.submit(list(range(5, 5 + n)), max_new_tokens=k) for n, k in ((9, 5), (6, 3), (11, 4))]
+    sch.run()
+    st = sch.stats()
+    assert all(r.finish_reason == "length" for r in reqs)
+    assert st["decoded_rows"] == (5 - 1) + (3 - 1) + (4 - 1)
+    assert 0 < st["decode_steps"] <= st["steps"] and st["decode_seconds"] > 0 and st["prefill_seconds"] > 0

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
@@ -94,6 +95,10 @@ class Scheduler:
         self.steps = 0
         self.decoded_rows = 0
         self.prefilled_tokens = 0
+        # seconds spent in prefill chunks and in batched decode steps (the engine calls alone), and those steps
+        self.prefill_seconds = 0.0
+        self.decode_seconds = 0.0
+        self.decode_steps = 0
         # tensor parallelism (vxc.runtime.lockstep): the ranks' schedulers kept in step. On rank 0 a submitted request
         # is staged (and a cancel recorded) until the next step tells every rank at once.
         self.sync = None
@@ -150,7 +155,9 @@ class Scheduler:
             # start, but a client holding its answer must not see it counted)
             running = sum(1 for r in self.active if r.finish_reason is None)
             return {"slots": self.engine.sequences, "active": running, "waiting": len(self.waiting),
-                    "steps": self.steps, "decoded_rows": self.decoded_rows, "prefilled_tokens": self.prefilled_tokens}
+                    "steps": self.steps, "decoded_rows": self.decoded_rows, "prefilled_tokens": self.prefilled_tokens,
+                    "decode_steps": self.decode_steps, "decode_seconds": self.decode_seconds,
+                    "prefill_seconds": self.prefill_seconds}
 
     # ------------------------------------------------------------------ the loop
 
@@ -226,7 +233,9 @@ class Scheduler:
         e.full_threads()
         ids = torch.tensor(req.prompt[start:end], dtype=torch.int64, device=e.device)
         last = end == len(req.prompt)
+        t0 = time.perf_counter()
         logits = (e.prefill_last_graph if last else e.prefill_graph)(ids, start)
+        self.prefill_seconds += time.perf_counter() - t0
         req.pos = end
         self.prefilled_tokens += end - start
         if self.cache is not None:
@@ -256,7 +265,10 @@ class Scheduler:
             self._feed(rows, tokens)
 
     def _feed(self, rows: list[Request], tokens: list[int]) -> None:
+        t0 = time.perf_counter()
         logits = self.engine.decode_batch(tokens, [r.pos for r in rows], [r.slot for r in rows])
+        self.decode_seconds += time.perf_counter() - t0
+        self.decode_steps += 1
         for i, r in enumerate(rows):
             r.pos += 1
             if r.pos <= len(r.prompt):  # a prompt token

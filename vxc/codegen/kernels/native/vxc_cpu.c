@@ -115,6 +115,15 @@ static inline __attribute__((always_inline)) __m512 ldk16(const void *p, long i,
 }
 #endif
 
+/* dst[0..n) = cache elements off.. of type kt widened to fp32 (exact) */
+static inline void widen_row(float *dst, const void *src, long off, long n, int kt) {
+    long i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, ldk16(src, off + i, kt));
+#endif
+    for (; i < n; i++) dst[i] = ldk(src, off + i, kt);
+}
+
 /* n activations (bf: their dtype) written as cache elements of type kt: a copy when the types agree */
 static inline void put_row(void *dst, const void *src, long n, int bf, int kt) {
     if (kt == bf) memcpy(dst, src, (size_t)(n * kt_size(kt)));
@@ -3169,15 +3178,14 @@ void vxc_attention_prefill(const void *q, const void *k_cache, const void *v_cac
                 long nk = kend - kb < PF_KB ? kend - kb : PF_KB, ks = Hkv * Dk, vs = Hkv * Dv;
                 const float *K = (const float *)k_cache + (kb * Hkv + g) * Dk, *V = (const float *)v_cache + (kb * Hkv + g) * Dv;
                 if (kt) { /* the block's K widened to fp32 */
-                    for (long j = 0; j < nk; j++)
-                        for (long d = 0; d < Dk; d++) Kb[j * Dk + d] = ldk(k_cache, ((kb + j) * Hkv + g) * Dk + d, kt);
+                    for (long j = 0; j < nk; j++) widen_row(Kb + j * Dk, k_cache, ((kb + j) * Hkv + g) * Dk, Dk, kt);
                     K = Kb, ks = Dk;
                 }
                 /* V copied (widened) into contiguous scratch: every row rereads it, and the cache's rows lie
                  * Hkv * Dv apart (4 KiB for 8 heads of 128), where they would all share an L1 set */
                 for (long j = 0; j < nk; j++) {
                     if (kt)
-                        for (long c = 0; c < Dv; c++) Vb[j * Dv + c] = ldk(v_cache, ((kb + j) * Hkv + g) * Dv + c, kt);
+                        widen_row(Vb + j * Dv, v_cache, ((kb + j) * Hkv + g) * Dv, Dv, kt);
                     else
                         memcpy(Vb + j * Dv, V + j * vs, sizeof(float) * (size_t)Dv);
                 }
