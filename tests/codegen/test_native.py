@@ -827,3 +827,18 @@ def test_mla_decode_narrow_latent_cache(kv, layout):
     want = mla.mla_decode_twin(*args, c2, *tail)
     close(got, want, torch.float32)
     assert c1.dtype == kv and torch.equal(c1, c2)
+
+
+@pytest.mark.parametrize("kv", [torch.float32, torch.float16])
+def test_attention_steps_blocks_of_16_through_a_ring(kv):
+    """Sixty steps of 64-wide heads in a ring of 21 rows (window 21, sinks): from position 16 on the scores run in
+    blocks of 16 positions whose rows wrap the ring, then a tail; natively against the torch backend."""
+    Hq, Hkv, D, window = 8, 2, 64, 21
+    snk = r(Hq)
+    caches = {b: (torch.zeros(window, Hkv, D, dtype=kv), torch.zeros(window, Hkv, D, dtype=kv)) for b in ("native", "torch")}
+    for pos in range(60):
+        q, k, v = r(1, Hq, D), r(1, Hkv, D), r(1, Hkv, D)
+        outs, rec = _attention_on_both_backends(caches, q, k, v, pos, 0.3, window, snk)
+        assert [n for n, _ in rec.calls] == ["vxc_attention_step"] and rec.failed is None, (rec.calls, rec.failed)
+        close(outs["native"], outs["torch"], torch.float32)
+        assert torch.equal(caches["native"][0], caches["torch"][0]) and torch.equal(caches["native"][1], caches["torch"][1])
