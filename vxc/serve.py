@@ -589,7 +589,9 @@ def create_app(engine=None, *, tokenizer, model_name: str, stop_ids=(), chat_tem
         cache_stats = cache.stats() if cache is not None and callable(getattr(cache, "stats", None)) else None
         return {"status": "ok", "model": served.model_name, "slots": st["slots"], "active": st["active"],
                 "waiting": st["waiting"], "max_queue": served.scheduler.max_queue,
-                "max_context": served.engine.max_context, "scheduler": st, "prefix_cache": cache_stats,
+                "max_context": served.engine.max_context,
+                "kv_dtype": str(served.engine.kv_dtype or served.engine.dtype).replace("torch.", ""),
+                "scheduler": st, "prefix_cache": cache_stats,
                 "step_failures": worker.step_failures,
                 "engine_threads": {"built": getattr(served.engine, "built_in", None), "stepped": worker.stepped_in}}
 

@@ -17,6 +17,7 @@ import threading
 import time
 
 import httpx
+import torch
 import pytest
 
 from tests.runtime.conftest import REPO, child_env
@@ -485,7 +486,7 @@ def test_concurrent_streams_each_equal_their_solo_run(server, mini, eos_id, monk
         text, reason, _ = _expect(tok, solo, tok.encode(p).ids, 14, eos_id)
         assert out[i] == (text, reason), i
     assert max(rows) >= 2  # requests were decoded together in one batched step
-    assert server.health()["active"] == 0
+    assert server.health()["active"] == 0 and server.health()["kv_dtype"] == "float32"
 
 
 def test_a_failing_request_is_a_500_and_the_server_goes_on(server, mini, eos_id, monkeypatch):
@@ -673,3 +674,39 @@ def test_chat_tensor_parallel(mini):
     assert [t["generated_ids"] for t in two] == [t["generated_ids"] for t in one]
     assert [t["finish_reason"] for t in two] == [t["finish_reason"] for t in one]
     assert len({t["generated_text"] for t in one}) == 3
+
+
+def test_f16_kv_cache_server_equals_its_solo_runs(mini):
+    """``load_app(kv_dtype="fp16")`` (``vxc serve --kv-dtype fp16``): /health names the cache type and concurrent
+    greedy completions equal single-sequence runs on an engine with the same f16 cache."""
+    from vxc.ir.parser import parse_file
+    from vxc.runtime.engine import Engine
+    from vxc.runtime.sampling import Sampler
+    from vxc.runtime.session import Session
+    from vxc.serve import load_app
+
+    mdir, ir, tok, _ = mini
+    session = Session(Engine(parse_file(ir), mdir, max_context=CONTEXT, kv_dtype=torch.float16))
+    app, _ = load_app(ir, max_context=CONTEXT, sequences=3, chunk=16, kv_dtype="fp16")
+    s = Server(app)
+    try:
+        assert s.health()["kv_dtype"] == "float16"
+        out = {}
+
+        def ask(i, p):
+            out[i] = s.client.post("/v1/completions", json={"prompt": p, "max_tokens": 10, "temperature": 0})
+
+        threads = [threading.Thread(target=ask, args=(i, p)) for i, p in enumerate(PROMPTS[:3])]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        for i, p in enumerate(PROMPTS[:3]):
+            assert out[i].status_code == 200, out[i].text
+            session.reset()
+            gen = session.generate(tok.encode(p).ids, 10, Sampler(vocab=session.engine.vocab), stop_ids=s.served.stop_ids)
+            body = out[i].json()["choices"][0]
+            assert body["text"] == tok.decode(gen[:-1] if session.finish_reason == "eos" else gen,
+                                              skip_special_tokens=False), i
+    finally:
+        s.close()
