@@ -41,7 +41,8 @@ def render(d: dict[str, Any], console: Console | None = None) -> None:
     # the module name is the IR's text: a Text object, neither read as rich markup ("[/x]" would raise
     # MarkupError) nor run through the highlighter (quadratic in its length: a 100 kB name took seconds)
     c.print(Text(d["name"], style="bold"), f" schema {d['schema']}  ·  {d['layers']} layers  ·  vocab {d['vocab']['logical']} "
-            f"(padded {d['vocab']['padded']})  ·  compute {d['compute']}")
+            f"(padded {d['vocab']['padded']})  ·  compute {d['compute']}"
+            + (f"  ·  KV / latent rows {d['kv_dtype']}" if d.get("kv_dtype") else ""))
     t = Table(title="operators", show_edge=False)
     t.add_column("operator")
     t.add_column("count", justify="right")

@@ -112,6 +112,8 @@ def test_state_figures_by_hand(lab, vxc_inproc):
     assert out["state"]["at_context"]["bytes"] == total
     assert {(x["kind"], x["dtype"]) for x in out["state"]["regions"]} == {("recurrent", "f32"), ("conv_history", "f32"),
                                                                          ("kv_rows", "f16")}
+    r = vxc_inproc("describe", lab.built("mamba2attn-native")[1], "--kv-dtype", "fp16")  # the text view
+    assert r.exit_code == 0 and "KV / latent rows f16" in " ".join(r.stdout.split()), r.output
     r = vxc_inproc("describe", lab.built("mamba2attn-native")[1], "--kv-dtype", "fp8")
     assert r.exit_code != 0 and "--kv-dtype fp8" in r.output
 
