@@ -246,3 +246,32 @@ def test_one_long_gather_holds_few_pages_of_the_mapping_at_once(tmp_path):
     assert got.shape == (T, cols) and want.shape == (1, cols)
     table_kb = rows * 272 // 1024
     assert grew <= T * cols * 4 // 1024 + 4096, (grew, table_kb)
+
+
+def test_resident_pool_fills_the_resident_rest_of_an_earlier_chunk(monkeypatch):
+    """A small resident tensor that does not fit the newest pool chunk goes into the rest of an earlier chunk's last
+    touched huge page when it fits there (that page is resident whole anyway), before a new chunk is made; earlier
+    chunks are held weakly (they die with their last tensor), the newest strongly."""
+    import gc
+    import weakref
+
+    from vxc.runtime import weights as W
+
+    MiB = 1 << 20
+    monkeypatch.setattr(W, "POOL_CHUNK", 8 * MiB)
+    monkeypatch.setattr(W, "_pool", {"chunk": None, "off": 0, "old": []})
+    first = [W.resident_empty(3 * MiB // 2) for _ in range(5)]  # 7.5 MiB of chunk 1: 0.5 MiB left in its 4th page
+    second = [W.resident_empty(3 * MiB // 2) for _ in range(5)]  # chunk 2 (1.5 MiB no longer fits chunk 1)
+    assert second[0].data_ptr() != first[0].data_ptr() + 15 * MiB // 2
+    small = W.resident_empty(2 * MiB // 5)  # fits what is left of chunk 2
+    assert small.data_ptr() == second[0].data_ptr() + 15 * MiB // 2
+    tail = W.resident_empty(2 * MiB // 5)  # chunk 2 has 0.1 MiB left: into chunk 1's last page, no new chunk
+    assert tail.data_ptr() == first[0].data_ptr() + 15 * MiB // 2
+    assert len(W._pool["old"]) == 1
+    ref = W._pool["old"][0][0]
+    del first, tail
+    gc.collect()
+    assert ref() is None  # chunk 1 went with its last tensor
+    again = W.resident_empty(2 * MiB // 5)  # no earlier chunk alive: a new chunk
+    assert again.data_ptr() not in range(second[0].data_ptr(), second[0].data_ptr() + 8 * MiB)
+    assert W._pool["old"][-1][0]() is not None and weakref.ref(again)() is not None

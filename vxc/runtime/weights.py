@@ -71,7 +71,7 @@ def hugepage_empty(nbytes: int) -> torch.Tensor:
 POOL_CHUNK = 32 << 20  # bytes per shared chunk of resident_empty's small allocations
 _POOL_ALIGN = 64
 _pool_lock = threading.Lock()
-_pool: dict = {"chunk": None, "off": 0}
+_pool: dict = {"chunk": None, "off": 0, "old": []}  # old: [weak reference to a full chunk's root, its offset, used]
 
 
 def resident_empty(nbytes: int) -> torch.Tensor:
@@ -85,6 +85,23 @@ def resident_empty(nbytes: int) -> torch.Tensor:
     need = max(1, (nbytes + _POOL_ALIGN - 1) // _POOL_ALIGN * _POOL_ALIGN)
     with _pool_lock:
         if _pool["chunk"] is None or _pool["off"] + need > POOL_CHUNK:
+            # a tensor that fits in the rest of the last touched huge page of an earlier chunk still alive goes
+            # there (that page is resident whole); those chunks are held weakly, the newest one strongly. Each
+            # chunk left behind otherwise kept its last page partly empty: a 0.6B-shape q4_0 file's packed copies
+            # took 9.3 MiB more RSS than their bytes ((RSS after load - pre-load - state) / file 1.074 -> 1.057,
+            # peak 1.105-1.125 -> 1.088-1.090; a Q4_K_M file, Gemma 3 270M, SmolLM2 135M and the 780M SSM level)
+            for ent in list(_pool["old"]):
+                root = ent[0]()
+                if root is None:
+                    _pool["old"].remove(ent)
+                elif need <= -ent[2] % HUGE_PAGE:
+                    off = ent[1] + ent[2]
+                    ent[2] += need
+                    return root[off:off + nbytes]
+            if _pool["chunk"] is not None:
+                c = _pool["chunk"]
+                root = c._base if c._base is not None else c
+                _pool["old"].append([weakref.ref(root), c.data_ptr() - root.data_ptr(), _pool["off"]])
             _pool["chunk"], _pool["off"] = hugepage_empty(POOL_CHUNK), 0
         off = _pool["off"]
         _pool["off"] = off + need
