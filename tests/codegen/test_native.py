@@ -367,11 +367,14 @@ def test_attention_prefill(T, start, Hq, Hkv, Dk, Dv, window, sinks):
     torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
 
 
-def test_attention_prefill_in_chunks_then_steps_equals_the_torch_backend():
+@pytest.mark.parametrize("kv", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
+def test_attention_prefill_in_chunks_then_steps_equals_the_torch_backend(kv):
     """A 45-token prompt as chunks of 20, 20 and 5 and then ten single-token steps through torch.ops.vxc.attention,
-    natively (the prefill kernel, then the step kernel) against the torch backend on its own cache."""
+    natively (the prefill kernel, then the step kernel) against the torch backend on its own cache — an fp32 cache,
+    or an f16 / bf16 one (--kv-dtype: the prefill kernel widening blocks): equal caches, outputs within the fp32
+    kernel tolerance."""
     Hq, Hkv, Dk, Dv, rows = 8, 2, 64, 64, 64
-    caches = {b: (torch.zeros(rows, Hkv, Dk), torch.zeros(rows, Hkv, Dv)) for b in ("native", "torch")}
+    caches = {b: (torch.zeros(rows, Hkv, Dk, dtype=kv), torch.zeros(rows, Hkv, Dv, dtype=kv)) for b in ("native", "torch")}
     pos = 0
     for T in (20, 20, 5, *([1] * 10)):
         q, k, v = r(T, Hq, Dk), r(T, Hkv, Dk), r(T, Hkv, Dv)
@@ -406,12 +409,15 @@ def test_attention_prefill_declines_bf16():
 
 
 @pytest.mark.parametrize("sinks", [False, True])
-def test_attention_prefill_chunks_through_a_sliding_window_ring(sinks):
+@pytest.mark.parametrize("kv", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
+def test_attention_prefill_chunks_through_a_sliding_window_ring(sinks, kv):
     """A 7-position window held as a ring of 7 rows: chunks of 5, 6 and 9 tokens (each wraps the ring, the last
-    by more than its length) and then steps, natively against the torch backend on its own ring."""
+    by more than its length) and then steps, natively against the torch backend on its own ring — of fp32 rows, or
+    f16 / bf16 ones (the ring's linearised copy keeps the cache's element type, so a wrapping chunk's new rows are
+    rounded as in the linear case)."""
     Hq, Hkv, Dk, Dv, window = 6, 2, 32, 16, 7
     snk = r(Hq) if sinks else None
-    caches = {b: (torch.zeros(window, Hkv, Dk), torch.zeros(window, Hkv, Dv)) for b in ("native", "torch")}
+    caches = {b: (torch.zeros(window, Hkv, Dk, dtype=kv), torch.zeros(window, Hkv, Dv, dtype=kv)) for b in ("native", "torch")}
     pos = 0
     for T in (5, 6, 9, 1, 1):
         q, k, v = r(T, Hq, Dk), r(T, Hkv, Dk), r(T, Hkv, Dv)
@@ -727,41 +733,6 @@ def test_attention_step_narrow_cache(kv, Hq, Hkv, Dk, Dv, start):
 
 
 @pytest.mark.parametrize("kv", KV_NARROW)
-def test_attention_prefill_chunks_then_steps_narrow_cache(kv):
-    """A 45-token prompt as chunks of 20, 20 and 5, then ten steps, into an f16 / bf16 cache, natively (the prefill
-    kernel widening blocks, then the step) against the torch backend on its own cache: equal caches, outputs within
-    the fp32 kernel tolerance."""
-    Hq, Hkv, Dk, Dv, rows = 8, 2, 64, 64, 64
-    caches = {b: (torch.zeros(rows, Hkv, Dk, dtype=kv), torch.zeros(rows, Hkv, Dv, dtype=kv)) for b in ("native", "torch")}
-    pos = 0
-    for T in (20, 20, 5, *([1] * 10)):
-        q, k, v = r(T, Hq, Dk), r(T, Hkv, Dk), r(T, Hkv, Dv)
-        outs, rec = _attention_on_both_backends(caches, q, k, v, pos, 0.125)
-        want = "vxc_attention_prefill" if T > 1 else "vxc_attention_step"
-        assert [n for n, _ in rec.calls] == [want] and rec.failed is None, (rec.calls, rec.failed)
-        close(outs["native"], outs["torch"], torch.float32)
-        assert torch.equal(caches["native"][0], caches["torch"][0]) and torch.equal(caches["native"][1], caches["torch"][1])
-        pos += T
-
-
-@pytest.mark.parametrize("kv", KV_NARROW)
-def test_attention_narrow_cache_window_ring(kv):
-    """A 7-position window in a ring of 7 f16 / bf16 rows, with sinks: chunks that wrap the ring, then steps,
-    natively against the torch backend (the ring's linearised copy keeps the cache's element type, so the new rows
-    are rounded as in the linear case)."""
-    Hq, Hkv, D, window = 6, 2, 32, 7
-    snk = r(Hq)
-    caches = {b: (torch.zeros(window, Hkv, D, dtype=kv), torch.zeros(window, Hkv, D, dtype=kv)) for b in ("native", "torch")}
-    pos = 0
-    for T in (5, 6, 9, 1, 1, 1):
-        q, k, v = r(T, Hq, D), r(T, Hkv, D), r(T, Hkv, D)
-        outs, _ = _attention_on_both_backends(caches, q, k, v, pos, 0.3, window, snk)
-        close(outs["native"], outs["torch"], torch.float32)
-        assert torch.equal(caches["native"][0], caches["torch"][0]) and torch.equal(caches["native"][1], caches["torch"][1])
-        pos += T
-
-
-@pytest.mark.parametrize("kv", KV_NARROW)
 def test_attention_rows_narrow_cache_equal_the_single_row_steps(kv):
     """The B-row step over an f16 / bf16 [S, 2, rows, Hkv, D] region gives each row exactly the single-row step on
     that slot's cache (the same rounding on write, the same sums)."""
@@ -789,7 +760,7 @@ def test_narrow_cache_on_the_scalar_build():
     env = dict(os.environ, VXC_NATIVE_CFLAGS="-mno-avx512f -mno-avx2 -mno-f16c")
     root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", __file__,
-                        "-k", "narrow and not scalar_build"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+                        "-k", "(narrow and not scalar_build) or f16"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
 
 

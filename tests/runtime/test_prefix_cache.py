@@ -302,29 +302,37 @@ def test_interior_snapshots_dropped_rows_kept(models, name):
         assert_same(hit, run(cold, prompt, 5))
 
 
-@pytest.mark.parametrize("name", ["nemotron_h", "mamba2attn-native"])
-def test_declared_dtypes_kept_under_bf16(models, name):
-    """Under bf16 compute every held tensor has its region's dtype (the fp32 recurrent matrices fp32, conv
-    histories and K/V rows bf16), and a hit is bit-identical to the cold bf16 run (a round trip through a
-    narrower type would not be)."""
-    eng = models.engine(name, dtype=torch.bfloat16)
+def _held_types_and_hit_equals_cold(models, name, seed, **engine_kw):
+    """A (20 tokens), then B = A + 5 hitting A's snapshot at 20, on an engine made with ``engine_kw``: every tensor
+    the cache holds has its slot region's dtype, and the hit is bit-identical to the cold run on a second such
+    engine. Returns the dtypes held, by region kind."""
+    eng = models.engine(name, **engine_kw)
     v = eng.vocab
-    A = tokens(v, 20, 41)
-    B = A + tokens(v, 5, 42)
+    A = tokens(v, 20, seed)
+    B = A + tokens(v, 5, seed + 1)
     cache = Checked(1 << 26)
     s = Scheduler(eng, chunk=K, prefix_cache=cache)
     run(s, A, 2)
     hit = run(s, B, 5)
     assert hit.cached == 20
     slot_dt = {rid: b.dtype for rid, b in eng.state.slots.items()}
-    seen = {}
+    seen: dict = {}
     for n in cache.nodes():
         for rid, t in list(n.rows.items()) + list((n.snap or {}).items()):
             assert t.dtype == slot_dt[rid], (rid, t.dtype, slot_dt[rid])
-            seen[eng.state.layout[rid]] = t.dtype
-    assert seen["recurrent"] == torch.float32 and seen["kv_rows"] == seen["conv_history"] == torch.bfloat16, seen
-    cold_eng = models.engine(name, dtype=torch.bfloat16)
+            seen.setdefault(eng.state.layout[rid], set()).add(t.dtype)
+    cold_eng = models.engine(name, **engine_kw)
     assert_same(hit, run(Scheduler(cold_eng, chunk=K, prefix_cache=Recompute(cold_eng, (B, 20, 20))), B, 5))
+    return seen
+
+
+@pytest.mark.parametrize("name", ["nemotron_h", "mamba2attn-native"])
+def test_declared_dtypes_kept_under_bf16(models, name):
+    """Under bf16 compute every held tensor has its region's dtype (the fp32 recurrent matrices fp32, conv
+    histories and K/V rows bf16), and a hit is bit-identical to the cold bf16 run (a round trip through a
+    narrower type would not be)."""
+    seen = _held_types_and_hit_equals_cold(models, name, 41, dtype=torch.bfloat16)
+    assert seen["recurrent"] == {torch.float32} and seen["kv_rows"] == seen["conv_history"] == {torch.bfloat16}, seen
 
 
 @pytest.mark.parametrize("name", ["nemotron_h", "gemma3", "deepseek_v3"])
@@ -332,26 +340,9 @@ def test_narrow_kv_cache_kept_and_hit_equals_cold(models, name):
     """fp32 compute with an f16 KV / latent cache (--kv-dtype fp16): the held rows are f16 as the slot's region is
     (never widened or narrowed again), the fp32 recurrent matrices and conv histories keep fp32, and a hit is
     bit-identical to the cold run on the same cache type."""
-    eng = models.engine(name, kv_dtype=torch.float16)
-    v = eng.vocab
-    A = tokens(v, 20, 51)
-    B = A + tokens(v, 5, 52)
-    cache = Checked(1 << 26)
-    s = Scheduler(eng, chunk=K, prefix_cache=cache)
-    run(s, A, 2)
-    hit = run(s, B, 5)
-    assert hit.cached == 20
-    slot_dt = {rid: b.dtype for rid, b in eng.state.slots.items()}
-    seen = {}
-    for n in cache.nodes():
-        for rid, t in list(n.rows.items()) + list((n.snap or {}).items()):
-            assert t.dtype == slot_dt[rid], (rid, t.dtype, slot_dt[rid])
-            seen.setdefault(eng.state.layout[rid], set()).add(t.dtype)
-    rows = seen.get("kv_rows", set()) | seen.get("latent_rows", set())
-    assert rows == {torch.float16}, seen
+    seen = _held_types_and_hit_equals_cold(models, name, 51, kv_dtype=torch.float16)
+    assert seen.get("kv_rows", set()) | seen.get("latent_rows", set()) == {torch.float16}, seen
     assert all(seen.get(k, {torch.float32}) == {torch.float32} for k in ("recurrent", "conv_history")), seen
-    cold_eng = models.engine(name, kv_dtype=torch.float16)
-    assert_same(hit, run(Scheduler(cold_eng, chunk=K, prefix_cache=Recompute(cold_eng, (B, 20, 20))), B, 5))
 
 
 # ---------------------------------------------------------------- controls and wiring
