@@ -154,6 +154,23 @@ def test_packing_in_runs_of_rows_gives_the_whole_matrix_packed_at_once(name, mon
 
 
 @pytest.mark.native
+@pytest.mark.parametrize("name", sorted(PACKED))
+def test_a_packed_copy_takes_the_stored_bytes(name):
+    """A tile of 16 rows holds exactly the bytes of its 16 stored rows (ggml's type sizes, from gguf-py): the
+    packed copy that replaces the file's pages in memory is no larger than they are. q4_k's tiles had held its
+    6-bit scales and mins unpacked, 2368 bytes per 16 x 256 values for 2304 stored."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    if not has_packed(name):
+        pytest.skip("this build has no packed layout for it (AVX-512 only)")
+    fn = N.load().vxc_qpack_tile_bytes
+    fn.argtypes, fn.restype = [N.I, N.L], N.L
+    block, type_size = GGML_QUANT_SIZES[qtype(name)]
+    for cols in (256, 1024, 3072):
+        assert fn(quant.NATIVE_ENCODINGS[name], cols) == 16 * (cols // block) * type_size, (name, cols)
+
+
+@pytest.mark.native
 def test_packed_copy_is_made_once_and_dropped_with_its_blocks():
     import gc
 

@@ -177,7 +177,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 38
+#define VXC_ABI_VERSION 39
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -2615,8 +2615,10 @@ void vxc_quantize_a8(const float *x, int8_t *q, float *d, long B, long cols) {
  *   q4_0: d[16] f16 | qs chunks c = 0..3: row r's bytes 4c..4c+3 (low nibbles: values 4c.., high: 16 + 4c..)
  *   q4_1: d[16] f16 | m[16] f16 | qs as q4_0
  *   q8_0: d[16] f16 | q chunks c = 0..7: row r's values 4c..4c+3 as unsigned bytes q + 128
- *   q4_k: d[16] f16 | dmin[16] f16 | sc[8][16] u8 | m[8][16] u8 | qs pairs p = 0..3, chunks c = 0..7: row r's
- *         bytes 32p + 4c.. (low nibbles: group 2p values 4c.., high: group 2p + 1)
+ *   q4_k: d[16] f16 | dmin[16] f16 | k[12][16] u8 (byte k of each row's 12 bytes of 6-bit scales and mins, as
+ *         stored; the kernel unpacks them for 16 rows at once) | qs pairs p = 0..3, chunks c = 0..7: row r's
+ *         bytes 32p + 4c.. (low nibbles: group 2p values 4c.., high: group 2p + 1): 2304 bytes per 16 x 256
+ *         values, as stored (unpacked scales and mins, 2368 bytes, had made the copies 2.8 % larger than the file)
  *   q5_0: d[16] f16 | hb[16][4] u8 | qs as q4_0; hb byte k of row r holds the fifth bits of values 4c + k (bit 2c)
  *         and 16 + 4c + k (bit 2c + 1) for the four chunks c: the same 22 bytes per 32 values as stored
  *   q6_k: d[16] f16 | sc[16][16] i8 | per half h = 0, 1: chunks c = 0..7 of row r's ql bytes 64h + 4c.., of its
@@ -2626,7 +2628,7 @@ void vxc_quantize_a8(const float *x, int8_t *q, float *d, long B, long cols) {
  * another order). Builds without AVX-512 (and q8_0 without VNNI) keep the row layout (vxc_qgemv_a8). */
 
 static inline long p_group_bytes(int enc) {
-    return enc == Q4_0 ? 288 : enc == Q4_1 ? 320 : enc == Q8_0 ? 544 : enc == Q4_K ? 2368 : enc == Q5_0 ? 352
+    return enc == Q4_0 ? 288 : enc == Q4_1 ? 320 : enc == Q8_0 ? 544 : enc == Q4_K ? 2304 : enc == Q5_0 ? 352
          : enc == Q6_K ? 3360 : 0;
 }
 
@@ -2692,16 +2694,11 @@ void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
                 } else { /* q4_k super-block */
                     memcpy(o + 2 * r, b, 2);
                     memcpy(o + 32 + 2 * r, b + 2, 2);
-                    uint64_t sc, m;
-                    q4k_scale_min_words(b + 4, &sc, &m);
-                    for (int j = 0; j < 8; j++) {
-                        o[64 + 16 * j + r] = (uint8_t)(sc >> (8 * j));
-                        o[192 + 16 * j + r] = (uint8_t)(m >> (8 * j));
-                    }
+                    for (int k = 0; k < 12; k++) o[64 + 16 * k + r] = b[4 + k];
                     const uint8_t *q = b + 16;
                     for (int p = 0; p < 4; p++)
                         for (int c = 0; c < 8; c++)
-                            for (int k = 0; k < 4; k++) o[320 + (8 * p + c) * 64 + 4 * r + k] = q[32 * p + 4 * c + k];
+                            for (int k = 0; k < 4; k++) o[256 + (8 * p + c) * 64 + 4 * r + k] = q[32 * p + 4 * c + k];
                 }
             }
         }
@@ -2715,6 +2712,22 @@ void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
 #define P_DOT(acc, u, s) _mm512_add_epi32((acc), _mm512_madd_epi16(_mm512_maddubs_epi16((u), (s)), _mm512_set1_epi16(1)))
 #endif
 #define P_X4(p) _mm512_set1_epi32(*(const int32_t *)(const void *)(p)) /* 4 x bytes in every lane */
+
+/* q4_k in p_tile: the 6-bit scale and min of sub-block j (0..7) of 16 rows, unpacked from the tile's 12 byte
+ * planes k (plane k: byte k of each row's scale field) as ggml's get_scale_min_k4 unpacks one row's */
+static inline __attribute__((always_inline)) void q4k_tile_scale_min(const uint8_t *k, int j, __m128i *sc, __m128i *m) {
+    const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m48 = _mm_set1_epi8(0x30);
+#define Q4K_PLANE(i) _mm_loadu_si128((const __m128i *)(k + 16 * (i)))
+    if (j < 4) {
+        *sc = _mm_and_si128(Q4K_PLANE(j), m63);
+        *m = _mm_and_si128(Q4K_PLANE(j + 4), m63);
+    } else { /* low 4 bits from byte j + 4, high 2 from the top bits of byte j - 4 (scale) / j (min) */
+        __m128i b = Q4K_PLANE(j + 4);
+        *sc = _mm_or_si128(_mm_and_si128(b, m15), _mm_and_si128(_mm_srli_epi16(Q4K_PLANE(j - 4), 2), m48));
+        *m = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(b, 4), m15), _mm_and_si128(_mm_srli_epi16(Q4K_PLANE(j), 2), m48));
+    }
+#undef Q4K_PLANE
+}
 
 /* q6_k in p_tile: sub-block 8h + 2t + cq of NB rows of x, t a constant after inlining. Its 4 chunks' values are
  * decoded once (the low or high nibbles of ql, bits 2t..2t+1 of qh as bits 4-5) for all NB rows, each row's sum
@@ -2780,14 +2793,14 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
         }
     } else if (enc == Q4_K) {
         for (long sb = 0; sb < cols / 256; sb++) {
-            const uint8_t *o = T + sb * 2368;
-            if (pf) prefetch_bytes(o + cols / 256 * 2368, 2368);
+            const uint8_t *o = T + sb * 2304;
+            if (pf) prefetch_bytes(o + cols / 256 * 2304, 2304);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32)));
             for (int p = 0; p < 4; p++) {
                 __m512i pl[8], ph[8];
                 for (int b = 0; b < NB; b++) pl[b] = ph[b] = _mm512_setzero_si512();
-                const uint8_t *qs = o + 320 + 512 * p;
+                const uint8_t *qs = o + 256 + 512 * p;
 #pragma GCC unroll 8
                 for (int c = 0; c < 8; c++) {
                     __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * c));
@@ -2800,8 +2813,10 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
                 }
                 for (int h = 0; h < 2; h++) {
                     int j = 2 * p + h;
-                    __m512 s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + 64 + 16 * j)))));
-                    __m512 mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + 192 + 16 * j)))));
+                    __m128i scj, mj;
+                    q4k_tile_scale_min(o + 64, j, &scj, &mj);
+                    __m512 s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(scj)));
+                    __m512 mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mj)));
                     for (int b = 0; b < NB; b++) {
                         long g = 8 * sb + j, bb = b0 + b;
                         acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h ? ph[b] : pl[b]),
