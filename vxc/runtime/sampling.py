@@ -7,6 +7,15 @@ from dataclasses import dataclass, field
 import torch
 
 
+def greedy(x: torch.Tensor) -> int:
+    """The index of the largest value of the 1-D fp32 CPU tensor ``x`` — the first one on ties, the first NaN where
+    there is one — as ``torch.argmax`` chooses it. Through numpy's argmax (vectorised: a 151936-wide row in ~8 us
+    where torch.argmax takes ~200 us on one Xeon core — a greedy decode step of 8 sequences spent 1.6 ms in it)."""
+    if x.dtype == torch.float32 and x.device.type == "cpu" and not x.requires_grad:
+        return int(x.numpy().argmax())
+    return int(torch.argmax(x))
+
+
 @dataclass
 class Sampler:
     temperature: float = 0.0  # 0 → greedy
@@ -28,7 +37,7 @@ class Sampler:
         if self.vocab is not None:
             x = x[: self.vocab]
         if self.greedy:
-            return int(torch.argmax(x))
+            return greedy(x)
         x = x / self.temperature
         if self.top_k and self.top_k < x.numel():
             kth = torch.topk(x, self.top_k).values[-1]
