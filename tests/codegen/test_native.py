@@ -127,6 +127,26 @@ def test_gated_rmsnorm(dtype, norm_before_gate, act, group):
     close(got, norms.gated_rmsnorm_twin(x, z, w, 1e-5, group, norm_before_gate, act), dtype)
 
 
+def test_gated_rmsnorm_rows_do_not_depend_on_the_thread_count():
+    """A batched step's few wide rows (8 x 3072: the rows go to two threads) give each row the values one thread
+    gives it, and each row alone."""
+    lib = N.load()
+    x, z, w = r(8, 3072), r(8, 3072), r(3072)
+    args = (x, z, w, 1e-5, 3072, False, "silu")
+    try:
+        lib.vxc_set_threads(2)
+        two = native(norms.gated_rmsnorm_native, *args, expect="vxc_gated_rmsnorm")
+        lib.vxc_set_threads(1)
+        one = native(norms.gated_rmsnorm_native, *args, expect="vxc_gated_rmsnorm")
+    finally:
+        lib.vxc_set_threads(max(1, torch.get_num_threads()))
+    assert torch.equal(one, two)
+    for t in (0, 5):
+        alone = native(norms.gated_rmsnorm_native, x[t:t + 1], z[t:t + 1], w, 1e-5, 3072, False, "silu", expect="vxc_gated_rmsnorm")
+        assert torch.equal(alone[0], two[t])
+    close(two, norms.gated_rmsnorm_twin(*args), torch.float32)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gated_rmsnorm_row_strided(dtype):
     # x and z as column slices of one [T, 3D+5] projection (as the Mamba2 in_proj split hands them over), T * D
