@@ -192,6 +192,39 @@ def test_packed_copy_is_made_once_and_dropped_with_its_blocks():
 
 
 @pytest.mark.native
+@pytest.mark.parametrize("gate, up", [("q4_0", "q4_0"), ("q4_k", "q8_0"), ("q6_k", "q5_0"), ("q4_1", "q4_k")])
+def test_qswiglu_gate_and_up_in_one_pass(gate, up):
+    """With int8_block32 activations on packed copies, silu(gate) * up is one call (vxc_qswiglu_a8p) over both
+    matrices' tiles: bit for bit the two products and vxc_qsilu_mul it replaces (x quantised once or per
+    encoding), at row counts off the 16-row tile and batches off the 8-row pass; without packed copies (the row
+    kernel) the three calls remain."""
+    if not (has_packed(gate) and has_packed(up)):
+        pytest.skip("this build has no packed layout (AVX-512 only)")
+    rng = np.random.default_rng(zlib.crc32(f"fused {gate} {up}".encode()))
+    rows, d = 37, 512
+    wg = torch.from_numpy(make_blocks(gate, rows, d // ENCODINGS[gate].block_size, rng))
+    wu = torch.from_numpy(make_blocks(up, rows, d // ENCODINGS[up].block_size, rng))
+    for B in (1, 8, 9, 21):
+        x = torch.from_numpy(rng.standard_normal((B, d)).astype(np.float32))
+        rec = N.Recorder()
+        with N.recording(rec):
+            h = qdense._gate_up_packed(x, gate, wg, up, wu, A8)
+        assert [c for c, _ in rec.calls] == ["vxc_qswiglu_a8p"], rec.calls
+        g, u = run_native(gate, wg, x), run_native(up, wu, x)
+        want = torch.empty_like(g)
+        N.call(qdense._QSILU_MUL, g.data_ptr(), u.data_ptr(), want.data_ptr(), g.numel())
+        assert torch.equal(h, want), (gate, up, B)
+    x = torch.randn(3, d)
+    assert qdense._gate_up_packed(x, gate, wg, up, wu, "fp32") is None  # fp32 activations: the products as before
+    prev = quant.PACK
+    quant.PACK = False
+    try:
+        assert qdense._gate_up_packed(x, gate, wg, up, wu, A8) is None  # the row kernel: three calls
+    finally:
+        quant.PACK = prev
+
+
+@pytest.mark.native
 def test_qlinear_and_qswiglu_take_the_declared_activations():
     """The composite forms pass the precision to each projection (native == twin at the floor; the
     fp32-activation result differs)."""
