@@ -127,6 +127,40 @@ def test_gated_rmsnorm(dtype, norm_before_gate, act, group):
     close(got, norms.gated_rmsnorm_twin(x, z, w, 1e-5, group, norm_before_gate, act), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_elementwise_kernels_take_a_prefill_chunk(dtype):
+    """gated_act (each activation), scale and activation run natively at a prefill chunk's size in fp32 (128 x 2048
+    values: they had fallen back to torch past 65536, a Gemma 3 prefill's gelu products included) and up to 65536
+    values in bf16 (past that, torch's vectorised twin: as fast): on two threads, equal to one thread and to the same
+    values one row at a time, and at the twin's tolerance."""
+    from vxc.codegen.kernels import activation, elementwise
+    from vxc.codegen.kernels.registry import NotCovered
+
+    lib = N.load()
+    rows = 128 if dtype == torch.float32 else 32  # 32 x 2048 = 65536: bf16's largest native call
+    g, u = r(rows, 2048, dtype=dtype), r(rows, 2048, dtype=dtype)
+    calls = [(elementwise.gated_act_native, elementwise.gated_act_twin, (g, u, a), "vxc_gated_act")
+             for a in ("none", "silu", "gelu_tanh")]
+    calls += [(elementwise.scale_native, elementwise.scale_twin, (g, 0.37), "vxc_scale"),
+              (activation.activation_native, activation.activation_twin, (g, "relu2"), "vxc_activation")]
+    for fn, twin, args, name in calls:
+        try:
+            lib.vxc_set_threads(2)
+            two = native(fn, *args, expect=name)
+            lib.vxc_set_threads(1)
+            one = native(fn, *args, expect=name)
+        finally:
+            lib.vxc_set_threads(max(1, torch.get_num_threads()))
+        assert torch.equal(one, two), name
+        row = tuple(a[5:6] if isinstance(a, torch.Tensor) else a for a in args)
+        assert torch.equal(native(fn, *row, expect=name)[0], two[5]), name
+        close(two, twin(*args), dtype)
+        if dtype != torch.float32:  # one row more: the twin's
+            big = tuple(torch.cat([a, a[:1]]) if isinstance(a, torch.Tensor) else a for a in args)
+            with pytest.raises(NotCovered):
+                fn(*big)
+
+
 def test_gated_rmsnorm_rows_do_not_depend_on_the_thread_count():
     """A batched step's few wide rows (8 x 3072: the rows go to two threads) give each row the values one thread
     gives it, and each row alone."""

@@ -5,7 +5,9 @@
   computed in fp32 and rounded once to x's dtype (the square of a bf16 value is exact in fp32, so this is the
   reference's bf16 ``square(relu(x))`` too).
 
-Native forms take up to one token's worth of values (65536); Triton forms are one program per 1024 values.
+Native forms take fp32 of any size (every thread from 65536 values: a prefill chunk's FFN) and bf16 up to 65536
+values (past that torch's vectorised twin is as fast as the native loop: 0.72 vs 0.75 ms for 128 x 2048 gelu_tanh
+products); Triton forms are one program per 1024 values.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from .native import BF, I, L, P
 from .registry import NotCovered, kernel
 
 KINDS = {"relu2": 0}  # the codes vxc_cpu.c's vxc_activation reads
-NATIVE_MAX = 65536
+BF16_NATIVE_MAX = 65536  # bf16 values a native call takes (fp32: any number)
 
 
 @kernel("activation")
@@ -75,7 +77,7 @@ _ACTIVATION = N.declare("vxc_activation", P, P, L, I, I)
 def activation_native(x, kind):
     if not N.ok(x):
         raise NotCovered(N.OPERANDS)
-    if x.numel() > NATIVE_MAX:
+    if x.dtype != torch.float32 and x.numel() > BF16_NATIVE_MAX:
         raise NotCovered(N.LIMITS)
     out = N.empty(*x.shape, dtype=x.dtype)
     N.call(_ACTIVATION, x.data_ptr(), out.data_ptr(), x.numel(), KINDS[kind], BF[x.dtype])

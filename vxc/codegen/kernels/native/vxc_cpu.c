@@ -1305,22 +1305,27 @@ static inline float gelu_tanh(float g) {
 
 /* elementwise.gated_act_twin: out = act(g) * u over n values at the activation dtype; act 0 = none (the plain
  * product), 1 = silu, 3 = gelu (tanh approximation). */
+/* Elementwise loops run on every thread from ELT_PAR values (a prefill chunk's FFN: 128 x 2048 for the Gemma 3 270M
+ * shape); each value is computed alike on any thread. */
+#define ELT_PAR 65536
+
 void vxc_gated_act(const void *g, const void *u, void *out, long n, int a, int bf) {
     if (!bf) {
         const float *gf = (const float *)g, *uf = (const float *)u;
         float *of = (float *)out;
         if (a == 0) {
-#pragma omp simd
+#pragma omp parallel for simd schedule(static) if (n >= ELT_PAR)
             for (long i = 0; i < n; i++) of[i] = gf[i] * uf[i];
         } else if (a == 1) {
-#pragma omp simd
+#pragma omp parallel for simd schedule(static) if (n >= ELT_PAR)
             for (long i = 0; i < n; i++) of[i] = silu(gf[i]) * uf[i];
         } else {
-#pragma omp simd
+#pragma omp parallel for simd schedule(static) if (n >= ELT_PAR)
             for (long i = 0; i < n; i++) of[i] = gelu_tanh(gf[i]) * uf[i];
         }
         return;
     }
+#pragma omp parallel for schedule(static) if (n >= ELT_PAR)
     for (long i = 0; i < n; i++) {
         float v = ld(g, i, bf);
         st(out, i, (a == 0 ? v : a == 1 ? silu(v) : gelu_tanh(v)) * ld(u, i, bf), bf);
@@ -1329,6 +1334,7 @@ void vxc_gated_act(const void *g, const void *u, void *out, long n, int a, int b
 
 /* elementwise.scale_twin: out = x * s over n values (s already at the activation dtype's precision). */
 void vxc_scale(const void *x, void *out, long n, float s, int bf) {
+#pragma omp parallel for schedule(static) if (n >= ELT_PAR)
     for (long i = 0; i < n; i++) st(out, i, ld(x, i, bf) * s, bf);
 }
 
@@ -1580,13 +1586,14 @@ void vxc_activation(const void *x, void *out, long n, int kind, int bf) {
     if (!bf) {
         const float *xf = (const float *)x;
         float *of = (float *)out;
-#pragma omp simd
+#pragma omp parallel for simd schedule(static) if (n >= ELT_PAR)
         for (long i = 0; i < n; i++) {
             float r = xf[i] > 0.0f ? xf[i] : 0.0f;
             of[i] = r * r;
         }
         return;
     }
+#pragma omp parallel for schedule(static) if (n >= ELT_PAR)
     for (long i = 0; i < n; i++) {
         float v = ld(x, i, bf);
         float r = v > 0.0f ? v : 0.0f;
