@@ -40,6 +40,7 @@ def test_replay_is_bit_identical_to_the_graph(lab, name):
     got, want = _steps(replayed, ids, _tokens(f)), _steps(plain, ids, _tokens(f))
     assert replayed.replay_status().startswith("replaying"), replayed.replay_status()
     assert plain.replay_status() == "off"
+    assert _c_calls(replayed.replay) == len(replayed.replay.program)  # every call from C (vxc_run_program)
     for i, (a, b) in enumerate(zip(got, want)):
         assert torch.equal(a, b), f"step {i}: max diff {(a - b).abs().max().item():.3e}"
     # results are fresh tensors, not views of the replay's buffers
@@ -49,6 +50,78 @@ def test_replay_is_bit_identical_to_the_graph(lab, name):
         twin = _steps(P.engine_for(ir, max_context=64), ids, _tokens(f))
     for a, b in zip(got, twin):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
+def _c_calls(rep) -> int:
+    """How many of a replay's calls run from C (its :class:`_CSegment` runs)."""
+    from vxc.runtime.replay import _CSegment
+
+    return sum(seg.n for seg in (rep.segments or []) if isinstance(seg, _CSegment))
+
+
+@pytest.mark.parametrize("name", ["qwen3", "mamba2attn-native", "mamba2-native"])
+@pytest.mark.native
+def test_the_c_loop_replays_what_the_python_loop_does(lab, name, monkeypatch):
+    """A replayed step's calls run from C (vxc_run_program: every kernel through one integer / float prototype) or,
+    with VXC_REPLAY_LOOP=python, one ctypes call each: the same values, bit for bit, single-sequence and batched."""
+    f = P.FAMILIES[name]
+    _, ir = lab.built(name)
+    ids = P.prompt_ids(f)[:20]
+    runs = {}
+    for loop in ("c", "python"):
+        monkeypatch.setenv("VXC_REPLAY_LOOP", loop)
+        e = P.engine_for(ir, max_context=64, sequences=3)
+        single = _steps(e, ids, _tokens(f))
+        pos = {1: 5, 2: 9}
+        for s_, n in pos.items():
+            e.bind_slot(s_)
+            e.prefill_graph(torch.tensor(ids[:n]), 0)
+        batched = []
+        for t in _tokens(f)[:6]:
+            batched.append(e.decode_batch([t, t], [pos[1], pos[2]], [1, 2]))
+            pos[1] += 1
+            pos[2] += 1
+        b = e.batch_replays[2]
+        assert e.replay.ready and b.ready
+        assert (_c_calls(e.replay), _c_calls(b)) == ((len(e.replay.program), len(b.program)) if loop == "c" else (0, 0))
+        runs[loop] = (single, batched)
+    for a, b in zip(runs["c"][0] + runs["c"][1], runs["python"][0] + runs["python"][1]):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.native
+def test_c_runs_around_a_python_call_and_moving_arguments():
+    """A program's C calls run in segments around a recorded Python call, each argument that moves with the position
+    set from its line: out = (x + y)[:n(pos)] then doubled in Python, then + y again."""
+    import ctypes
+
+    from vxc.codegen.kernels import native as N
+    from vxc.runtime.replay import _CSegment, _run_segments, _segments
+
+    lib = N.load()
+    add = getattr(lib, N.declare("vxc_add", N.P, N.P, N.P, N.L, N.I))
+    x, y = torch.randn(64), torch.randn(64)
+    z, w = torch.zeros(64), torch.zeros(64)
+
+    def double(address: int, n: int) -> None:
+        t = N.tensor_at(address, n, torch.float32)
+        t.mul_(2)
+
+    conv = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(y.data_ptr()), ctypes.c_void_p(z.data_ptr()), None,
+            ctypes.c_int(0)]
+    program = [(add, conv, [(3, 8, 3)]),  # n = 8 + 3 pos
+               (double, [z.data_ptr(), 64], []),
+               (add, [conv[2], conv[1], ctypes.c_void_p(w.data_ptr()), ctypes.c_long(64), ctypes.c_int(0)], [])]
+    segs = _segments(program)
+    assert [type(s).__name__ for s in segs] == ["_CSegment", "tuple", "_CSegment"]
+    assert all(s.n == 1 for s in segs if isinstance(s, _CSegment))
+    for pos in (0, 5, 13):
+        z.zero_()
+        _run_segments(segs, pos)
+        n = 8 + 3 * pos
+        want_z = torch.zeros(64)
+        want_z[:n] = (x[:n] + y[:n]) * 2
+        assert torch.equal(z, want_z) and torch.equal(w, want_z + y), pos
 
 
 @pytest.mark.parametrize("name", ["mamba2-native", "qwen3", "oute-base1"])

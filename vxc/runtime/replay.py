@@ -29,6 +29,7 @@ and back when the cores free up (``benchmarks/shared_cpu.py``).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from typing import Callable, Optional
@@ -41,6 +42,97 @@ from ..codegen import kernels
 from ..codegen.kernels import native
 
 CAPTURES = 3
+
+_RUN_PROGRAM = native.declare("vxc_run_program", native.P, native.L, native.L)
+_INT_ARGS = (native.P, native.L, native.I)  # the argument types vxc_run_program passes as integers
+_FLOAT_ARGS = (native.F,)
+
+
+class _CSegment:
+    """Consecutive C calls of a captured program, run by one ``vxc_run_program`` call (see the C source: every
+    kernel called through one prototype of integers and floats, so a step's calls cost no ctypes call each). The
+    calls' constant arguments are written once into an array of the C structs; an argument that moves with the
+    position is set by the C loop from its line (base + slope · pos)."""
+
+    def __init__(self, lib, calls: list[tuple]):
+        import struct
+
+        size, off_f, off_nm, off_mi, off_base, off_slope, ni, nf, nm = (int(lib.vxc_program_layout(i)) for i in range(9))
+        self.n = len(calls)
+        self.buf = (ctypes.c_char * (size * self.n))()
+        for c, (fn, args, moving) in enumerate(calls):
+            at = c * size
+            ints, floats, slot = [], [], {}
+            for i, (t, v) in enumerate(zip(fn.argtypes, args)):
+                v = v.value if isinstance(v, ctypes._SimpleCData) else v
+                if t in _FLOAT_ARGS:
+                    floats.append(float(v))
+                else:
+                    slot[i] = len(ints)
+                    ints.append(0 if v is None else int(v))
+            struct.pack_into("<q", self.buf, at, ctypes.cast(fn, ctypes.c_void_p).value)
+            struct.pack_into(f"<{len(ints)}q", self.buf, at + 8, *ints)
+            struct.pack_into(f"<{len(floats)}f", self.buf, at + off_f, *floats)
+            struct.pack_into("<i", self.buf, at + off_nm, len(moving))
+            for k, (i, base, slope) in enumerate(moving):
+                struct.pack_into("<i", self.buf, at + off_mi + 4 * k, slot[i])
+                struct.pack_into("<q", self.buf, at + off_base + 8 * k, base)
+                struct.pack_into("<q", self.buf, at + off_slope + 8 * k, slope)
+        self.ptr = ctypes.addressof(self.buf)
+        self.fn = getattr(lib, _RUN_PROGRAM)
+
+    def __call__(self, pos: int) -> None:
+        self.fn(self.ptr, self.n, pos)
+
+
+def _segments(program: list[tuple]) -> Optional[list]:
+    """The program's calls as runnable segments: runs of C calls that ``vxc_run_program`` can make (:class:`_CSegment`)
+    and the other calls one by one (a recorded Python call, an argument type or count past the C struct's); None
+    where it cannot run here (another calling convention) or ``VXC_REPLAY_LOOP=python`` asks for the Python loop."""
+    if os.environ.get("VXC_REPLAY_LOOP", "c") == "python":
+        return None
+    lib = native.load()
+    supported = lib.vxc_program_supported
+    supported.argtypes, supported.restype = [], ctypes.c_int
+    if not supported():
+        return None
+    layout = lib.vxc_program_layout
+    layout.argtypes, layout.restype = [ctypes.c_int], ctypes.c_long
+    ni, nf, nm = (int(layout(i)) for i in (6, 7, 8))
+
+    def fits(fn, moving) -> bool:
+        types = getattr(fn, "argtypes", None)
+        if not isinstance(fn, ctypes._CFuncPtr) or types is None or len(moving) > nm:
+            return False
+        if any(t not in _INT_ARGS + _FLOAT_ARGS for t in types):
+            return False
+        return sum(t in _FLOAT_ARGS for t in types) <= nf and sum(t in _INT_ARGS for t in types) <= ni
+
+    out, run = [], []
+    for fn, args, moving in program:
+        if fits(fn, moving):
+            run.append((fn, args, moving))
+            continue
+        if run:
+            out.append(_CSegment(lib, run))
+            run = []
+        out.append((fn, args, moving))
+    if run:
+        out.append(_CSegment(lib, run))
+    return out
+
+
+def _run_segments(segments: list, pos: int) -> None:
+    for seg in segments:
+        if isinstance(seg, _CSegment):
+            seg(pos)
+        else:
+            fn, args, moving = seg
+            if moving:
+                args = list(args)
+                for i, base, slope in moving:
+                    args[i] = base + slope * pos
+            fn(*args)
 
 # graph-level aten ops a capturable step may run besides vxc kernels: views (no data is computed)
 _VIEW_OPS = {
@@ -196,6 +288,7 @@ class DecodeReplay:
         self.pool: list[Tensor] = []
         self.captures: list[tuple[int, list, Tensor]] = []
         self.program: Optional[list] = None
+        self.segments: Optional[list] = None  # the program as runnable segments (_segments), when it has them
         self.refused: Optional[str] = None if native.available() else native.status()
         self.out: Optional[Tensor] = None
         self.governor: Optional[ThreadGovernor] = None
@@ -253,6 +346,7 @@ class DecodeReplay:
                                               for i, (t, v) in enumerate(zip(fn.argtypes, args))]
             program.append((fn, conv, moving))
         self.program, self.out, self.captures = program, out, []
+        self.segments = _segments(program)
         self.governor = governor()
 
     def _run(self, pos: int) -> None:
@@ -261,6 +355,8 @@ class DecodeReplay:
         self.governor.step(lambda: self._calls(pos))
 
     def _calls(self, pos: int) -> None:
+        if self.segments is not None:
+            return _run_segments(self.segments, pos)
         for fn, args, moving in self.program:
             if moving:
                 args = list(args)
@@ -283,6 +379,7 @@ class BatchReplay:
         self.pool: list[Tensor] = []
         self.captures: list[tuple[list, Tensor]] = []
         self.program: Optional[list] = None
+        self.segments: Optional[list] = None  # the program as runnable segments (_segments), when it has them
         self.refused: Optional[str] = None if native.available() else native.status()
         self.out: Optional[Tensor] = None
         self.governor: Optional[ThreadGovernor] = None
@@ -341,8 +438,11 @@ class BatchReplay:
             conv = list(a0) if callable(n0) else [t(v) if v is not None else v for t, v in zip(fn.argtypes, a0)]
             program.append((fn, conv))
         self.program, self.out, self.captures = program, self.captures[0][1], []
+        self.segments = _segments([(fn, conv, []) for fn, conv in program])
         self.governor = governor()
 
     def _calls(self) -> None:
+        if self.segments is not None:
+            return _run_segments(self.segments, 0)
         for fn, args in self.program:
             fn(*args)

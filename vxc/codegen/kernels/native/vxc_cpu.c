@@ -7,6 +7,7 @@
  * Activations are bf16 (``bf = 1``) or fp32 (``bf = 0``); recurrent state is fp32. Batch 1, contiguous rows.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,10 +178,73 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 40
+#define VXC_ABI_VERSION 41
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
+
+/* ---------------------------------------------------------------------------------------------------------
+ * A replayed step's calls run from C (vxc/runtime/replay.py): each call is a function of this library, its integer-
+ * class arguments (pointers, sizes, flags) in order in iv and its float arguments in order in fv. On x86-64 System V
+ * a call that passes the first six integer-class arguments in registers and the rest on the stack in order, and the
+ * float ones in xmm0.. in order, gives a callee the same values whatever it declares beyond them, so every kernel is
+ * called through one prototype of PROG_NI integers and PROG_NF floats (a callee reads what it declares; the caller
+ * pops the rest). Arguments that move with the position (moving: slot mi[k] = base[k] + slope[k] * pos) are set
+ * first. The step's ctypes calls had cost ~0.6-1.5 us each, ~300-450 a step. */
+#define PROG_NI 32
+#define PROG_NF 8
+#define PROG_NM 4
+typedef struct {
+    void *fn;
+    int64_t iv[PROG_NI];
+    float fv[PROG_NF];
+    int32_t nm;
+    int32_t mi[PROG_NM];
+    int64_t base[PROG_NM], slope[PROG_NM];
+} vxc_prog_call;
+
+typedef void (*prog_fn)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                        int64_t, int64_t, float, float, float, float, float, float, float, float);
+
+/* the layout the Python side fills (bytes of one call, and the offsets of fv, nm, mi, base, slope) */
+long vxc_program_layout(int what) {
+    switch (what) {
+    case 0: return (long)sizeof(vxc_prog_call);
+    case 1: return (long)offsetof(vxc_prog_call, fv);
+    case 2: return (long)offsetof(vxc_prog_call, nm);
+    case 3: return (long)offsetof(vxc_prog_call, mi);
+    case 4: return (long)offsetof(vxc_prog_call, base);
+    case 5: return (long)offsetof(vxc_prog_call, slope);
+    default: return (what == 6 ? PROG_NI : what == 7 ? PROG_NF : what == 8 ? PROG_NM : -1);
+    }
+}
+
+void vxc_run_program(vxc_prog_call *calls, long n, long pos) {
+#if defined(__x86_64__) && !defined(_WIN32)
+    for (long c = 0; c < n; c++) {
+        vxc_prog_call *k = calls + c;
+        for (int m = 0; m < k->nm; m++) k->iv[k->mi[m]] = k->base[m] + k->slope[m] * pos;
+        const int64_t *v = k->iv;
+        const float *f = k->fv;
+        ((prog_fn)k->fn)(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[14],
+                         v[15], v[16], v[17], v[18], v[19], v[20], v[21], v[22], v[23], v[24], v[25], v[26], v[27],
+                         v[28], v[29], v[30], v[31], f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]);
+    }
+#else
+    (void)calls; (void)n; (void)pos;
+#endif
+}
+
+/* whether vxc_run_program can run this build's kernels (the calling convention above) */
+int vxc_program_supported(void) {
+#if defined(__x86_64__) && !defined(_WIN32)
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 /* The thread count of the calling thread's next parallel regions (the decode replay's thread governor), and the
  * count it starts from (OMP_NUM_THREADS, else the CPUs available). No kernel's result depends on it: every
