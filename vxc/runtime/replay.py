@@ -123,6 +123,7 @@ def _segments(program: list[tuple]) -> Optional[list]:
 
 
 def _run_segments(segments: list, pos: int) -> None:
+    """Run a program's segments (or the program itself, its calls one by one) at position ``pos``."""
     for seg in segments:
         if isinstance(seg, _CSegment):
             seg(pos)
@@ -355,14 +356,7 @@ class DecodeReplay:
         self.governor.step(lambda: self._calls(pos))
 
     def _calls(self, pos: int) -> None:
-        if self.segments is not None:
-            return _run_segments(self.segments, pos)
-        for fn, args, moving in self.program:
-            if moving:
-                args = list(args)
-                for i, base, slope in moving:
-                    args[i] = base + slope * pos
-            fn(*args)
+        _run_segments(self.segments if self.segments is not None else self.program, pos)
 
 
 
