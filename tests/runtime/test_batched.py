@@ -35,6 +35,34 @@ def test_one_sequence_in_slot_0_takes_the_replayed_step_bit_identically(lab, nam
     assert a.replay_status().startswith("replaying"), a.replay_status()
 
 
+def test_a_step_without_a_copy_hands_out_the_replays_buffer(lab):
+    """``decode_batch(..., fresh=False)`` (what the scheduler asks for: it chooses every row's token before the next
+    step) returns a replayed step's own output buffer — the same memory every step, the fresh copy's values — and the
+    default returns a new tensor each step; one sequence in slot 0 (the single-sequence replay) alike."""
+    _, ir = lab.built("qwen3")
+    e = P.engine_for(ir, max_context=64, sequences=3)
+    twin = P.engine_for(ir, max_context=64, sequences=3)
+    for eng in (e, twin):
+        for s in range(3):
+            eng.bind_slot(s)
+            eng.prefill_graph(torch.arange(3, 12 + s), 0)
+    for slots in ([1, 2], [0]):
+        pos = {s: 9 + s for s in slots}
+        ptrs, wants = set(), []
+        for i in range(6):
+            got = e.decode_batch([5 + i] * len(slots), [pos[s] for s in slots], slots, fresh=False)
+            want = twin.decode_batch([5 + i] * len(slots), [pos[s] for s in slots], slots)
+            assert torch.equal(got, want), (slots, i)
+            if i >= 4:  # replaying by now (captured in the first steps)
+                ptrs.add(got.data_ptr())
+                wants.append(want)
+            for s in slots:
+                pos[s] += 1
+        assert len(ptrs) == 1, slots  # the replay's buffer, step after step
+        assert len({w.data_ptr() for w in wants}) == len(wants)  # the default: a new tensor each step
+    assert e.batch_replays[2].ready and e.replay_status().startswith("replaying")
+
+
 @pytest.mark.parametrize("name", ["mamba2attn-native", "qwen3", "mamba2-native"])
 def test_native_rows_forms_equal_the_row_loop(lab, name, monkeypatch):
     """The native forms over all B rows (conv, SSD and attention steps: one call running each row's single-row step)

@@ -299,11 +299,12 @@ class DecodeReplay:
     def ready(self) -> bool:
         return self.program is not None
 
-    def __call__(self, pos: int) -> Tensor:
-        """Logits of the token in ``ids`` at position ``pos`` (a fresh tensor)."""
+    def __call__(self, pos: int, fresh: bool = True) -> Tensor:
+        """Logits of the token in ``ids`` at position ``pos`` (a fresh tensor; with ``fresh=False`` a replayed step
+        returns its own output buffer, valid until the next step)."""
         if self.program is not None:
             self._run(pos)
-            return self.out.clone()
+            return self.out.clone() if fresh else self.out
         if self.refused is not None:
             return self.graph(self.ids, pos)
         rec = native.Recorder(self.pool)
@@ -383,8 +384,9 @@ class BatchReplay:
     def ready(self) -> bool:
         return self.program is not None
 
-    def __call__(self, tokens: list[int], positions: list[int], slots: list[int]) -> Tensor:
-        """Logits ``[B, padded_vocab]`` (a fresh tensor) of ``tokens[b]`` at ``positions[b]`` in slot ``slots[b]``."""
+    def __call__(self, tokens: list[int], positions: list[int], slots: list[int], fresh: bool = True) -> Tensor:
+        """Logits ``[B, padded_vocab]`` (a fresh tensor; with ``fresh=False`` a replayed step returns its own output
+        buffer, valid until the next step) of ``tokens[b]`` at ``positions[b]`` in slot ``slots[b]``."""
         if len(tokens) != self.B or len(positions) != self.B or len(slots) != self.B:
             raise ValueError(f"a replay of {self.B} rows got {len(tokens)} tokens, {len(positions)} positions, "
                              f"{len(slots)} slots")
@@ -396,7 +398,7 @@ class BatchReplay:
             else:
                 self.governor.step(self._calls)
             self.steps += 1
-            return self.out.clone()
+            return self.out.clone() if fresh else self.out
         args = (self.ids, list(positions), self.positions, list(slots), self.slots)
         if self.refused is not None:
             return self.graph(*args)

@@ -266,7 +266,8 @@ class Scheduler:
 
     def _feed(self, rows: list[Request], tokens: list[int]) -> None:
         t0 = time.perf_counter()
-        logits = self.engine.decode_batch(tokens, [r.pos for r in rows], [r.slot for r in rows])
+        # the step's own buffer (no copy): every row's token is chosen from it before the next step
+        logits = self.engine.decode_batch(tokens, [r.pos for r in rows], [r.slot for r in rows], fresh=False)
         self.decode_seconds += time.perf_counter() - t0
         self.decode_steps += 1
         for i, r in enumerate(rows):
