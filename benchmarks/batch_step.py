@@ -9,8 +9,10 @@ different number of tokens; then for each B in ``--rows`` the two engines take t
 steps each, best and median after the first ``--warm`` steps, which include the replay's two captures) on B slots
 that change at every step (a rotating window over the slots), each row at its own position. Printed per B: ms per
 step of the graph and of the replay, replay / graph, the replay's ms per row, and the single-sequence replayed
-step's ms × B (what B sequences cost one at a time). The two engines' logits are compared step by step
-(``torch.equal``): exit status 1 if any differ.
+step's ms × B (what B sequences cost one at a time). The replay's calls run from C (``vxc_run_program``); a
+second pass times the same replay with one ctypes call per kernel (the ``VXC_REPLAY_LOOP=python`` loop),
+interleaved step by step with the C loop, and prints both and their ratio. The two engines' logits are compared
+step by step (``torch.equal``), and the two loops' too: exit status 1 if any differ.
 
 Time only on a quiet machine (no test run or other benchmark beside it).
 
@@ -85,6 +87,12 @@ def _measure(ir: Path, args) -> tuple[list[dict], bool]:
             "replaying" if r is not None and r.ready else f"refused: {r.refused}" if r is not None else "-")
         rows.append(dict(B=B, graph=min(times["graph"]), graph_med=statistics.median(times["graph"]),
                          replay=min(times["replay"]), replay_med=statistics.median(times["replay"]), state=state))
+    # the replays' C loop against their Python loop (after the comparison with the graph: this pass runs each step
+    # twice from the same state, restoring the replay engine's state in between)
+    for row in rows:
+        loops, same = _loops(replay, replay.batch_replays.get(row["B"]), row["B"], S, pos, g, args)
+        equal &= same
+        row.update(loops)
     # one sequence's replayed single-sequence step (slot 0): what B sequences cost one at a time
     single = []
     with torch.no_grad():
@@ -97,6 +105,45 @@ def _measure(ir: Path, args) -> tuple[list[dict], bool]:
     for r in rows:
         r["single_x_B"] = one * r["B"]
     return rows, equal
+
+
+def _loops(engine, r, B: int, S: int, pos: dict, g, args) -> tuple[dict, bool]:
+    """The replay of B rows timed with its calls run from C and with one ctypes call per kernel: each step runs once
+    per loop from the same state (the engine's state regions copied before the first and restored before the
+    second; the order alternates step by step), and both loops must leave the same logits and the same state."""
+    import torch
+
+    replays = [x for x in (r, engine.replay) if x is not None and x.ready and x.segments is not None]
+    if not replays:
+        return {}, True
+    times = {"c": [], "python": []}
+    same = True
+    saved = [x.segments for x in replays]
+    regions = list(engine.state.slots.values())  # every slot's regions
+    with torch.no_grad():
+        for i in range(args.steps):
+            slots = [(i + j) % S for j in range(B)]
+            toks = [int(t) for t in torch.randint(3, min(engine.vocab, 1000), (B,), generator=g)]
+            positions = [pos[s] for s in slots]
+            before = [t.clone() for t in regions]
+            outs, after = {}, {}
+            for k, loop in enumerate(("c", "python") if i % 2 else ("python", "c")):
+                if k:
+                    for t, b in zip(regions, before):
+                        t.copy_(b)
+                for x, seg in zip(replays, saved):
+                    x.segments = seg if loop == "c" else None
+                t0 = time.perf_counter()
+                outs[loop] = engine.decode_batch(toks, positions, slots)
+                times[loop].append(time.perf_counter() - t0)
+                after[loop] = [t.clone() for t in regions]
+            same &= torch.equal(outs["c"], outs["python"])
+            same &= all(torch.equal(a, b) for a, b in zip(after["c"], after["python"]))
+            for s in slots:
+                pos[s] += 1
+    for x, seg in zip(replays, saved):
+        x.segments = seg
+    return {"c_loop": min(times["c"]), "py_loop": min(times["python"])}, same
 
 
 def main() -> None:
@@ -134,15 +181,18 @@ def main() -> None:
     ok = True
     print(f"dtype {args.dtype}; ms per batched step (best / median of {args.steps}); the B slots change at every step")
     print(f"{'model':<28} {'B':>2} {'graph ms':>15} {'replay ms':>15} {'replay/graph':>12} {'ms/row':>7} "
-          f"{'1-seq step x B':>14}  replay")
+          f"{'1-seq step x B':>14} {'C loop / py loop ms':>20} {'C/py':>5}  replay")
     for name, ir in targets:
         rows, equal = _measure(ir, args)
         ok &= equal
         for r in rows:
             print(f"{name:<28} {r['B']:>2} {r['graph'] * 1e3:>7.1f} / {r['graph_med'] * 1e3:>5.1f} "
                   f"{r['replay'] * 1e3:>7.1f} / {r['replay_med'] * 1e3:>5.1f} {r['replay'] / r['graph']:>11.2f}x "
-                  f"{r['replay'] * 1e3 / r['B']:>7.1f} {r['single_x_B'] * 1e3:>14.1f}  {r['state']}")
-        print(f"{name:<28} replayed logits equal to the graph's at every step: {equal}")
+                  f"{r['replay'] * 1e3 / r['B']:>7.1f} {r['single_x_B'] * 1e3:>14.1f} "
+                  + (f"{r['c_loop'] * 1e3:>9.2f} / {r['py_loop'] * 1e3:>8.2f} {r['c_loop'] / r['py_loop']:>5.2f}"
+                     if "c_loop" in r else f"{'-':>20} {'-':>5}") + f"  {r['state']}")
+        print(f"{name:<28} replayed logits equal to the graph's, and the C loop's to the Python loop's, at every "
+              f"step: {equal}")
     sys.exit(0 if ok else 1)
 
 
