@@ -22,6 +22,10 @@ and positions a step has: two captured steps must agree call for call, argument 
 serves every later step of B sequences, however the set of active slots changes between steps. A stateful group
 that has no native form over all rows runs row by row from the Python lists and refuses the capture.
 
+A replay's calls run from C: ``vxc_run_program`` takes them as an array of structs and calls each kernel through
+one prototype of integers and floats (:class:`_CSegment`), with no ctypes call per kernel; a recorded Python call
+runs between such runs, and ``VXC_REPLAY_LOOP=python`` keeps one ctypes call per kernel.
+
 Replayed steps run under a :class:`ThreadGovernor` (``VXC_THREADS=fixed`` turns it off): on a CPU shared with
 other busy processes it moves the native kernels to fewer threads when that is faster (measured, step by step),
 and back when the cores free up (``benchmarks/shared_cpu.py``).
@@ -57,7 +61,8 @@ class _CSegment:
     def __init__(self, lib, calls: list[tuple]):
         import struct
 
-        size, off_f, off_nm, off_mi, off_base, off_slope, ni, nf, nm = (int(lib.vxc_program_layout(i)) for i in range(9))
+        size, off_f, off_nm, off_mi, off_base, off_slope = (int(lib.vxc_program_layout(i)) for i in range(6))
+        off_i = int(lib.vxc_program_layout(9))
         self.n = len(calls)
         self.buf = (ctypes.c_char * (size * self.n))()
         for c, (fn, args, moving) in enumerate(calls):
@@ -71,7 +76,7 @@ class _CSegment:
                     slot[i] = len(ints)
                     ints.append(0 if v is None else int(v))
             struct.pack_into("<q", self.buf, at, ctypes.cast(fn, ctypes.c_void_p).value)
-            struct.pack_into(f"<{len(ints)}q", self.buf, at + 8, *ints)
+            struct.pack_into(f"<{len(ints)}q", self.buf, at + off_i, *ints)
             struct.pack_into(f"<{len(floats)}f", self.buf, at + off_f, *floats)
             struct.pack_into("<i", self.buf, at + off_nm, len(moving))
             for k, (i, base, slope) in enumerate(moving):

@@ -178,7 +178,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 41
+#define VXC_ABI_VERSION 42
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -208,7 +208,8 @@ typedef void (*prog_fn)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, in
                         int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                         int64_t, int64_t, float, float, float, float, float, float, float, float);
 
-/* the layout the Python side fills (bytes of one call, and the offsets of fv, nm, mi, base, slope) */
+/* the layout the Python side fills: 0 the bytes of one call, 1-5 the offsets of fv, nm, mi, base, slope, 6-8 the
+ * numbers of integer / float / moving slots, 9 the offset of iv */
 long vxc_program_layout(int what) {
     switch (what) {
     case 0: return (long)sizeof(vxc_prog_call);
@@ -217,6 +218,7 @@ long vxc_program_layout(int what) {
     case 3: return (long)offsetof(vxc_prog_call, mi);
     case 4: return (long)offsetof(vxc_prog_call, base);
     case 5: return (long)offsetof(vxc_prog_call, slope);
+    case 9: return (long)offsetof(vxc_prog_call, iv);
     default: return (what == 6 ? PROG_NI : what == 7 ? PROG_NF : what == 8 ? PROG_NM : -1);
     }
 }
