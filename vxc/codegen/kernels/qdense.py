@@ -159,18 +159,15 @@ def _gate_up_packed(x, encoding_gate, w_gate, encoding_up, w_up, activations) ->
     """``silu(gate(x)) · up(x)`` by ``vxc_qswiglu_a8p`` where both products run on packed copies (int8_block32
     activations, an AVX-512 build): the same values as the two products and ``vxc_qsilu_mul``, without their
     outputs. None where it does not apply."""
-    from . import quant
+    from .quant import packed_for
 
-    if activations != "int8_block32" or not quant.PACK or x.dim() != 2 or not x.is_contiguous():
+    if x.dim() != 2 or not x.is_contiguous():
         return None
     rows, cols, B = int(w_gate.shape[0]), int(x.shape[1]), int(x.shape[0])
     if int(w_up.shape[0]) != rows or not rows or not B:
         return None
-    blocks = (w_gate, w_up)
-    if not all(b.device.type == "cpu" and b.is_contiguous() for b in blocks):
-        return None
     codes = (NATIVE_ENCODINGS[encoding_gate], NATIVE_ENCODINGS[encoding_up])
-    packed = [quant._packed(c, b, rows, cols) for c, b in zip(codes, blocks)]
+    packed = [packed_for(c, b, cols, activations) for c, b in zip(codes, (w_gate, w_up))]
     if any(p is None for p in packed):
         return None
     h = N.empty(B, rows, dtype=torch.float32)

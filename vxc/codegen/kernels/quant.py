@@ -161,6 +161,14 @@ def _packed(code: int, blocks: Tensor, rows: int, cols: int) -> Tensor | None:
     return out
 
 
+def packed_for(code: int, blocks: Tensor, cols: int, activations: str) -> Tensor | None:
+    """The packed copy an int8_block32 product over ``blocks`` (2-D, contiguous, CPU) runs on, made now if new; None
+    where the product runs on the row layout (other activations, PACK off, a build without the packed form)."""
+    if activations != "int8_block32" or not PACK or blocks.device.type != "cpu" or not blocks.is_contiguous():
+        return None
+    return _packed(code, blocks, int(blocks.shape[0]), cols)
+
+
 def prepack(encoding_name: str, blocks: Tensor) -> None:
     """Make the packed copy of ``blocks`` (a 2-D ggml matrix read with int8_block32 activations) now, where this
     build has a packed form: an engine packs at load, before any prefill's short-lived buffers exist, so the
@@ -208,7 +216,7 @@ def qgemv_native(encoding_name, blocks, x, activations="fp32"):
         return qgemm_tiled(code, blocks, x)
     y = N.empty(B, rows, dtype=torch.float32)
     if rows and B:
-        pk = _packed(code, blocks, rows, cols) if a8 and PACK else None
+        pk = packed_for(code, blocks, cols, activations)
         if pk is not None:
             N.call(_QGEMV_A8P, code, pk.data_ptr(), x.data_ptr(), y.data_ptr(), rows, cols, B, N.BF[x.dtype])
         else:
