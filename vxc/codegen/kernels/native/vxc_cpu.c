@@ -178,7 +178,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 42
+#define VXC_ABI_VERSION 43
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -461,6 +461,69 @@ static inline double rms_inv(const float *v, long n, float eps) {
     return 1.0 / sqrt(ss / (double)n + (double)eps);
 }
 
+/* torch's fp32 row sum (aten/src/ATen/native/cpu/SumKernel.cpp, as torch 2.x on x86 runs it: the AVX2 build of
+ * the kernel, 8-lane vectors, whatever ATEN_CPU_CAPABILITY says), reproduced so that a norm's sum of squares is the
+ * reference's to the bit. ``cascade_rows``: torch's multi_row_sum over ``size`` rows of ``width`` values (row i at
+ * q + i * width), summed column-wise in four cascade levels that fold every 2^level_power rows. */
+static void cascade_rows(const float *q, long size, int width, float *out) {
+    long lp = 1;
+    if (size > 2) for (lp = 0; (1L << lp) < size; lp++) {} /* CeilLog2 */
+    lp = lp / 4 < 4 ? 4 : lp / 4;
+    const long step = 1L << lp, mask = step - 1;
+    float acc[4][32];
+    memset(acc, 0, sizeof acc);
+    long i = 0;
+    while (i + step <= size) {
+        for (long j = 0; j < step; j++, i++)
+            for (int k = 0; k < width; k++) acc[0][k] += q[i * width + k];
+        for (int j = 1; j < 4; j++) {
+            for (int k = 0; k < width; k++) { acc[j][k] += acc[j - 1][k]; acc[j - 1][k] = 0.0f; }
+            if ((i & (mask << (j * lp))) != 0) break;
+        }
+    }
+    for (; i < size; i++)
+        for (int k = 0; k < width; k++) acc[0][k] += q[i * width + k];
+    for (int j = 1; j < 4; j++)
+        for (int k = 0; k < width; k++) acc[0][k] += acc[j][k];
+    memcpy(out, acc[0], (size_t)width * sizeof(float));
+}
+
+/* torch's sum of the n values q: rows of 8 of at least 8 (vectorized_inner_sum: four vectors of 8 lanes per
+ * cascade row, the leftover vectors into the first, the four folded in order, then the scalar tail and the 8 lanes
+ * in order), else row_sum over rows of four scalars. */
+static float torch_sum_f32(const float *q, long n) {
+    float ps[32];
+    if (n >= 8) {
+        long nv = n / 8, rows = nv / 4;
+        cascade_rows(q, rows, 32, ps);
+        for (long v = rows * 4; v < nv; v++)
+            for (int l = 0; l < 8; l++) ps[l] += q[v * 8 + l];
+        for (int k = 1; k < 4; k++)
+            for (int l = 0; l < 8; l++) ps[l] += ps[k * 8 + l];
+        float s = 0.0f;
+        for (long k = nv * 8; k < n; k++) s += q[k];
+        for (int l = 0; l < 8; l++) s += ps[l];
+        return s;
+    }
+    long rows = n / 4;
+    cascade_rows(q, rows, 4, ps);
+    for (long k = rows * 4; k < n; k++) ps[0] += q[k];
+    return ps[0] + ps[1] + ps[2] + ps[3];
+}
+
+/* 1 / sqrt(mean(v^2) + eps) as an fp32 reference norm computes it (``r.pow(2).mean(-1) + eps``, then ``rsqrt``):
+ * each square rounded to fp32 (stored in sq, n floats of scratch: no multiply-add contraction into the sum),
+ * torch's sum of them, divided by n, eps added, then 1 / sqrtf (torch.rsqrt's rounding). The row is then scaled
+ * by this fp32 factor in fp32, as the reference scales it, so the norm is the reference's to the bit (an fp64
+ * scale, more exact, differed from it by an ulp in ~15 % of the values, and on a Kimi-Linear miniature with Q4/Q5
+ * weights those roundings grew to 2.4x the reference's own fp32 error in the logits on an AMD Zen 4). */
+static float rms_inv_f32(const float *v, float *sq, long n, float eps) {
+#pragma omp simd
+    for (long i = 0; i < n; i++) sq[i] = v[i] * v[i];
+    float mean = torch_sum_f32(sq, n) / (float)n;
+    return 1.0f / sqrtf(mean + eps);
+}
+
 static inline void round_row(float *v, long D) {
 #pragma omp simd
     for (long i = 0; i < D; i++) v[i] = bf2f(f2bf(v[i]));
@@ -737,13 +800,13 @@ void vxc_add_rmsnorm(const void *x, const void *residual, const void *weight, vo
             }
             if (rbf) round_row(r, D);
             store_row(new_residual, t * D, D, rbf, r);
-            double inv = rms_inv(r, D, eps);
+            float inv = rms_inv_f32(r, r2, D, eps);
             if (zero_centred || !bf) { /* the twin's two roundings: the normalised row, then its product with w */
 #pragma omp simd
-                for (long i = 0; i < D; i++) r[i] = (float)((double)r[i] * inv) * w[i];
+                for (long i = 0; i < D; i++) r[i] = (r[i] * inv) * w[i];
             } else {
 #pragma omp simd
-                for (long i = 0; i < D; i++) r[i] = w[i] * bf2f(f2bf((float)((double)r[i] * inv)));
+                for (long i = 0; i < D; i++) r[i] = w[i] * bf2f(f2bf(r[i] * inv));
             }
             store_row(out, t * D, D, bf, r);
         }
@@ -1431,11 +1494,11 @@ void vxc_mla_decode(const void *q, const void *kv, const void *norm_w, const voi
                     float eps, float scale, int interleaved, int split_out, int bf, int nw_bf, int w_bf, int c_bf,
                     int cache_bf) {
     long width = R + P, half = P / 2;
-    float c[1024], sn[1024], row[2048];
+    float c[1024], sn[1024], row[2048], sq[2048];
     if (cos_t) { load_row(cos_t, 0, half, c_bf, c); load_row(sin_t, 0, half, c_bf, sn); }
     load_row(kv, 0, width, bf, row);
-    double inv = rms_inv(row, R, eps);
-    for (long i = 0; i < R; i++) row[i] = rnd(rnd(ld(norm_w, i, nw_bf), bf) * rnd((float)((double)row[i] * inv), bf), bf);
+    float inv = rms_inv_f32(row, sq, R, eps);
+    for (long i = 0; i < R; i++) row[i] = rnd(rnd(ld(norm_w, i, nw_bf), bf) * rnd(row[i] * inv, bf), bf);
     if (cos_t) mla_rope(row + R, P, c, sn, interleaved, split_out);
     for (long i = 0; i < width; i++) stk(cache, start * width + i, row[i], cache_bf);
     long S = start + 1;
