@@ -178,7 +178,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 43
+#define VXC_ABI_VERSION 44
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -264,123 +264,41 @@ int vxc_has_avx512bf16(void) {
 
 /* ------------------------------------------------------------------------------ shared: GEMV dot products */
 
-/* Four dot products W[r] . x of length K (rows ``rows`` <= 4 of a block starting at w0, stride K).
- * Each iteration also prefetches the same columns of the next block of four rows (the next 4 x 64 bytes this
- * thread streams): the hardware prefetcher alone leaves the bf16 GEMV at ~20 GB/s here, with it ~23
- * (measured over 0.9 GB of qwen3-0.6b-shaped matrices, 2 threads); a prefetch past the matrix's end is a hint
- * that cannot fault. */
-#define PREFETCH_NEXT(w, k) _mm_prefetch((const char *)((w) + 4 * K + (k)), _MM_HINT_T0)
-static inline void dot4_bf16(const bf16_t *w0, const bf16_t *x, long K, long rows, float acc[4]) {
-#if defined(__AVX512BF16__)
-    if (rows == 4) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        const bf16_t *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
-        long k = 0;
-        for (; k + 32 <= K; k += 32) {
-            __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(x + k));
-            PREFETCH_NEXT(w0, k);
-            PREFETCH_NEXT(w1, k);
-            PREFETCH_NEXT(w2, k);
-            PREFETCH_NEXT(w3, k);
-            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(w0 + k)), xv);
-            a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512((const void *)(w1 + k)), xv);
-            a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512((const void *)(w2 + k)), xv);
-            a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512((const void *)(w3 + k)), xv);
-        }
-        if (k < K) {
-            __mmask32 m = (__mmask32)((1ull << (K - k)) - 1);
-            __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x + k);
-            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_maskz_loadu_epi16(m, w0 + k), xv);
-            a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_maskz_loadu_epi16(m, w1 + k), xv);
-            a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_maskz_loadu_epi16(m, w2 + k), xv);
-            a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_maskz_loadu_epi16(m, w3 + k), xv);
-        }
-        acc[0] = _mm512_reduce_add_ps(a0);
-        acc[1] = _mm512_reduce_add_ps(a1);
-        acc[2] = _mm512_reduce_add_ps(a2);
-        acc[3] = _mm512_reduce_add_ps(a3);
-        return;
-    }
-#endif
-    for (long r = 0; r < rows; r++) {
-        const bf16_t *w = w0 + r * K;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (long k = 0; k < K; k++) s += bf2f(w[k]) * bf2f(x[k]);
-        acc[r] = s;
-    }
-}
-
-static inline void dot4_f32(const float *w0, const float *x, long K, long rows, float acc[4]) {
-#if defined(__AVX512F__)
-    if (rows == 4) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        const float *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
-        long k = 0;
-        for (; k + 16 <= K; k += 16) {
-            __m512 xv = _mm512_loadu_ps(x + k);
-            PREFETCH_NEXT(w0, k);
-            PREFETCH_NEXT(w1, k);
-            PREFETCH_NEXT(w2, k);
-            PREFETCH_NEXT(w3, k);
-            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + k), xv, a0);
-            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + k), xv, a1);
-            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + k), xv, a2);
-            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + k), xv, a3);
-        }
-        if (k < K) {
-            __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
-            __m512 xv = _mm512_maskz_loadu_ps(m, x + k);
-            a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w0 + k), xv, a0);
-            a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w1 + k), xv, a1);
-            a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w2 + k), xv, a2);
-            a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w3 + k), xv, a3);
-        }
-        acc[0] = _mm512_reduce_add_ps(a0);
-        acc[1] = _mm512_reduce_add_ps(a1);
-        acc[2] = _mm512_reduce_add_ps(a2);
-        acc[3] = _mm512_reduce_add_ps(a3);
-        return;
-    }
-#endif
-    for (long r = 0; r < rows; r++) {
-        const float *w = w0 + r * K;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (long k = 0; k < K; k++) s += w[k] * x[k];
-        acc[r] = s;
-    }
-}
-
-/* One row's dot product with four independent accumulators and no software prefetch: a block's rows are
- * adjacent, so reading them one after another is a single linear stream, which the hardware prefetcher follows
- * better than four interleaved ones. Measured on Zen 4 (2 threads, bf16, 0.6 GB of matrices): K = 1024 rows
- * 31 GB/s this way against 25 for the interleaved, prefetching dot4; from K = 3072 the two are level (30-32). */
-#ifndef DOT1_MAX_K
-#define DOT1_MAX_K 2048
-#endif
-/* ... with a prefetch DOT1_PF bytes ahead of the 256 bytes each iteration reads: on an Intel Xeon (2
- * threads, qwen3-0.6b-shaped matrices in one sweep, interleaved A/B) bf16 70.9 -> 55.6 ms for 1.14 GB (16.8 ->
- * 21.4 GB/s; 1-8 KB ahead all within 5 %), fp32 level (109 -> 107 ms for 2.3 GB) */
+/* One weight row's dot product with x: one accumulator, 32 bf16 (16 fp32) values a step in order, the masked
+ * tail last, then the 16 lanes reduced. A block's rows are read one after another (one linear stream per thread):
+ * on an AMD EPYC Zen 4 (2 threads, the 197 qwen3-0.6b-shaped bf16 matrices and the head, 1.19 GB, interleaved
+ * sweeps in one process) 48.7 / 43.5 GB/s with four interleaved rows where K > 2048 and four accumulators with a
+ * 4 KB-ahead prefetch below, 61.0 / 54.1 this way; two or four accumulators a row measured 51.5-59.2 and 48.7-53.8,
+ * four interleaved rows 30.4. The software prefetch (a line DOT1_PF bytes ahead each step) is on where it was
+ * measured to help, an Intel Xeon (a 4 KB-ahead prefetch took the bf16 sweep from 16.8 to 21.4 GB/s), and off on
+ * AMD CPUs, where it cost 3-5 %: ``row_prefetch``, set once at load. It changes no value. */
 #ifndef DOT1_PF
 #define DOT1_PF 4096
 #endif
+static int row_prefetch = 1;
+__attribute__((constructor)) static void vxc_tune_init(void) {
+    __builtin_cpu_init();
+    row_prefetch = !__builtin_cpu_is("amd");
+}
+
 static inline float dot1_bf16(const bf16_t *w, const bf16_t *x, long K) {
 #if defined(__AVX512BF16__)
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m512 a = _mm512_setzero_ps();
     long k = 0;
-    for (; k + 128 <= K; k += 128) {
-        prefetch_bytes((const char *)(w + k) + DOT1_PF, 256);
-        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(w + k)), (__m512bh)_mm512_loadu_si512((const void *)(x + k)));
-        a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512((const void *)(w + k + 32)), (__m512bh)_mm512_loadu_si512((const void *)(x + k + 32)));
-        a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512((const void *)(w + k + 64)), (__m512bh)_mm512_loadu_si512((const void *)(x + k + 64)));
-        a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512((const void *)(w + k + 96)), (__m512bh)_mm512_loadu_si512((const void *)(x + k + 96)));
+    if (row_prefetch) {
+        for (; k + 32 <= K; k += 32) {
+            _mm_prefetch((const char *)(w + k) + DOT1_PF, _MM_HINT_T0);
+            a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(w + k)), (__m512bh)_mm512_loadu_si512((const void *)(x + k)));
+        }
+    } else {
+        for (; k + 32 <= K; k += 32)
+            a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(w + k)), (__m512bh)_mm512_loadu_si512((const void *)(x + k)));
     }
-    for (; k < K; k += 32) {
-        __mmask32 m = K - k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1ull << (K - k)) - 1);
-        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_maskz_loadu_epi16(m, w + k), (__m512bh)_mm512_maskz_loadu_epi16(m, x + k));
+    if (k < K) {
+        __mmask32 m = (__mmask32)((1ull << (K - k)) - 1);
+        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_maskz_loadu_epi16(m, w + k), (__m512bh)_mm512_maskz_loadu_epi16(m, x + k));
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    return _mm512_reduce_add_ps(a);
 #else
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
@@ -391,20 +309,21 @@ static inline float dot1_bf16(const bf16_t *w, const bf16_t *x, long K) {
 
 static inline float dot1_f32(const float *w, const float *x, long K) {
 #if defined(__AVX512F__)
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m512 a = _mm512_setzero_ps();
     long k = 0;
-    for (; k + 64 <= K; k += 64) {
-        prefetch_bytes((const char *)(w + k) + DOT1_PF, 256);
-        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a0);
-        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
-        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
-        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
+    if (row_prefetch) {
+        for (; k + 16 <= K; k += 16) {
+            _mm_prefetch((const char *)(w + k) + DOT1_PF, _MM_HINT_T0);
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a);
+        }
+    } else {
+        for (; k + 16 <= K; k += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a);
     }
-    for (; k < K; k += 16) {
-        __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1);
-        a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + k), _mm512_maskz_loadu_ps(m, x + k), a0);
+    if (k < K) {
+        __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
+        a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + k), _mm512_maskz_loadu_ps(m, x + k), a);
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    return _mm512_reduce_add_ps(a);
 #else
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
@@ -414,14 +333,9 @@ static inline float dot1_f32(const float *w, const float *x, long K) {
 }
 
 static inline void dot4(const void *W, const void *x, long n0, long K, long rows, int bf, float acc[4]) {
-    if (K <= DOT1_MAX_K) { /* short rows: the block's rows one after another (one linear stream) */
-        for (long r = 0; r < rows; r++)
-            acc[r] = bf ? dot1_bf16((const bf16_t *)W + (n0 + r) * K, (const bf16_t *)x, K)
-                        : dot1_f32((const float *)W + (n0 + r) * K, (const float *)x, K);
-        return;
-    }
-    if (bf) dot4_bf16((const bf16_t *)W + n0 * K, (const bf16_t *)x, K, rows, acc);
-    else dot4_f32((const float *)W + n0 * K, (const float *)x, K, rows, acc);
+    for (long r = 0; r < rows; r++)
+        acc[r] = bf ? dot1_bf16((const bf16_t *)W + (n0 + r) * K, (const bf16_t *)x, K)
+                    : dot1_f32((const float *)W + (n0 + r) * K, (const float *)x, K);
 }
 
 /* ------------------------------------------------------------------------------------------- shared: rows */
@@ -607,79 +521,32 @@ void vxc_swiglu_up(const void *Wg, const void *Wu, const void *x, void *h, long 
 
 #if defined(__AVX512BF16__)
 /* dot1_bf16 of one weight row with 4 rows of x (x row stride xs elements) at once: each weight vector is loaded
- * once for the 4 rows (16 accumulators: 4 per row of x, as dot1_bf16 keeps them), and each result is exactly the
- * value dot1_bf16 gives that row of x alone: the same accumulators, chunks, masked tail and reduction. */
+ * once for the 4 rows (an accumulator per row of x), and each result is exactly the value dot1_bf16 gives that row
+ * of x alone: the same accumulator, chunks, masked tail and reduction. */
 static inline void dot1_bf16_x4(const bf16_t *w, const bf16_t *x, long xs, long K, float out[4]) {
-    __m512 a[4][4];
-    for (int t = 0; t < 4; t++)
-        for (int j = 0; j < 4; j++) a[t][j] = _mm512_setzero_ps();
-    long k = 0;
-    for (; k + 128 <= K; k += 128) {
-        prefetch_bytes((const char *)(w + k) + DOT1_PF, 256);
-        __m512bh w0 = (__m512bh)_mm512_loadu_si512((const void *)(w + k));
-        __m512bh w1 = (__m512bh)_mm512_loadu_si512((const void *)(w + k + 32));
-        __m512bh w2 = (__m512bh)_mm512_loadu_si512((const void *)(w + k + 64));
-        __m512bh w3 = (__m512bh)_mm512_loadu_si512((const void *)(w + k + 96));
-#pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) {
-            const bf16_t *xt = x + t * xs + k;
-            a[t][0] = _mm512_dpbf16_ps(a[t][0], w0, (__m512bh)_mm512_loadu_si512((const void *)xt));
-            a[t][1] = _mm512_dpbf16_ps(a[t][1], w1, (__m512bh)_mm512_loadu_si512((const void *)(xt + 32)));
-            a[t][2] = _mm512_dpbf16_ps(a[t][2], w2, (__m512bh)_mm512_loadu_si512((const void *)(xt + 64)));
-            a[t][3] = _mm512_dpbf16_ps(a[t][3], w3, (__m512bh)_mm512_loadu_si512((const void *)(xt + 96)));
-        }
-    }
-    for (; k < K; k += 32) {
-        __mmask32 m = K - k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1ull << (K - k)) - 1);
-        __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + k);
-#pragma GCC unroll 4
-        for (int t = 0; t < 4; t++)
-            a[t][0] = _mm512_dpbf16_ps(a[t][0], wv, (__m512bh)_mm512_maskz_loadu_epi16(m, x + t * xs + k));
-    }
-    for (int t = 0; t < 4; t++)
-        out[t] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])));
-}
-
-/* dot4_bf16 (4 weight rows) with 4 rows of x at once: acc[t][r] is exactly what dot4_bf16 gives row r with row t
- * of x alone (one accumulator per pair, the same 32-value chunks, masked tail and reduction). */
-static inline void dot4_bf16_x4(const bf16_t *w0, const bf16_t *x, long xs, long K, float acc[4][4]) {
-    __m512 a[4][4];
-    for (int t = 0; t < 4; t++)
-        for (int r = 0; r < 4; r++) a[t][r] = _mm512_setzero_ps();
-    const bf16_t *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const bf16_t *x1 = x + xs, *x2 = x1 + xs, *x3 = x2 + xs;
     long k = 0;
     for (; k + 32 <= K; k += 32) {
-        PREFETCH_NEXT(w0, k);
-        PREFETCH_NEXT(w1, k);
-        PREFETCH_NEXT(w2, k);
-        PREFETCH_NEXT(w3, k);
-        __m512bh v0 = (__m512bh)_mm512_loadu_si512((const void *)(w0 + k));
-        __m512bh v1 = (__m512bh)_mm512_loadu_si512((const void *)(w1 + k));
-        __m512bh v2 = (__m512bh)_mm512_loadu_si512((const void *)(w2 + k));
-        __m512bh v3 = (__m512bh)_mm512_loadu_si512((const void *)(w3 + k));
-#pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) {
-            __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(x + t * xs + k));
-            a[t][0] = _mm512_dpbf16_ps(a[t][0], v0, xv);
-            a[t][1] = _mm512_dpbf16_ps(a[t][1], v1, xv);
-            a[t][2] = _mm512_dpbf16_ps(a[t][2], v2, xv);
-            a[t][3] = _mm512_dpbf16_ps(a[t][3], v3, xv);
-        }
+        if (row_prefetch) _mm_prefetch((const char *)(w + k) + DOT1_PF, _MM_HINT_T0);
+        __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(w + k));
+        a0 = _mm512_dpbf16_ps(a0, wv, (__m512bh)_mm512_loadu_si512((const void *)(x + k)));
+        a1 = _mm512_dpbf16_ps(a1, wv, (__m512bh)_mm512_loadu_si512((const void *)(x1 + k)));
+        a2 = _mm512_dpbf16_ps(a2, wv, (__m512bh)_mm512_loadu_si512((const void *)(x2 + k)));
+        a3 = _mm512_dpbf16_ps(a3, wv, (__m512bh)_mm512_loadu_si512((const void *)(x3 + k)));
     }
     if (k < K) {
         __mmask32 m = (__mmask32)((1ull << (K - k)) - 1);
-        __m512bh v0 = (__m512bh)_mm512_maskz_loadu_epi16(m, w0 + k), v1 = (__m512bh)_mm512_maskz_loadu_epi16(m, w1 + k);
-        __m512bh v2 = (__m512bh)_mm512_maskz_loadu_epi16(m, w2 + k), v3 = (__m512bh)_mm512_maskz_loadu_epi16(m, w3 + k);
-        for (int t = 0; t < 4; t++) {
-            __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x + t * xs + k);
-            a[t][0] = _mm512_dpbf16_ps(a[t][0], v0, xv);
-            a[t][1] = _mm512_dpbf16_ps(a[t][1], v1, xv);
-            a[t][2] = _mm512_dpbf16_ps(a[t][2], v2, xv);
-            a[t][3] = _mm512_dpbf16_ps(a[t][3], v3, xv);
-        }
+        __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + k);
+        a0 = _mm512_dpbf16_ps(a0, wv, (__m512bh)_mm512_maskz_loadu_epi16(m, x + k));
+        a1 = _mm512_dpbf16_ps(a1, wv, (__m512bh)_mm512_maskz_loadu_epi16(m, x1 + k));
+        a2 = _mm512_dpbf16_ps(a2, wv, (__m512bh)_mm512_maskz_loadu_epi16(m, x2 + k));
+        a3 = _mm512_dpbf16_ps(a3, wv, (__m512bh)_mm512_maskz_loadu_epi16(m, x3 + k));
     }
-    for (int t = 0; t < 4; t++)
-        for (int r = 0; r < 4; r++) acc[t][r] = _mm512_reduce_add_ps(a[t][r]);
+    out[0] = _mm512_reduce_add_ps(a0);
+    out[1] = _mm512_reduce_add_ps(a1);
+    out[2] = _mm512_reduce_add_ps(a2);
+    out[3] = _mm512_reduce_add_ps(a3);
 }
 #endif
 
@@ -688,14 +555,10 @@ static inline void dot4_bf16_x4(const bf16_t *w0, const bf16_t *x, long xs, long
 static inline int dot4_rows4_bf16(const void *W, const void *x, long n0, long K, float acc[4][4]) {
 #if defined(__AVX512BF16__)
     const bf16_t *w = (const bf16_t *)W + n0 * K, *xb = (const bf16_t *)x;
-    if (K <= DOT1_MAX_K) {
-        for (int r = 0; r < 4; r++) {
-            float o[4];
-            dot1_bf16_x4(w + r * K, xb, K, K, o);
-            for (int t = 0; t < 4; t++) acc[t][r] = o[t];
-        }
-    } else {
-        dot4_bf16_x4(w, xb, K, K, acc);
+    for (int r = 0; r < 4; r++) {
+        float o[4];
+        dot1_bf16_x4(w + r * K, xb, K, K, o);
+        for (int t = 0; t < 4; t++) acc[t][r] = o[t];
     }
     return 1;
 #else
