@@ -178,7 +178,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 46
+#define VXC_ABI_VERSION 47
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -2674,9 +2674,12 @@ void vxc_quantize_a8(const float *x, int8_t *q, float *d, long B, long cols) {
  *         values, as stored (unpacked scales and mins, 2368 bytes, had made the copies 2.8 % larger than the file)
  *   q5_0: d[16] f16 | hb[16][4] u8 | qs as q4_0; hb byte k of row r holds the fifth bits of values 4c + k (bit 2c)
  *         and 16 + 4c + k (bit 2c + 1) for the four chunks c: the same 22 bytes per 32 values as stored
- *   q6_k: d[16] f16 | sc[16][16] i8 | per half h = 0, 1: chunks c = 0..7 of row r's ql bytes 64h + 4c.., of its
- *         ql bytes 64h + 32 + 4c.., of its qh bytes 32h + 4c.. (each byte pair gives values 128h + 32t + 4c + k,
- *         t = 0..3, as ggml assembles them): 3360 bytes per 16 x 256 values, as stored
+ *   q6_k: d[16] f16 | sc[16][16] i8 | per half h = 0, 1 and chunk c = 0..7, three 64-byte lines side by side: row
+ *         r's ql bytes 64h + 4c.., its ql bytes 64h + 32 + 4c.., its qh bytes 32h + 4c.. (each byte pair gives
+ *         values 128h + 32t + 4c + k, t = 0..3, as ggml assembles them): 3360 bytes per 16 x 256 values, as
+ *         stored, read front to back. (The three regions of a half had stood apart, 512 bytes each: the stream
+ *         jumped between them and a one-row product read 24.8 GB/s where q4_0 reads 32 — Zen 4, 2 threads, the
+ *         151936 x 1024 head, interleaved in one process: 5.14 -> 3.96 ms with the lines side by side.)
  * The integers and scales are the stored ones, unchanged: the products are vxc_qgemv_a8's (same sums, in
  * another order). Builds without AVX-512 (and q8_0 without VNNI) keep the row layout (vxc_qgemv_a8). */
 
@@ -2719,10 +2722,10 @@ void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
                     for (int h = 0; h < 2; h++)
                         for (int c = 0; c < 8; c++)
                             for (int k = 0; k < 4; k++) {
-                                uint8_t *oh = o + 288 + 1536 * h + 64 * c + 4 * r + k;
+                                uint8_t *oh = o + 288 + 1536 * h + 192 * c + 4 * r + k;
                                 oh[0] = b[64 * h + 4 * c + k];
-                                oh[512] = b[64 * h + 32 + 4 * c + k];
-                                oh[1024] = b[128 + 32 * h + 4 * c + k];
+                                oh[64] = b[64 * h + 32 + 4 * c + k];
+                                oh[128] = b[128 + 32 * h + 4 * c + k];
                             }
                 } else if (enc == Q5_0) {
                     memcpy(o + 2 * r, b, 2);
@@ -2784,8 +2787,8 @@ static inline __attribute__((always_inline)) void q4k_tile_scale_min(const uint8
 
 /* q6_k in p_tile: sub-block 8h + 2t + cq of NB rows of x, t a constant after inlining. Its 4 chunks' values are
  * decoded once (the low or high nibbles of ql, bits 2t..2t+1 of qh as bits 4-5) for all NB rows, each row's sum
- * starts at its -32 offset term, and the scaled sums are added to acc[b]. oh: the half's chunk 4cq (ql bytes; qh
- * 1024 on); xh: row b0's values of chunk 4cq (row stride cols); s16, xd: row b0's offset terms / block scales at
+ * starts at its -32 offset term, and the scaled sums are added to acc[b]. oh: the half's chunk 4cq (192 bytes a chunk:
+ * its two ql lines, then its qh line); xh: row b0's values of chunk 4cq (row stride cols); s16, xd: row b0's offset terms / block scales at
  * (h, cq) / h; scb: the scale of sub-block 8h + cq. One sub-block at a time with t constant, rather than the four
  * sub-blocks of a chunk at once (16 sums a pass, 4 rows of x, and t a loop variable), because GCC spilled those
  * sums and copied every accumulator around each dot: the same products, bit for bit, and on Intel Xeon (2
@@ -2797,11 +2800,11 @@ static inline __attribute__((always_inline)) void q6_sub(const uint8_t *oh, cons
     const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
     __m512i p[8];
     for (int b = 0; b < NB; b++) p[b] = _mm512_set1_epi32(s16[b * (cols / 16) + 2 * t]);
-    const uint8_t *ql = oh + (t & 1) * 512;
+    const uint8_t *ql = oh + (t & 1) * 64;
 #pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
-        __m512i a = _mm512_loadu_si512((const void *)(ql + 64 * i));
-        __m512i hh = _mm512_loadu_si512((const void *)(oh + 1024 + 64 * i));
+        __m512i a = _mm512_loadu_si512((const void *)(ql + 192 * i));
+        __m512i hh = _mm512_loadu_si512((const void *)(oh + 128 + 192 * i));
         __m512i lo = t < 2 ? _mm512_and_si512(a, m4) : _mm512_and_si512(_mm512_srli_epi16(a, 4), m4);
         __m512i hb = t == 0 ? _mm512_slli_epi16(hh, 4) : t == 1 ? _mm512_slli_epi16(hh, 2) : t == 2 ? hh : _mm512_srli_epi16(hh, 2);
         __m512i v = _mm512_or_si512(lo, _mm512_and_si512(hb, m30));
@@ -2810,6 +2813,35 @@ static inline __attribute__((always_inline)) void q6_sub(const uint8_t *oh, cons
     __m512 sc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(scb + 32 * t)))));
     for (int b = 0; b < NB; b++)
         acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[b]), _mm512_mul_ps(sc, _mm512_set1_ps(xd[b * ng + t])), acc[b]);
+}
+
+/* q6_k in p_tile for one row of x: the four sub-blocks 8h + 2t + cq (t = 0..3) of a chunk quarter at once, each
+ * chunk's ql / ql / qh lines read once (q6_sub reads each ql line twice and the qh line four times); its sums and
+ * their order into acc are q6_sub's (t = 0..3 in turn) */
+static inline __attribute__((always_inline)) void q6_sub4(const uint8_t *oh, const int8_t *xh, const int32_t *s16,
+                                                           const float *xd, const uint8_t *scb, __m512 d, __m512 *acc) {
+    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    __m512i p0 = _mm512_set1_epi32(s16[0]), p1 = _mm512_set1_epi32(s16[2]), p2 = _mm512_set1_epi32(s16[4]),
+            p3 = _mm512_set1_epi32(s16[6]);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        __m512i a = _mm512_loadu_si512((const void *)(oh + 192 * i));
+        __m512i b = _mm512_loadu_si512((const void *)(oh + 64 + 192 * i));
+        __m512i hh = _mm512_loadu_si512((const void *)(oh + 128 + 192 * i));
+        __m512i v0 = _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_and_si512(_mm512_slli_epi16(hh, 4), m30));
+        __m512i v1 = _mm512_or_si512(_mm512_and_si512(b, m4), _mm512_and_si512(_mm512_slli_epi16(hh, 2), m30));
+        __m512i v2 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), _mm512_and_si512(hh, m30));
+        __m512i v3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b, 4), m4), _mm512_and_si512(_mm512_srli_epi16(hh, 2), m30));
+        p0 = P_DOT(p0, v0, P_X4(xh + 4 * i));
+        p1 = P_DOT(p1, v1, P_X4(xh + 32 + 4 * i));
+        p2 = P_DOT(p2, v2, P_X4(xh + 64 + 4 * i));
+        p3 = P_DOT(p3, v3, P_X4(xh + 96 + 4 * i));
+    }
+    __m512i ps[4] = {p0, p1, p2, p3};
+    for (int t = 0; t < 4; t++) {
+        __m512 sc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(scb + 32 * t)))));
+        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ps[t]), _mm512_mul_ps(sc, _mm512_set1_ps(xd[t])), *acc);
+    }
 }
 
 /* one tile of 16 rows against NB (1..8) rows of x from b0: out[b] = the 16 rows' results. With pf, each group /
@@ -2827,17 +2859,22 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
     if (enc == Q6_K) {
         for (long sb = 0; sb < cols / 256; sb++) {
             const uint8_t *o = T + sb * 3360;
-            /* the next super-block's 53 lines: its three regions per half defeat the hardware prefetcher (streaming
-             * 0.36 GB of qwen3-shaped q6_k, 2 threads: 20.1 -> 24.4 GB/s; the other formats gain nothing) */
-            prefetch_bytes(o + 3360, 3360);
+            /* the next super-block's 53 lines (streaming 0.36 GB of qwen3-shaped q6_k, Intel Xeon, 2 threads: 20.1 ->
+             * 24.4 GB/s when the tile's regions stood apart); on AMD CPUs not for one row of x, as for the other
+             * formats (Zen 4, the head above: 3.96 -> 3.85 ms without it, with q6_sub4) */
+            if (row_prefetch || NB > 1) prefetch_bytes(o + 3360, 3360);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             for (int h = 0; h < 2; h++)
                 for (int cq = 0; cq < 2; cq++) { /* chunks 4cq..4cq+3: values of sub-blocks 8h + 2t + cq, t = 0..3 */
-                    const uint8_t *oh = o + 288 + 1536 * h + 256 * cq;
+                    const uint8_t *oh = o + 288 + 1536 * h + 768 * cq;
                     const int8_t *xh = X->q + b0 * cols + 256 * sb + 128 * h + 16 * cq;
                     const int32_t *s16 = X->xs16 + b0 * (cols / 16) + 16 * sb + 8 * h + cq;
                     const float *xd = X->d + b0 * ng + 8 * sb + 4 * h;
                     const uint8_t *scb = o + 32 + 16 * (8 * h + cq);
+                    if (NB == 1) {
+                        q6_sub4(oh, xh, s16, xd, scb, d, acc);
+                        continue;
+                    }
                     q6_sub(oh, xh, s16, xd, scb, d, cols, ng, NB, 0, acc);
                     q6_sub(oh, xh, s16, xd, scb, d, cols, ng, NB, 1, acc);
                     q6_sub(oh, xh, s16, xd, scb, d, cols, ng, NB, 2, acc);
