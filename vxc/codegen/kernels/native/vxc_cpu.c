@@ -178,7 +178,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 47
+#define VXC_ABI_VERSION 48
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -2860,9 +2860,10 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
         for (long sb = 0; sb < cols / 256; sb++) {
             const uint8_t *o = T + sb * 3360;
             /* the next super-block's 53 lines (streaming 0.36 GB of qwen3-shaped q6_k, Intel Xeon, 2 threads: 20.1 ->
-             * 24.4 GB/s when the tile's regions stood apart); on AMD CPUs not for one row of x, as for the other
-             * formats (Zen 4, the head above: 3.96 -> 3.85 ms without it, with q6_sub4) */
-            if (row_prefetch || NB > 1) prefetch_bytes(o + 3360, 3360);
+             * 24.4 GB/s when the tile's regions stood apart); not on AMD CPUs, where it costs at every row count
+             * (Zen 4, 2 threads, the 151936 x 1024 head, interleaved in one process, without / with it: 1 row 3.85
+             * / 3.96 ms, 2 rows 3.78 / 4.61, 4 rows 3.04 / 5.42, 8 rows 7.59 / 11.02) */
+            if (row_prefetch) prefetch_bytes(o + 3360, 3360);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             for (int h = 0; h < 2; h++)
                 for (int cq = 0; cq < 2; cq++) { /* chunks 4cq..4cq+3: values of sub-blocks 8h + 2t + cq, t = 0..3 */
