@@ -295,6 +295,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, help="a .vxir (default: --gguf lowered, else the demo miniature)")
     ap.add_argument("--gguf", type=Path, help="a GGUF file: lowered for vxc unless --model; llama.cpp's side with $VXC_LLAMA_CPP")
+    ap.add_argument("--vxc-activations", default="int8_block32",
+                    help="vxc lower --activations for a --gguf lowered here (default int8_block32, llama.cpp's own "
+                         "scheme: its quantised products take int8 activations; 'fp32' keeps fp32 activations)")
     ap.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
     ap.add_argument("--concurrency", default="1,4,8,16", help="comma-separated levels (1 is always run first: the reference)")
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -321,8 +324,9 @@ def main() -> int:
         model = a.model
         if model is None and a.gguf is not None:
             model = work / "model.vxir"
-            log(f"lowering {a.gguf} -> {model}")
-            subprocess.run([sys.executable, "-m", "vxc.cli", "lower", str(a.gguf), "-o", str(model)], check=True, env=env)
+            acts = [] if a.vxc_activations == "fp32" else ["--activations", a.vxc_activations]
+            log(f"lowering {a.gguf} -> {model} (activations: {a.vxc_activations})")
+            subprocess.run([sys.executable, "-m", "vxc.cli", "lower", str(a.gguf), "-o", str(model), *acts], check=True, env=env)
         if model is None:
             from vxc.demo import build_demo
             from vxc.driver import lower_to_file
