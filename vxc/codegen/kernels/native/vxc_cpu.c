@@ -178,7 +178,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 48
+#define VXC_ABI_VERSION 49
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -2972,11 +2972,13 @@ static inline __attribute__((always_inline)) void p_rows(int enc, const uint8_t 
     long r0 = 16 * t, nr = rows - r0 < 16 ? rows - r0 : 16;
     __mmask16 m = (__mmask16)((1u << nr) - 1u);
     const int W = 8; /* rows of x per pass over the tile */
-    /* the last pass prefetches the next tile's groups; on AMD CPUs only from 4 rows of x: at one row (decode) it
-     * cost 13-32 % there (Zen 4, 2 threads, the qwen3-0.6b-shaped layers, interleaved in one process: q4_0 24.9
-     * -> 29.8 GB/s without it, q4_k 22.2 -> 29.4, q8_0 21.2 -> 23.9), level at 2 and 4 rows, and at 8 rows it
-     * helps (q4_0 15.1 against 19.9 ms). It changes no value. */
-    const int pf_on = row_prefetch || B >= 4;
+    /* the last pass prefetches the next tile's groups; on AMD CPUs only for the 32-value nibble formats from 4 rows
+     * of x: at one row (decode) it cost 13-32 % there (Zen 4, 2 threads, the qwen3-0.6b-shaped layers, interleaved
+     * in one process: q4_0 24.9 -> 29.8 GB/s without it, q4_k 22.2 -> 29.4, q8_0 21.2 -> 23.9); from 4 rows q4_0,
+     * q4_1 and q5_0 gain by it (4 rows 0.273 / 0.299 / 0.336 against 0.310 / 0.323 / 0.354 ms, 8 rows 0.388 /
+     * 0.409 / 0.434 against 0.485 / 0.520 / 0.543) while q4_k and q8_0 lose (4 rows 0.348 / 0.484 against 0.293 /
+     * 0.407, 8 rows 0.688 / 0.698 against 0.612 / 0.672); level at 64. It changes no value. */
+    const int pf_on = row_prefetch || (B >= 4 && (enc == Q4_0 || enc == Q4_1 || enc == Q5_0));
     for (long b0 = 0; b0 < B; b0 += W) {
         int nb = (int)(B - b0 < W ? B - b0 : W), pf = pf_on && b0 + W >= B;
         __m512 out[8];
