@@ -37,7 +37,7 @@ from tests.families import test_granitemoehybrid as GR
 from tests.families import test_lfm2 as LF
 from tests.families import test_nemotron_h as NH
 from tests.runtime import parity_table as P
-from vxc.runtime.prefix_cache import PrefixCache
+from vxc.runtime.prefix_cache import LOGITS, PrefixCache
 from vxc.runtime.scheduler import Scheduler
 from vxc.runtime.session import Session
 
@@ -125,8 +125,8 @@ class Checked(PrefixCache):
         self.check()
         return m
 
-    def store(self, state, slot, toks):
-        super().store(state, slot, toks)
+    def store(self, state, slot, toks, logits=None):
+        super().store(state, slot, toks, logits)
         self.check()
 
 
@@ -154,7 +154,7 @@ class Recompute:
                 (e.prefill_last_graph if b == end else e.prefill_graph)(torch.tensor(prompt[a:b]), a)
         return m
 
-    def store(self, state, slot, toks):
+    def store(self, state, slot, toks, logits=None):
         pass
 
 
@@ -179,7 +179,8 @@ def assert_same(hit, cold):
 def test_hit_equals_cold_chunked_run(models, name):
     """A (20 tokens, cold: snapshots at 8, 16, 20), then B = A + 6 (hit at A's prompt end, 20), C = A[:13] + 4
     (the match ends inside the block 8..16: falls back to 8; its last chunk 16..17 one token), D = A (the whole
-    prompt cached: one token must remain, so 16; its store at 20 meets A's node and adopts it)."""
+    prompt cached with the logits of its last token: restored at 20, nothing prefilled, its first token chosen
+    from A's logits)."""
     t0 = time.perf_counter()
     eng = models.engine(name)
     v = eng.vocab
@@ -187,18 +188,20 @@ def test_hit_equals_cold_chunked_run(models, name):
     B, C, D = A + tokens(v, 6, 2), A[:13] + tokens(v, 4, 3), list(A)
     cache = Checked(1 << 26)
     s = Scheduler(eng, chunk=K, prefix_cache=cache)
-    run(s, A, 3)
+    ra = run(s, A, 3)
     before = s.prefilled_tokens
     hits = [run(s, p, 6) for p in (B, C, D)]
-    assert [r.cached for r in hits] == [20, 8, 16]
-    assert s.prefilled_tokens - before == 6 + 9 + 4  # only the suffixes were fed
+    assert [r.cached for r in hits] == [20, 8, 20]
+    assert s.prefilled_tokens - before == 6 + 9 + 0  # only the suffixes were fed
+    assert torch.equal(hits[2].logits[0], ra.logits[0])  # D's first token: from the logits A's prompt gave
     st = cache.stats()
-    assert (st["hits"], st["misses"], st["hit_tokens"], st["conflicts"]) == (3, 1, 44, 0), st
-    # nodes: A 8/16/20, B 24/26, C 16'/17 (other tokens), D adopts A's 20
+    assert (st["hits"], st["misses"], st["hit_tokens"], st["conflicts"]) == (3, 1, 48, 0), st
+    # nodes: A 8/16/20 (20 with its logits), B 24/26 (26 with its), C 16'/17 (other tokens; 17 with its); D
+    # stores nothing
     assert st["nodes"] == st["snapshots"] == len(list(cache.nodes())) == 7, st
 
     cold_eng = models.engine(name)
-    cold = Scheduler(cold_eng, chunk=K, prefix_cache=Recompute(cold_eng, (B, 20, 20), (C, 8, 20), (D, 16, 20)))
+    cold = Scheduler(cold_eng, chunk=K, prefix_cache=Recompute(cold_eng, (B, 20, 20), (C, 8, 20)))  # D: all cold
     for hit, p in zip(hits, (B, C, D)):
         assert_same(hit, run(cold, p, 6))
 
@@ -319,6 +322,9 @@ def _held_types_and_hit_equals_cold(models, name, seed, **engine_kw):
     seen: dict = {}
     for n in cache.nodes():
         for rid, t in list(n.rows.items()) + list((n.snap or {}).items()):
+            if rid == LOGITS:  # a prompt end's logits: as the step computed them
+                assert t.dtype == eng.dtype and t.shape == (eng.padded_vocab,), (t.dtype, t.shape)
+                continue
             assert t.dtype == slot_dt[rid], (rid, t.dtype, slot_dt[rid])
             seen.setdefault(eng.state.layout[rid], set()).add(t.dtype)
     cold_eng = models.engine(name, **engine_kw)
@@ -407,3 +413,23 @@ def test_scheduler_prefix_cache_bytes(models):
     other = models.engine("mamba2-hf")
     with pytest.raises(ValueError, match="one engine"):
         s.cache.restore(other.state, 0, A)
+
+
+@pytest.mark.parametrize("name", ["nemotron_h", "mamba2attn-native"])
+def test_a_prompt_shorter_than_a_chunk_is_served_whole(models, name):
+    """A recurrent state has no row to reuse part of, and one token of a prompt had to remain to be fed: the same
+    prompt again, shorter than one chunk, used to find no snapshot before its end and prefilled it all. Kept with
+    its last token's logits, the prompt-end snapshot serves it whole: nothing prefilled, the first token chosen
+    from the same logits, the continuation the cold run's; a strict prefix of it still misses."""
+    eng = models.engine(name)
+    A = tokens(eng.vocab, K - 3, 61)
+    s = Scheduler(eng, chunk=K, prefix_cache=Checked(1 << 26))
+    first = run(s, A, 4)
+    before = s.prefilled_tokens
+    again = run(s, A, 4)
+    assert (first.cached, again.cached, s.prefilled_tokens - before) == (0, len(A), 0)
+    assert torch.equal(again.logits[0], first.logits[0])
+    assert_same(again, run(Scheduler(models.engine(name), chunk=K), A, 4))
+    assert run(s, A[:-1], 1).cached == 0
+    st = s.cache.stats()
+    assert (st["hits"], st["misses"], st["hit_tokens"]) == (1, 2, len(A)), st

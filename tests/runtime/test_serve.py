@@ -373,7 +373,7 @@ class CountingCache:
         self.restores += 1
         return 0
 
-    def store(self, state, slot, prompt):
+    def store(self, state, slot, prompt, logits=None):
         self.stores += 1
 
     def stats(self):

@@ -5,7 +5,12 @@ The :class:`~vxc.runtime.scheduler.Scheduler` calls two hooks (see its module do
 * ``store(state, slot, tokens)`` after every prefill chunk — the slot's state is exactly the state after
   ``tokens``, whose length is a multiple of the chunk or a prompt end;
 * ``restore(state, slot, prompt) -> m`` when a request takes a (just zeroed) slot: the slot is set to the
-  state after ``prompt[:m]``, the longest cached prefix that leaves at least one prompt token to feed.
+  state after ``prompt[:m]``, the longest cached prefix that leaves at least one prompt token to feed — or the
+  whole prompt, where a request with that same prompt stored it with the logits its last token gave
+  (``store(..., logits=...)`` at a prompt end); ``take_logits(slot)`` then hands those logits over, and the
+  request chooses its first token from them with nothing to prefill. Without that, a recurrent model's state
+  could serve the same prompt again only from the last chunk boundary before its end (a prompt shorter than
+  one chunk: never).
 
 **The tree.** A node stands at a position ``pos`` where some request's state was stored; the edge from its
 parent holds the tokens ``parent.pos .. pos`` (``key``: one chunk of a request, so a block of ``chunk`` tokens,
@@ -48,6 +53,9 @@ from collections import OrderedDict
 from typing import Iterator, Optional
 
 import torch
+
+
+LOGITS = "@logits"  # a snapshot's entry for the logits of the node's last token (not a region)
 
 
 class Node:
@@ -98,6 +106,7 @@ class PrefixCache:
         self.evictions = self.conflicts = 0
         self._lru: OrderedDict[int, Node] = OrderedDict()  # oldest first
         self._anchor: dict[int, Optional[Node]] = {}  # slot -> the node its state descends from (None: stores nothing)
+        self._full: dict[int, torch.Tensor] = {}  # slot -> the logits of a whole-prompt restore, until taken
         self._sig = None  # the region layout this cache holds
         self._bound = None  # the state it was last checked against
         self._kv: set[str] = set()
@@ -110,6 +119,9 @@ class PrefixCache:
         with self.lock:
             self._bind(state)
             node = self._match(prompt)
+            self._full.pop(slot, None)
+            if node.pos == len(prompt):  # the whole prompt, with its last token's logits
+                self._full[slot] = node.snap[LOGITS]
             self._anchor[slot] = node
             if node is self.root:
                 self.misses += 1
@@ -119,13 +131,22 @@ class PrefixCache:
                 for rid, t in n.rows.items():
                     state.rows(rid, views[rid], n.parent.pos, n.pos).copy_(t)
             for rid, t in node.snap.items():
-                self._whole(state, rid, views[rid], node.pos).copy_(t)
+                if rid != LOGITS:
+                    self._whole(state, rid, views[rid], node.pos).copy_(t)
             self.hits += 1
             self.hit_tokens += node.pos
             self._touch(node)
             return node.pos
 
-    def store(self, state, slot: int, tokens: list[int]) -> None:
+    def take_logits(self, slot: int) -> Optional[torch.Tensor]:
+        """The stored logits of the prompt's last token when the last restore into ``slot`` matched the whole
+        prompt (None otherwise); handed over once."""
+        with self.lock:
+            return self._full.pop(slot, None)
+
+    def store(self, state, slot: int, tokens: list[int], logits: Optional[torch.Tensor] = None) -> None:
+        """``logits``: those of the last token of ``tokens`` where it ends a prompt (kept with the snapshot, so
+        the same prompt can be served whole)."""
         with self.lock:
             self._bind(state)
             parent = self._anchor.get(slot, self.root)
@@ -147,6 +168,7 @@ class PrefixCache:
                         self._set_snap(node, snap)
                 self._anchor[slot] = node
                 self._touch(node)
+                self._keep_logits(node, logits)
                 return
             node = Node(parent, key, p)
             node.rows = {rid: state.rows(rid, views[rid], parent.pos, p).clone()
@@ -162,6 +184,7 @@ class PrefixCache:
             self._set_snap(node, snap)
             self._anchor[slot] = node
             self._touch(node)
+            self._keep_logits(node, logits)
 
     # ------------------------------------------------------------------ reports
 
@@ -189,6 +212,7 @@ class PrefixCache:
             self.root = Node(None, (), 0)
             self._lru.clear()
             self._anchor.clear()
+            self._full.clear()
             self.bytes = self.snapshots = 0
 
     # ------------------------------------------------------------------ inside
@@ -227,9 +251,20 @@ class PrefixCache:
                 return False
         if node.snap is not None:
             for rid, t in node.snap.items():
-                if not torch.equal(self._whole(state, rid, views[rid], node.pos), t):
+                if rid != LOGITS and not torch.equal(self._whole(state, rid, views[rid], node.pos), t):
                     return False
         return True
+
+    def _keep_logits(self, node: Node, logits: Optional[torch.Tensor]) -> None:
+        """Keep ``logits`` in ``node``'s snapshot (counted in its bytes) where it has a snapshot without them."""
+        if logits is None or node.snap is None or LOGITS in node.snap:
+            return
+        t = logits.detach().clone()
+        if not self._make_room(_bytes([t]), pinned=node) or node.snap is None:
+            return
+        node.snap[LOGITS] = t
+        node.nbytes += _bytes([t])
+        self.bytes += _bytes([t])
 
     def _set_snap(self, node: Node, snap: dict[str, torch.Tensor]) -> None:
         node.snap = snap
@@ -239,18 +274,19 @@ class PrefixCache:
         self.snapshots += 1
 
     def _match(self, prompt: list[int]) -> Node:
-        """The deepest node with a snapshot whose path spells a prefix of ``prompt`` leaving a token to feed
-        (the root when none)."""
-        limit = len(prompt) - 1
+        """The deepest node with a snapshot whose path spells a prefix of ``prompt`` leaving a token to feed, or
+        spells the whole prompt and holds its last token's logits (the root when none)."""
+        end = len(prompt)
         best, stack = self.root, [self.root]
         while stack:
             n = stack.pop()
-            if n is not self.root and n.snap is not None and n.pos > best.pos:
+            if (n is not self.root and n.snap is not None and n.pos > best.pos
+                    and (n.pos < end or LOGITS in n.snap)):
                 best = n
-            if n.pos >= limit:
+            if n.pos >= end:
                 continue
             for c in n.children.get(prompt[n.pos], ()):
-                if c.pos <= limit and tuple(prompt[n.pos:c.pos]) == c.key:
+                if c.pos <= end and tuple(prompt[n.pos:c.pos]) == c.key:
                     stack.append(c)
         return best
 

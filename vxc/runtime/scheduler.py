@@ -5,7 +5,8 @@ slot). The :class:`Scheduler` admits requests into free slots (FIFO, a bounded q
 :meth:`Scheduler.step` does one iteration:
 
 1. requests that finished or were cancelled leave their slot (it is zeroed when the next request takes it);
-2. waiting requests take the free slots (a prefix-cache hit restores the slot's state at the matched length);
+2. waiting requests take the free slots (a prefix-cache hit restores the slot's state at the matched length;
+   a prompt cached whole, with the logits its last token gave, chooses its first token from those logits);
 3. one prefill chunk of the oldest request still prefilling: chunks end at multiples of ``chunk`` tokens
    (absolute positions) and at the end of the prompt, so a long prompt never stalls the decoding requests for
    more than one chunk, and the states at chunk ends are the same whoever shares the engine;
@@ -208,6 +209,7 @@ class Scheduler:
             self.free.sort()
 
     def _admit(self) -> None:
+        whole = []  # requests whose whole prompt was restored, with its last token's logits
         with self.lock:
             while self.free and self.waiting:
                 r = self.waiting.popleft()
@@ -218,6 +220,10 @@ class Scheduler:
                 r.pos = 0
                 if self.cache is not None:
                     r.pos = r.cached = self.cache.restore(self.engine.state, r.slot, r.prompt)
+                    if r.pos == len(r.prompt):
+                        whole.append((r, self.cache.take_logits(r.slot)))
+        for r, logits in whole:  # (outside the lock: choosing calls the request's callbacks)
+            self._chose(r, logits)
 
     def _prefill_one(self) -> None:
         # the oldest request whose next chunk holds more than one token (a one-token chunk goes with the batch)
@@ -239,7 +245,7 @@ class Scheduler:
         req.pos = end
         self.prefilled_tokens += end - start
         if self.cache is not None:
-            self.cache.store(e.state, req.slot, req.prompt[:end])
+            self.cache.store(e.state, req.slot, req.prompt[:end], logits[-1] if last else None)
         if last:
             self._chose(req, logits[-1])
 
@@ -275,7 +281,8 @@ class Scheduler:
             if r.pos <= len(r.prompt):  # a prompt token
                 self.prefilled_tokens += 1
                 if self.cache is not None:
-                    self.cache.store(self.engine.state, r.slot, r.prompt[:r.pos])
+                    self.cache.store(self.engine.state, r.slot, r.prompt[:r.pos],
+                                     logits[i] if r.pos == len(r.prompt) else None)
                 if r.pos < len(r.prompt):
                     continue
             else:
