@@ -307,6 +307,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--kv-dtype", default="", help="vxc serve --kv-dtype; comma-separated to run vxc once per cache "
                                                    "type in this run (e.g. fp32,fp16; llama-server keeps its default f16)")
+    ap.add_argument("--prefix-cache-mib", type=float, help="vxc serve --prefix-cache-mib (default: its own, 256)")
     ap.add_argument("--threads", type=int, help="torch / llama.cpp threads (default: theirs)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole run")
     ap.add_argument("--json-out", type=Path)
@@ -343,7 +344,8 @@ def main() -> int:
             port = free_port()
             cmd = [sys.executable, "-m", "vxc.cli", "serve", str(model), "--port", str(port), "--sequences", str(seqs),
                    "--max-context", str(a.max_context), "--chunk", str(a.chunk), "--dtype", a.dtype,
-                   "--max-queue", str(max(64, a.requests))] + (["--kv-dtype", kv] if kv else [])
+                   "--max-queue", str(max(64, a.requests))] + (["--kv-dtype", kv] if kv else []) + (
+                   ["--prefix-cache-mib", str(a.prefix_cache_mib)] if a.prefix_cache_mib is not None else [])
             log("starting: " + " ".join(cmd))
             p = subprocess.Popen(cmd, env=env, cwd=REPO)
             procs.append(p)
