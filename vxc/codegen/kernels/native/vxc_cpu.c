@@ -2785,6 +2785,15 @@ static inline __attribute__((always_inline)) void q4k_tile_scale_min(const uint8
 #undef Q4K_PLANE
 }
 
+/* q6_k: the 6-bit values (0..63) of sub-block t of a chunk, 64 bytes: from its ql line (low nibbles for t = 0, 1,
+ * high for 2, 3) and bits 2t..2t+1 of its qh line as bits 4-5, as ggml assembles them */
+static inline __attribute__((always_inline)) __m512i q6_val(__m512i ql, __m512i qh, int t) {
+    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    __m512i lo = t < 2 ? _mm512_and_si512(ql, m4) : _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
+    __m512i hb = t == 0 ? _mm512_slli_epi16(qh, 4) : t == 1 ? _mm512_slli_epi16(qh, 2) : t == 2 ? qh : _mm512_srli_epi16(qh, 2);
+    return _mm512_or_si512(lo, _mm512_and_si512(hb, m30));
+}
+
 /* q6_k in p_tile: sub-block 8h + 2t + cq of NB rows of x, t a constant after inlining. Its 4 chunks' values are
  * decoded once (the low or high nibbles of ql, bits 2t..2t+1 of qh as bits 4-5) for all NB rows, each row's sum
  * starts at its -32 offset term, and the scaled sums are added to acc[b]. oh: the half's chunk 4cq (192 bytes a chunk:
@@ -2797,7 +2806,6 @@ static inline __attribute__((always_inline)) void q4k_tile_scale_min(const uint8
 static inline __attribute__((always_inline)) void q6_sub(const uint8_t *oh, const int8_t *xh, const int32_t *s16,
                                                           const float *xd, const uint8_t *scb, __m512 d, long cols,
                                                           long ng, int NB, int t, __m512 acc[8]) {
-    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
     __m512i p[8];
     for (int b = 0; b < NB; b++) p[b] = _mm512_set1_epi32(s16[b * (cols / 16) + 2 * t]);
     const uint8_t *ql = oh + (t & 1) * 64;
@@ -2805,9 +2813,7 @@ static inline __attribute__((always_inline)) void q6_sub(const uint8_t *oh, cons
     for (int i = 0; i < 4; i++) {
         __m512i a = _mm512_loadu_si512((const void *)(ql + 192 * i));
         __m512i hh = _mm512_loadu_si512((const void *)(oh + 128 + 192 * i));
-        __m512i lo = t < 2 ? _mm512_and_si512(a, m4) : _mm512_and_si512(_mm512_srli_epi16(a, 4), m4);
-        __m512i hb = t == 0 ? _mm512_slli_epi16(hh, 4) : t == 1 ? _mm512_slli_epi16(hh, 2) : t == 2 ? hh : _mm512_srli_epi16(hh, 2);
-        __m512i v = _mm512_or_si512(lo, _mm512_and_si512(hb, m30));
+        __m512i v = q6_val(a, hh, t);
         for (int b = 0; b < NB; b++) p[b] = P_DOT(p[b], v, P_X4(xh + b * cols + 32 * t + 4 * i));
     }
     __m512 sc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(scb + 32 * t)))));
@@ -2820,7 +2826,6 @@ static inline __attribute__((always_inline)) void q6_sub(const uint8_t *oh, cons
  * their order into acc are q6_sub's (t = 0..3 in turn) */
 static inline __attribute__((always_inline)) void q6_sub4(const uint8_t *oh, const int8_t *xh, const int32_t *s16,
                                                            const float *xd, const uint8_t *scb, __m512 d, __m512 *acc) {
-    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
     __m512i p0 = _mm512_set1_epi32(s16[0]), p1 = _mm512_set1_epi32(s16[2]), p2 = _mm512_set1_epi32(s16[4]),
             p3 = _mm512_set1_epi32(s16[6]);
 #pragma GCC unroll 4
@@ -2828,10 +2833,7 @@ static inline __attribute__((always_inline)) void q6_sub4(const uint8_t *oh, con
         __m512i a = _mm512_loadu_si512((const void *)(oh + 192 * i));
         __m512i b = _mm512_loadu_si512((const void *)(oh + 64 + 192 * i));
         __m512i hh = _mm512_loadu_si512((const void *)(oh + 128 + 192 * i));
-        __m512i v0 = _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_and_si512(_mm512_slli_epi16(hh, 4), m30));
-        __m512i v1 = _mm512_or_si512(_mm512_and_si512(b, m4), _mm512_and_si512(_mm512_slli_epi16(hh, 2), m30));
-        __m512i v2 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), _mm512_and_si512(hh, m30));
-        __m512i v3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b, 4), m4), _mm512_and_si512(_mm512_srli_epi16(hh, 2), m30));
+        __m512i v0 = q6_val(a, hh, 0), v1 = q6_val(b, hh, 1), v2 = q6_val(a, hh, 2), v3 = q6_val(b, hh, 3);
         p0 = P_DOT(p0, v0, P_X4(xh + 4 * i));
         p1 = P_DOT(p1, v1, P_X4(xh + 32 + 4 * i));
         p2 = P_DOT(p2, v2, P_X4(xh + 64 + 4 * i));
