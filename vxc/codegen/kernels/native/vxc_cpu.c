@@ -178,7 +178,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 49
+#define VXC_ABI_VERSION 50
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -2973,7 +2973,11 @@ static inline __attribute__((always_inline)) void p_rows(int enc, const uint8_t 
     const uint8_t *T = P + t * TB;
     long r0 = 16 * t, nr = rows - r0 < 16 ? rows - r0 : 16;
     __mmask16 m = (__mmask16)((1u << nr) - 1u);
-    const int W = 8; /* rows of x per pass over the tile */
+    /* rows of x per pass over the tile: 8, but 4 for q6_k from 8 rows on (its 8-row instance spills registers: the
+     * 151936 x 1024 head, Zen 4, 2 threads, interleaved in one process: 8 rows 9.0-9.5 -> 8.7-8.8 ms, 12 rows 13.0 ->
+     * 11.2, 16 rows 20.2-20.5 -> 15.2-15.5; a pass of 4 rows against the tile already in cache costs less than the
+     * spills). Below 8 rows one pass: passes of 4 there were 25-45 % slower at 5-7 rows. It changes no value. */
+    const int W = enc == Q6_K && B >= 8 ? 4 : 8;
     /* the last pass prefetches the next tile's groups; on AMD CPUs only for the 32-value nibble formats from 4 rows
      * of x: at one row (decode) it cost 13-32 % there (Zen 4, 2 threads, the qwen3-0.6b-shaped layers, interleaved
      * in one process: q4_0 24.9 -> 29.8 GB/s without it, q4_k 22.2 -> 29.4, q8_0 21.2 -> 23.9); from 4 rows q4_0,
