@@ -2865,7 +2865,8 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
              * 24.4 GB/s when the tile's regions stood apart); not on AMD CPUs, where it costs at every row count
              * (Zen 4, 2 threads, the 151936 x 1024 head, interleaved in one process, without / with it: 1 row 3.85
              * / 3.96 ms, 2 rows 3.78 / 4.61, 4 rows 3.04 / 5.42, 8 rows 7.59 / 11.02) */
-            if (row_prefetch) prefetch_bytes(o + 3360, 3360);
+            /* (in the first pass over the tile only: a later pass, from 8 rows of x on, reads it from cache) */
+            if (row_prefetch && b0 == 0) prefetch_bytes(o + 3360, 3360);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             for (int h = 0; h < 2; h++)
                 for (int cq = 0; cq < 2; cq++) { /* chunks 4cq..4cq+3: values of sub-blocks 8h + 2t + cq, t = 0..3 */
