@@ -8,7 +8,9 @@ woken by a submit; the HTTP side (FastAPI on the event loop) only submits and ca
 from any thread.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streamed as server-sent events or not),
-``GET /v1/models``, ``GET /health``. Errors are OpenAI's JSON shape ``{"error": {"message", "type", "param",
+``GET /v1/models``, ``GET /health``. A request's choices (``n`` per prompt, several prompts) are scheduler
+requests of their own, sharing the request's event queue; log-probabilities are the scheduler's (the model's own,
+before a sampler's bias and penalties), formatted here on the event loop. Errors are OpenAI's JSON shape ``{"error": {"message", "type", "param",
 "code"}}``: 400 for a request that cannot be served as written (unknown field, wrong type, a value outside what
 is supported, a prompt longer than the context, a body that is not UTF-8 JSON), 404 for another model name or
 path, 429 when the scheduler's queue is full, 500 when the engine fails a request (the server keeps serving the
@@ -41,6 +43,9 @@ log = logging.getLogger("vxc.serve")
 MAX_STOP_STRINGS = 16  # a stop list is checked on every token in the engine's thread: bounded
 SEED_MAX = 2**63 - 1
 DISCONNECT_POLL_S = 0.2  # how often a request that is not streamed checks that its client is still there
+MAX_LOGPROBS = 20  # the most likely ids a log-probability entry lists (OpenAI's chat limit; vLLM's default)
+MAX_CHOICES = 128  # n: choices of one prompt
+MAX_LOGIT_BIAS = 1024  # entries of a logit_bias map
 
 
 class ServeError(VxcError):
@@ -227,54 +232,63 @@ class _Common(BaseModel):
     top_k: Optional[int] = Field(default=None, ge=0)
     seed: Optional[int] = Field(default=None, ge=0, le=SEED_MAX)
     stop: Optional[Union[str, list[str]]] = None
-    n: Optional[int] = None
+    n: Optional[int] = Field(default=None, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None  # an end-user id for the caller's own records; it changes nothing here
-    # accepted only at their neutral value (anything else is a 400: vxc serve does not implement them)
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0, allow_inf_nan=False)
     logit_bias: Optional[dict[str, float]] = None
 
 
 class CompletionRequest(_Common):
-    prompt: Union[str, list[int]]
+    # one prompt (text or token ids) or several (each gets n choices: choice index = prompt index * n + j)
+    prompt: Union[str, list[int], list[str], list[list[int]]]
     echo: Optional[bool] = None
-    logprobs: Optional[int] = None
+    logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     best_of: Optional[int] = None
     suffix: Optional[str] = None
 
 
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text"]
+    text: str
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "user", "assistant", "developer"]
+    content: Union[str, list[TextPart]]
+    name: Optional[str] = None
 
 
 class ChatRequest(_Common):
     messages: list[Message]
     max_completion_tokens: Optional[int] = Field(default=None, ge=0)
     logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = None
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
 
 def _unsupported(param: str, why: str) -> ApiError:
     return ApiError(400, f"{param}: {why}", param=param, code="unsupported_value")
 
 
-def _check_common(r: _Common, served_name: str) -> list[str]:
+def _check_common(r: _Common, served_name: str, vocab: int) -> list[str]:
     """The checks pydantic cannot express; returns the stop strings."""
     if r.model is not None and r.model != served_name:
         raise ApiError(404, f"the model {r.model!r} does not exist: this server serves {served_name!r}",
                        param="model", code="model_not_found")
-    if r.n is not None and r.n != 1:
-        raise _unsupported("n", f"only n=1 is supported, not {r.n}")
-    for name in ("presence_penalty", "frequency_penalty"):
-        v = getattr(r, name)
-        if v is not None and v != 0:
-            raise _unsupported(name, f"only 0 is supported, not {v}")
     if r.logit_bias:
-        raise _unsupported("logit_bias", "logit_bias is not supported")
+        if len(r.logit_bias) > MAX_LOGIT_BIAS:
+            raise _unsupported("logit_bias", f"at most {MAX_LOGIT_BIAS} entries, not {len(r.logit_bias)}")
+        for k, v in r.logit_bias.items():
+            if not (k.isascii() and k.isdigit()) or not 0 <= int(k) < vocab:
+                raise ApiError(400, f"logit_bias: {k!r} is not a token id of this model (0..{vocab - 1})",
+                               param="logit_bias", code="invalid_value")
+            if not -100.0 <= v <= 100.0:  # (strict floats: never NaN or infinite)
+                raise ApiError(400, f"logit_bias: the bias of token {k} is {v}; it must be in -100..100",
+                               param="logit_bias", code="invalid_value")
     if r.stream_options is not None and not r.stream:
         raise _unsupported("stream_options", "stream_options is only allowed with stream: true")
     stop = [] if r.stop is None else [r.stop] if isinstance(r.stop, str) else list(r.stop)
@@ -285,34 +299,147 @@ def _check_common(r: _Common, served_name: str) -> list[str]:
     return stop
 
 
-def _sampler(r: _Common, vocab: int):
+def _sampler(r: _Common, vocab: int, j: int):
+    """Choice ``j``'s sampler: with a ``seed``, choice j draws from ``seed + j`` (n choices of one seeded request
+    differ from each other, and each repeats with the same seed); without one, from a fresh random seed."""
     from .runtime.sampling import Sampler
 
     temperature = 1.0 if r.temperature is None else r.temperature  # OpenAI's default; 0 is greedy
-    seed = r.seed if r.seed is not None else secrets.randbits(63)
-    return Sampler(temperature, r.top_k or 0, 1.0 if r.top_p is None else r.top_p, seed, vocab=vocab)
+    seed = (r.seed + j) % (SEED_MAX + 1) if r.seed is not None else secrets.randbits(63)
+    bias = {int(k): float(v) for k, v in r.logit_bias.items()} if r.logit_bias else None
+    return Sampler(temperature, r.top_k or 0, 1.0 if r.top_p is None else r.top_p, seed, vocab=vocab,
+                   presence_penalty=r.presence_penalty or 0.0, frequency_penalty=r.frequency_penalty or 0.0,
+                   logit_bias=bias)
+
+
+# ---------------------------------------------------------------------------------------------------- log-probabilities
+
+
+CONTEXT_TOKENS = 4  # ids before a token decoded with it to find its text (a UTF-8 character spans at most 4 byte tokens)
+
+
+def _clean(v: float) -> float | None:
+    """A log-probability as JSON can carry it: -inf (a logit of -inf) as -9999.0, as vLLM writes it; NaN as null."""
+    if v != v:
+        return None
+    return max(v, -9999.0)
+
+
+class _TokenText:
+    """The text of each token in its sequence, as the log-probability entries show it.
+
+    A token's ``piece`` is what it adds to the decode of the ids before it (the ``CONTEXT_TOKENS`` ids before it
+    decoded with and without it): a token that ends inside a multi-byte character adds nothing, the one that
+    completes it adds the character, so the pieces of a sequence concatenate to its text (``text_offset`` counts
+    them). What an entry shows is the piece, except for a token whose own bytes are not that piece (one byte of a
+    character split across tokens): it shows ``"bytes:\\xe6\\x9d"``, as OpenAI writes such tokens, with those exact
+    bytes (:class:`~vxc.runtime.tokenizer.TokenBytes`; where the vocabulary does not spell them, the piece). An
+    alternative id at a position is decoded against the same context."""
+
+    def __init__(self, tok, raw, context: list[int]):
+        self.tok, self.raw, self.ids = tok, raw, list(context)
+
+    def _dec(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=False)
+
+    def _one(self, before: list[int], prev: str, t: int) -> tuple[str, bytes, str]:
+        from .runtime.tokenizer import REPLACEMENT
+
+        base = prev.rstrip(REPLACEMENT)
+        cur = self._dec(before + [t])
+        stable = cur.rstrip(REPLACEMENT)
+        piece = stable[len(base):] if stable.startswith(base) else stable
+        own = piece.encode("utf-8")
+        raw = self.raw(t)
+        if raw is not None and raw != own or (raw is None and stable != cur):
+            b = raw if raw is not None else own
+            return "bytes:" + "".join(f"\\x{x:02x}" for x in b), b, piece
+        return piece, own, piece
+
+    def next(self, t: int, alts: list[int] = ()) -> tuple[tuple[str, bytes, str], list[tuple[str, bytes, str]]]:
+        """((shown text, bytes, piece) of ``t``, the same of each alternative id) at the next position; ``t`` joins
+        the context."""
+        before = self.ids[-CONTEXT_TOKENS:]
+        prev = self._dec(before)
+        out = self._one(before, prev, t), [self._one(before, prev, a) for a in alts]
+        self.ids.append(t)
+        return out
+
+
+@dataclass
+class _Logprob:
+    """One token's log-probability entry, formatted: its shown text and bytes, its piece of the text, its
+    log-probability (None for a prompt's first token, which nothing predicts) and the most likely ids' (shown
+    text, bytes, log-probability) at its position."""
+    text: str
+    bytes: bytes
+    piece: str
+    logprob: float | None
+    top: list[tuple[str, bytes, float | None]] | None
+
+
+def _entries(texts: _TokenText, toks: list[int], lps: list) -> list[_Logprob]:
+    out = []
+    for t, lp in zip(toks, lps):
+        if lp is None:
+            (shown, b, piece), _ = texts.next(t)
+            out.append(_Logprob(shown, b, piece, None, None))
+            continue
+        value, top = lp
+        (shown, b, piece), alts = texts.next(t, [a for a, _ in top])
+        out.append(_Logprob(shown, b, piece, _clean(value),
+                            [(x[0], x[1], _clean(v)) for x, (_, v) in zip(alts, top)]))
+    return out
+
+
+def _completion_logprobs(entries: list[_Logprob], offset: int) -> dict:
+    """The completions endpoint's ``logprobs`` object: ``tokens``, ``token_logprobs``, ``top_logprobs`` (the most
+    likely texts and the chosen one's, as OpenAI writes them: up to logprobs + 1 keys) and ``text_offset`` (where
+    each token's piece starts in the choice's text, from ``offset``)."""
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for e in entries:
+        out["tokens"].append(e.text)
+        out["token_logprobs"].append(e.logprob)
+        if e.top is None:
+            out["top_logprobs"].append(None)
+        else:
+            top = {text: v for text, _, v in e.top}
+            top[e.text] = e.logprob
+            out["top_logprobs"].append(top)
+        out["text_offset"].append(offset)
+        offset += len(e.piece)
+    return out
+
+
+def _chat_logprobs(entries: list[_Logprob]) -> dict:
+    """The chat endpoint's ``logprobs`` object: ``content``, one entry per token with its exact ``bytes``."""
+    def one(text, b, lp):
+        return {"token": text, "logprob": lp, "bytes": list(b)}
+
+    return {"content": [dict(one(e.text, e.bytes, e.logprob), top_logprobs=[one(*a) for a in e.top or []])
+                        for e in entries]}
 
 
 # ---------------------------------------------------------------------------------------------------- one request
 
 
-class _Events:
-    """One request's events, pushed from the engine's thread onto the event loop: ``("text", piece)`` as the
-    detokenizer makes text final, then ``("end", None)``."""
+class _Choice:
+    """One choice of a request (one scheduler request): its detokenizer and where its events go. Engine-thread
+    callbacks push ``("text", index, piece, tokens)`` onto the request's queue as the detokenizer makes text final
+    (``tokens``: how many chosen tokens that text covers; streamed requests only), then ``("end", index, None,
+    tokens)``."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, tok, stop: list[str], stream: bool):
+    def __init__(self, index: int, prompt: list[int], prompt_text: str, events: "_Events", stop: list[str]):
         from .runtime.tokenizer import Detokenizer
 
-        self.loop, self.queue, self.stream = loop, asyncio.Queue(), stream  # not streamed: only the end is sent
-        self.detok = Detokenizer(tok, stop)
+        self.index, self.prompt, self.prompt_text, self.events = index, prompt, prompt_text, events
+        self.detok = Detokenizer(events.tok, stop)
         self.callback_error: BaseException | None = None
+        self.req = None  # the scheduler's Request
         self.text = ""
-
-    def _put(self, item) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: the server is shutting down
-            pass
+        self.sent = 0  # chosen tokens whose log-probabilities went out (streamed)
+        self.echoed = False
+        self.texts: _TokenText | None = None  # the token texts of the completion (log-probabilities)
 
     def on_token(self, req, tok: int) -> bool:  # engine thread
         try:
@@ -320,20 +447,32 @@ class _Events:
         except Exception as e:  # never let a callback fail the scheduler's whole step
             self.callback_error = e
             return True
-        if piece and self.stream:
-            self._put(("text", piece))
+        if piece and self.events.stream:
+            self.events.put(("text", self.index, piece, len(req.generated)))
         return self.detok.stopped is not None
 
     def on_finish(self, req) -> None:  # engine thread (or the canceller's)
+        rest = ""
         if req.finish_reason not in ("error", "cancelled") and self.callback_error is None:
             try:
                 rest = self.detok.finish()
-                if rest and self.stream:
-                    self._put(("text", rest))
             except Exception as e:
                 self.callback_error = e
         self.text = self.detok.emitted
-        self._put(("end", None))
+        self.events.put(("end", self.index, rest if self.events.stream else "", len(req.generated)))
+
+
+class _Events:
+    """A request's event queue on the event loop, fed from the engine's thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, tok, stream: bool):
+        self.loop, self.queue, self.tok, self.stream = loop, asyncio.Queue(), tok, stream
+
+    def put(self, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: the server is shutting down
+            pass
 
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
@@ -349,6 +488,16 @@ class Served:
     chat_template: Any = None  # model_files.ChatTemplate
     chat_error: str | None = None  # why there is no chat template
     created: int = field(default_factory=lambda: int(time.time()))
+    _token_bytes: Any = None
+
+    @property
+    def token_bytes(self):
+        """The vocabulary's exact token bytes (built on the first request that asks for log-probabilities)."""
+        if self._token_bytes is None:
+            from .runtime.tokenizer import TokenBytes
+
+            self._token_bytes = TokenBytes(self.tok)
+        return self._token_bytes
 
     @property
     def scheduler(self):
@@ -359,14 +508,10 @@ class Served:
         return self.worker.scheduler.engine
 
 
-def _usage(prompt_n: int, req) -> dict:
-    c = len(req.generated)
-    return {"prompt_tokens": prompt_n, "completion_tokens": c, "total_tokens": prompt_n + c}
-
-
-def _failure(req, ev: _Events) -> ApiError | None:
-    if req.finish_reason == "error" or ev.callback_error is not None:
-        e = req.error or ev.callback_error
+def _failure(c: _Choice) -> ApiError | None:
+    req = c.req
+    if req.finish_reason == "error" or c.callback_error is not None:
+        e = req.error or c.callback_error
         return ApiError(500, f"the engine failed this request: {type(e).__name__}: {e}", code="engine_error")
     if req.finish_reason == "cancelled":
         return ApiError(503, "the request was cancelled (the server is shutting down)", code="cancelled")
@@ -374,14 +519,27 @@ def _failure(req, ev: _Events) -> ApiError | None:
 
 
 def _sse(obj) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n\n"
+    return b"data: " + json.dumps(obj, ensure_ascii=False, allow_nan=False).encode("utf-8") + b"\n\n"
 
 
-async def _run_request(request: Request, s: Served, body: _Common, prompt_ids: list[int], stop: list[str], *,
-                       chat: bool, param: str):
+@dataclass
+class _Ask:
+    """What one endpoint call asks for, past validation."""
+    prompts: list[list[int]]
+    prompt_texts: list[str]
+    stop: list[str]
+    chat: bool
+    param: str
+    n: int = 1
+    logprobs: Optional[int] = None  # None: no log-probabilities; k: the chosen token's and the k most likely
+    echo: bool = False  # completions: the prompt's text (and, with logprobs, its tokens' log-probabilities) first
+
+
+async def _run_request(request: Request, s: Served, body: _Common, ask: _Ask):
     from .runtime.scheduler import QueueFull, SchedulerError
 
     e = s.engine
+    chat = ask.chat
     max_new = body.max_tokens
     if chat and body.max_completion_tokens is not None:
         if max_new is not None and max_new != body.max_completion_tokens:
@@ -389,77 +547,145 @@ async def _run_request(request: Request, s: Served, body: _Common, prompt_ids: l
         max_new = body.max_completion_tokens
     if max_new is None:  # completions: OpenAI's 16; chat: until the context is full
         max_new = e.max_context if chat else 16
-    if len(prompt_ids) > e.max_context:
-        raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens; the context holds {e.max_context}",
-                       param=param, code="context_length_exceeded")
-    ev = _Events(asyncio.get_running_loop(), s.tok, stop, body.stream)
+    for i, p in enumerate(ask.prompts):
+        if len(p) > e.max_context:
+            where = f" (prompt {i})" if len(ask.prompts) > 1 else ""
+            raise ApiError(400, f"the prompt{where} has {len(p)} tokens; the context holds {e.max_context}",
+                           param=ask.param, code="context_length_exceeded")
+    total = len(ask.prompts) * ask.n
+    if total > s.scheduler.max_queue:
+        raise _unsupported("n", f"{total} choices in one request; this server queues at most {s.scheduler.max_queue}")
+    ev = _Events(asyncio.get_running_loop(), s.tok, body.stream)
+    choices = [_Choice(i * ask.n + j, p, t, ev, ask.stop) for i, (p, t) in enumerate(zip(ask.prompts, ask.prompt_texts))
+               for j in range(ask.n)]
+
+    def cancel_all():
+        for c in choices:
+            if c.req is not None:
+                s.worker.cancel(c.req)
+
     try:
-        req = s.worker.submit(prompt_ids, max_new_tokens=max_new, sampler=_sampler(body, e.vocab), stop_ids=s.stop_ids,
-                              on_token=ev.on_token, on_finish=ev.on_finish)
+        for c in choices:
+            c.req = s.worker.submit(c.prompt, max_new_tokens=max_new, sampler=_sampler(body, e.vocab, c.index % ask.n),
+                                    stop_ids=s.stop_ids, on_token=c.on_token, on_finish=c.on_finish,
+                                    logprobs=ask.logprobs, prompt_logprobs=ask.echo and ask.logprobs is not None)
     except QueueFull as err:
+        cancel_all()
         raise ApiError(429, f"the server is busy: {err}; retry later", code="queue_full") from None
     except SchedulerError as err:
-        raise ApiError(400, str(err), param=param, code="invalid_prompt") from None
+        cancel_all()
+        raise ApiError(400, str(err), param=ask.param, code="invalid_prompt") from None
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
     base = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
             "model": s.model_name}
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
 
+    def usage() -> dict:
+        p = sum(len(x) for x in ask.prompts)  # each prompt once, whatever n
+        c = sum(len(x.req.generated) for x in choices)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def logprobs_of(c: _Choice, upto: int, with_prompt: bool) -> list[_Logprob]:
+        """The formatted entries of ``c``'s chosen tokens ``c.sent .. upto`` (and first its prompt's, echoed)."""
+        out = []
+        if with_prompt:
+            prompt_lps = [None] + list(c.req.prompt_token_logprobs) if ask.logprobs is not None else [None] * len(c.prompt)
+            out += _entries(_TokenText(s.tok, s.token_bytes, []), c.prompt, prompt_lps)
+        if c.texts is None:
+            c.texts = _TokenText(s.tok, s.token_bytes, c.prompt[-CONTEXT_TOKENS:])
+        out += _entries(c.texts, c.req.generated[c.sent:upto], c.req.token_logprobs[c.sent:upto])
+        c.sent = upto
+        return out
+
+    def lp_object(entries: list[_Logprob], offset: int):
+        if ask.logprobs is None:
+            return None
+        return _chat_logprobs(entries) if chat else _completion_logprobs(entries, offset)
+
     if body.stream:
-        def chunk(text: str | None, finish: str | None, first: bool = False) -> bytes:
+        offsets = {c.index: 0 for c in choices}
+
+        def chunk(c: _Choice, text: str | None, finish: str | None, entries=None, first: bool = False) -> bytes:
+            lp = None
+            if entries is not None:
+                lp = lp_object(entries, offsets[c.index])
+                offsets[c.index] += sum(len(x.piece) for x in entries)
             if chat:
                 delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                choice = {"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+                choice = {"index": c.index, "text": text or "", "logprobs": lp, "finish_reason": finish}
             out = dict(base, choices=[choice])
             if include_usage:
                 out["usage"] = None
             return _sse(out)
 
+        def echo(c: _Choice) -> list[bytes]:
+            if not ask.echo or c.echoed:
+                return []
+            c.echoed = True  # (the prompt's log-probabilities are whole once its first event comes: prefill is done)
+            return [chunk(c, c.prompt_text, None, logprobs_of(c, 0, True) if ask.logprobs is not None else None)]
+
         async def events():
             if chat:
-                yield chunk(None, None, first=True)
-            while True:
-                kind, val = await ev.queue.get()
-                if kind == "end":
-                    break
-                yield chunk(val, None)
-            fail = _failure(req, ev)
-            if fail is not None:
-                yield _sse(fail.body())
-            else:
-                yield chunk(None, FINISH[req.finish_reason])
-                if include_usage:
-                    yield _sse(dict(base, choices=[], usage=_usage(len(prompt_ids), req)))
+                for c in choices:
+                    yield chunk(c, None, None, first=True)
+            left = len(choices)
+            while left:
+                kind, index, piece, upto = await ev.queue.get()
+                c = choices[index]
+                for b in echo(c):
+                    yield b
+                entries = logprobs_of(c, upto, False) if ask.logprobs is not None else None
+                if kind == "text":
+                    yield chunk(c, piece, None, entries)
+                    continue
+                left -= 1
+                fail = _failure(c)
+                if fail is not None:
+                    yield _sse(fail.body())
+                    yield b"data: [DONE]\n\n"
+                    return  # (the response's end cancels the other choices)
+                if piece or entries:
+                    yield chunk(c, piece, None, entries)
+                yield chunk(c, None, FINISH[c.req.finish_reason])
+            if include_usage:
+                yield _sse(dict(base, choices=[], usage=usage()))
             yield b"data: [DONE]\n\n"
 
-        return _Stream(events(), lambda: s.worker.cancel(req))
+        return _Stream(events(), cancel_all)
 
-    # not streamed: wait for the end (the only event), cancelling if the client goes away meanwhile
+    # not streamed: wait for every choice's end (the only events), cancelling if the client goes away meanwhile
     try:
-        while True:
+        left = len(choices)
+        while left:
             try:
                 await asyncio.wait_for(ev.queue.get(), DISCONNECT_POLL_S)
-                break
+                left -= 1
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
-                    s.worker.cancel(req)
+                    cancel_all()
                     return JSONResponse({}, status_code=499)  # nobody reads it
     finally:
-        s.worker.cancel(req)  # a no-op once it ended; else (handler cancelled) it frees the slot
-    fail = _failure(req, ev)
-    if fail is not None:
-        raise fail
-    reason = FINISH[req.finish_reason]
-    if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": ev.text}, "logprobs": None,
-                  "finish_reason": reason}
-    else:
-        choice = {"index": 0, "text": ev.text, "logprobs": None, "finish_reason": reason}
+        cancel_all()  # a no-op once they ended; else (handler cancelled) it frees their slots
+    out = []
+    for c in choices:
+        fail = _failure(c)
+        if fail is not None:
+            raise fail
+        reason = FINISH[c.req.finish_reason]
+        text = (c.prompt_text if ask.echo else "") + c.text
+        lp = None
+        if ask.logprobs is not None:
+            lp = lp_object(logprobs_of(c, len(c.req.generated), ask.echo), 0)
+        if chat:
+            out.append({"index": c.index, "message": {"role": "assistant", "content": text}, "logprobs": lp,
+                        "finish_reason": reason})
+        else:
+            out.append({"index": c.index, "text": text, "logprobs": lp, "finish_reason": reason})
     return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                         "model": s.model_name, "choices": [choice], "usage": _usage(len(prompt_ids), req)})
+                         "model": s.model_name, "choices": out, "usage": usage()})
 
 
 class _Stream(StreamingResponse):
@@ -533,40 +759,57 @@ def create_app(engine=None, *, tokenizer, model_name: str, stop_ids=(), chat_tem
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = _parse_body(await request.body(), CompletionRequest)
-        stop = _check_common(body, served.model_name)
-        for name, neutral in (("echo", False), ("logprobs", None), ("best_of", 1), ("suffix", None)):
-            v = getattr(body, name)
-            if v is not None and v != neutral:
-                raise _unsupported(name, f"{name}={v!r} is not supported")
-        if isinstance(body.prompt, str):
-            if body.prompt == "":
-                raise ApiError(400, "the prompt is empty", param="prompt", code="invalid_prompt")
-            ids = served.tok.encode(body.prompt).ids
-            if not ids:
-                raise ApiError(400, "the prompt encodes to no tokens", param="prompt", code="invalid_prompt")
-        else:
-            ids = list(body.prompt)
-            if not ids:
-                raise ApiError(400, "the prompt has no tokens", param="prompt", code="invalid_prompt")
-        return await _run_request(request, served, body, ids, stop, chat=False, param="prompt")
+        stop = _check_common(body, served.model_name, served.engine.vocab)
+        if body.best_of is not None and body.best_of != (body.n or 1):
+            raise _unsupported("best_of", f"best_of={body.best_of} is not supported (only best_of = n)")
+        if body.suffix is not None:
+            raise _unsupported("suffix", "suffix (insertion) is not supported")
+        many = isinstance(body.prompt, list) and bool(body.prompt) and not isinstance(body.prompt[0], int)
+        items = list(body.prompt) if many else [body.prompt]
+        if not items:
+            raise ApiError(400, "the prompt has no tokens", param="prompt", code="invalid_prompt")
+        prompts, texts = [], []
+        for i, p in enumerate(items):
+            where = f"prompt {i}" if many else "the prompt"
+            if isinstance(p, str):
+                if p == "":
+                    raise ApiError(400, f"{where} is empty", param="prompt", code="invalid_prompt")
+                ids = served.tok.encode(p).ids
+                if not ids:
+                    raise ApiError(400, f"{where} encodes to no tokens", param="prompt", code="invalid_prompt")
+                texts.append(p)
+            else:
+                ids = list(p)
+                if not ids:
+                    raise ApiError(400, f"{where} has no tokens", param="prompt", code="invalid_prompt")
+                bad = [t for t in ids if not 0 <= t < served.engine.vocab]
+                if bad:
+                    raise ApiError(400, f"{where}: token ids outside the vocabulary 0..{served.engine.vocab - 1}: "
+                                        f"{bad[:5]}", param="prompt", code="invalid_prompt")
+                texts.append(served.tok.decode(ids, skip_special_tokens=False) if body.echo else "")
+            prompts.append(ids)
+        ask = _Ask(prompts, texts, stop, chat=False, param="prompt", n=body.n or 1, logprobs=body.logprobs,
+                   echo=bool(body.echo))
+        return await _run_request(request, served, body, ask)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         from .chat import ChatError, render
 
         body = _parse_body(await request.body(), ChatRequest)
-        stop = _check_common(body, served.model_name)
-        if body.logprobs:
-            raise _unsupported("logprobs", "logprobs are not supported")
-        if body.top_logprobs is not None:
-            raise _unsupported("top_logprobs", "top_logprobs are not supported")
+        stop = _check_common(body, served.model_name, served.engine.vocab)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise _unsupported("top_logprobs", "top_logprobs needs logprobs: true")
         if not body.messages:
             raise ApiError(400, "messages is empty", param="messages", code="invalid_messages")
         tpl = served.chat_template
         if tpl is None:
             raise ApiError(400, f"this model has no chat template: {served.chat_error or 'none was given'}; "
                                 f"use /v1/completions", param="messages", code="no_chat_template")
-        msgs = [{"role": m.role, "content": m.content} for m in body.messages]
+        # OpenAI's "developer" role is its newer name for "system"; text parts are joined as the message's text
+        msgs = [{"role": "system" if m.role == "developer" else m.role,
+                 "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)}
+                for m in body.messages]
         try:
             text = render(tpl.template, msgs, add_generation_prompt=True, special=tpl.special, source=tpl.source)
         except ChatError as e:
@@ -575,7 +818,9 @@ def create_app(engine=None, *, tokenizer, model_name: str, stop_ids=(), chat_tem
         if not ids:
             raise ApiError(400, "the chat template renders these messages to no tokens", param="messages",
                            code="invalid_messages")
-        return await _run_request(request, served, body, ids, stop, chat=True, param="messages")
+        ask = _Ask([ids], [""], stop, chat=True, param="messages", n=body.n or 1,
+                   logprobs=(body.top_logprobs or 0) if body.logprobs else None)
+        return await _run_request(request, served, body, ask)
 
     @app.get("/v1/models")
     async def models():

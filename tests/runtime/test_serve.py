@@ -295,19 +295,38 @@ BAD = [  # (body, param the error names)
     ({"prompt": [5, 100000]}, "prompt"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": "hi", "max_tokens": -1}, "max_tokens"),
-    ({"prompt": "hi", "n": 2}, "n"),
+    ({"prompt": "hi", "n": 0}, "n"),
+    ({"prompt": "hi", "n": 1000}, "n"),
+    ({"prompt": ["hi", "ho"], "n": 5}, "n"),  # 10 choices: more than the server's queue of 8
+    ({"prompt": ["hi", ""]}, "prompt"),
+    ({"prompt": [[1, 2], []]}, "prompt"),
+    ({"prompt": [[1, 2], [3, 100000]]}, "prompt"),
+    ({"prompt": ["hi", 3]}, "prompt"),
+    ({"prompt": "hi", "best_of": 3}, "best_of"),
+    ({"prompt": "hi", "suffix": "x"}, "suffix"),
     ({"prompt": "hi", "temperature": -0.1}, "temperature"),
     ({"prompt": "hi", "top_p": 1.5}, "top_p"),
     ({"prompt": "hi", "top_k": -1}, "top_k"),
     ({"prompt": "hi", "seed": -3}, "seed"),
     ({"prompt": "hi", "stop": ""}, "stop"),
     ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
-    ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
-    ({"prompt": "hi", "logprobs": 2}, "logprobs"),
-    ({"prompt": "hi", "echo": True}, "echo"),
+    ({"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "hi", "frequency_penalty": -3}, "frequency_penalty"),
+    ({"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"100000": 1}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"5": "1"}}, "logit_bias.5"),
+    ({"prompt": "hi", "logprobs": 21}, "logprobs"),
+    ({"prompt": "hi", "logprobs": -1}, "logprobs"),
+    ({"prompt": "hi", "logprobs": True}, "logprobs"),
+    ({"prompt": "hi", "echo": 1}, "echo"),
 ]
 CHAT_BAD = [
-    ({"messages": [{"role": "user", "content": "hi"}], "n": 3}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": 1}, "logprobs"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages.0.content"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": LONG}]}, "messages"),
@@ -596,7 +615,7 @@ def test_shared_system_prompt_hits_the_prefix_cache(mini, eos_id):
         s.close()
 
 
-def test_serve_tensor_parallel(mini, eos_id, tmp_path):
+def test_serve_tensor_parallel(mini, eos_id, tmp_path, server):
     """``vxc serve --tp 2``: this process serves as rank 0, a spawned rank follows its scheduler step for step
     (vxc.runtime.lockstep). Concurrent greedy requests (slots shared, chunked prefill beside batched steps) give
     the solo runs' text; a stop string decided on rank 0 ends the request on both ranks; a client that disconnects
@@ -649,6 +668,18 @@ def test_serve_tensor_parallel(mini, eos_id, tmp_path):
         assert complete({"prompt": prompts[1]})["text"] == got[1]["text"]
         sampled = [complete({"prompt": prompts[2], "temperature": 0.9, "seed": 11})["text"] for _ in range(2)]
         assert sampled[0] == sampled[1]
+        # the prompt's log-probabilities: every rank prefills that request with the head on every position (the
+        # same collectives), and they are the one-process server's within 1e-4; n choices, penalised
+        body = {"prompt": prompts[3], "echo": True, "logprobs": 2, "max_tokens": 3, "temperature": 0}
+        c = complete(body)
+        one = server.client.post("/v1/completions", json=body).json()["choices"][0]
+        assert c["text"] == one["text"] and c["text"].startswith(prompts[3])
+        a, b = c["logprobs"]["token_logprobs"], one["logprobs"]["token_logprobs"]
+        assert a[0] is None and len(a) == len(b) == len(prompts[3]) + 3
+        assert max(abs(x - y) for x, y in zip(a[1:], b[1:])) < 1e-4
+        body = {"prompt": prompts[0], "n": 2, "max_tokens": 8, "temperature": 0.8, "seed": 4, "frequency_penalty": 1.0}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+        assert [x["text"] for x in r["choices"]] == [x["text"] for x in server.client.post("/v1/completions", json=body).json()["choices"]]
         h = httpx.get(url + "/health", timeout=5).json()
         assert h["scheduler"]["active"] == 0 and h["step_failures"] == 0
     finally:

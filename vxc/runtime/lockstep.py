@@ -79,15 +79,20 @@ class Lockstep:
             with self._lock:
                 cancels, self._cancels = self._cancels, []
             broadcast_object({"submit": [(r.id, r.prompt, r.max_new_tokens, sorted(r.stop_ids), r.on_token is not None,
-                                          r.keep_logits) for r in new], "cancel": cancels, "stop": False})
+                                          r.keep_logits, r.prompt_logprobs) for r in new], "cancel": cancels,
+                              "stop": False})
         else:
             msg = broadcast_object(None)
             if msg["stop"]:
                 raise Stopped()
             new = []
-            for rid, prompt, n, stops, decides, keep in msg["submit"]:
+            for rid, prompt, n, stops, decides, keep, prompt_rows in msg["submit"]:
+                # prompt_rows: rank 0 prefills this request with the head on every position (its prompt's
+                # log-probabilities) and restores nothing from its prefix cache: so does every rank (the same
+                # collectives; the values are rank 0's to report)
                 req = Request(prompt, n, Agreed(Sampler(vocab=sch.engine.vocab)), frozenset(stops),
-                              (lambda r, tok: _flag(False)) if decides else None, None, keep_logits=keep)
+                              (lambda r, tok: _flag(False)) if decides else None, None, keep_logits=keep,
+                              prompt_logprobs=prompt_rows)
                 req.id = rid
                 new.append(req)
             cancels = msg["cancel"]

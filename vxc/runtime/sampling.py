@@ -1,4 +1,5 @@
-"""Token selection: greedy, or temperature with top-k / top-p from a seeded generator."""
+"""Token selection: greedy, or temperature with top-k / top-p from a seeded generator; before either, an optional
+logit bias and OpenAI's presence / frequency penalties over the tokens this sampler chose so far."""
 
 from __future__ import annotations
 
@@ -23,19 +24,50 @@ class Sampler:
     top_p: float = 1.0
     seed: int = 0
     vocab: int | None = None  # ids at or beyond the logical vocab are padding, never chosen
+    # OpenAI's definitions: logit[j] += logit_bias[j]; logit[j] -= c[j] * frequency_penalty + (c[j] > 0) *
+    # presence_penalty, c[j] the times this sampler chose j so far (its completion's tokens, not the prompt's).
+    # Greedy choice takes them too (the argmax of the adjusted logits)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
     generator: torch.Generator = field(init=False)
+    counts: dict[int, int] = field(init=False)  # id -> times chosen
 
     def __post_init__(self) -> None:
         self.generator = torch.Generator().manual_seed(self.seed)
+        self.counts = {}
+        if self.logit_bias:
+            keys = sorted(self.logit_bias)
+            self._bias_ids = torch.tensor(keys, dtype=torch.int64)
+            self._bias = torch.tensor([float(self.logit_bias[k]) for k in keys], dtype=torch.float32)
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0
 
-    def __call__(self, logits: torch.Tensor) -> int:
+    def adjusted(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits a choice is made from: fp32 on the CPU, cut to the vocabulary, with the logit bias and the
+        penalties applied (a copy whenever anything is applied: ``logits`` itself is never written)."""
         x = logits.float().cpu()
         if self.vocab is not None:
             x = x[: self.vocab]
+        penalised = self.counts and (self.presence_penalty or self.frequency_penalty)
+        if self.logit_bias or penalised:
+            x = x.clone()
+            if self.logit_bias:
+                x.index_add_(0, self._bias_ids, self._bias)
+            if penalised:
+                ids = torch.tensor(list(self.counts), dtype=torch.int64)
+                c = torch.tensor(list(self.counts.values()), dtype=torch.float32)
+                x.index_add_(0, ids, -(c * self.frequency_penalty + self.presence_penalty))
+        return x
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        tok = self._choose(self.adjusted(logits))
+        self.counts[tok] = self.counts.get(tok, 0) + 1
+        return tok
+
+    def _choose(self, x: torch.Tensor) -> int:
         if self.greedy:
             return greedy(x)
         x = x / self.temperature

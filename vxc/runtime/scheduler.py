@@ -68,6 +68,16 @@ class Request:
     done: threading.Event = field(default_factory=threading.Event)
     keep_logits: bool = False  # keep the logits row each token was chosen from (in ``logits``; for tests)
     logits: list = field(default_factory=list)
+    # log-probabilities (the model's: log-softmax of the logits over the vocabulary, before a sampler's logit bias,
+    # penalties, temperature or top-k / top-p). ``logprobs``: None (none kept) or k >= 0: for every chosen token,
+    # ``(its log-probability, [(id, log-probability)] of the k most likely ids)`` in ``token_logprobs``.
+    # ``prompt_logprobs`` (with ``logprobs``): the same for prompt tokens 1.. in ``prompt_token_logprobs``: the
+    # request prefills with the head on every position and takes nothing from the prefix cache (the cache holds no
+    # per-position logits; what it prefills is still stored)
+    logprobs: Optional[int] = None
+    prompt_logprobs: bool = False
+    token_logprobs: list = field(default_factory=list)
+    prompt_token_logprobs: list = field(default_factory=list)
 
     @property
     def prefilling(self) -> bool:
@@ -108,8 +118,10 @@ class Scheduler:
     # ------------------------------------------------------------------ requests
 
     def submit(self, prompt: Iterable[int], *, max_new_tokens: int, sampler: Sampler | None = None,
-               stop_ids: Iterable[int] = (), on_token=None, on_finish=None, keep_logits: bool = False) -> Request:
-        """Queue a request (checked first: nothing is queued for a request that cannot run)."""
+               stop_ids: Iterable[int] = (), on_token=None, on_finish=None, keep_logits: bool = False,
+               logprobs: int | None = None, prompt_logprobs: bool = False) -> Request:
+        """Queue a request (checked first: nothing is queued for a request that cannot run). ``logprobs`` and
+        ``prompt_logprobs``: see :class:`Request`."""
         prompt = [int(t) for t in prompt]
         e = self.engine
         if not prompt:
@@ -121,10 +133,15 @@ class Scheduler:
             raise SchedulerError(f"the prompt has {len(prompt)} tokens; the context holds {e.max_context}")
         if max_new_tokens < 0:
             raise SchedulerError(f"max_new_tokens must be >= 0, not {max_new_tokens}")
+        if logprobs is not None and not 0 <= logprobs <= e.vocab:
+            raise SchedulerError(f"logprobs must be 0..{e.vocab} (the vocabulary), not {logprobs}")
+        if prompt_logprobs and logprobs is None:
+            raise SchedulerError("prompt_logprobs needs logprobs (how many of the most likely ids to keep)")
         sampler = sampler or Sampler(vocab=e.vocab)
         if sampler.vocab is None:
             sampler.vocab = e.vocab
-        req = Request(prompt, max_new_tokens, sampler, frozenset(stop_ids), on_token, on_finish, keep_logits=keep_logits)
+        req = Request(prompt, max_new_tokens, sampler, frozenset(stop_ids), on_token, on_finish, keep_logits=keep_logits,
+                      logprobs=logprobs, prompt_logprobs=prompt_logprobs)
         if self.sync is not None:
             self.sync.leading(req)  # rank 0's choices and stop decisions, shared with the other ranks
         with self.lock:
@@ -218,7 +235,7 @@ class Scheduler:
                 admitted = r
                 self.engine.state.zero_(admitted.slot)
                 r.pos = 0
-                if self.cache is not None:
+                if self.cache is not None and not r.prompt_logprobs:
                     r.pos = r.cached = self.cache.restore(self.engine.state, r.slot, r.prompt)
                     if r.pos == len(r.prompt):
                         whole.append((r, self.cache.take_logits(r.slot)))
@@ -241,11 +258,15 @@ class Scheduler:
         last = end == len(req.prompt)
         t0 = time.perf_counter()
         # the head on the last position only (a chunk before the prompt's last gives a row nobody reads): over a
-        # 151936-token vocabulary the head of every position was a fifth of a chunk's arithmetic
-        logits = e.prefill_last_graph(ids, start)
+        # 151936-token vocabulary the head of every position was a fifth of a chunk's arithmetic. A request that
+        # wants its prompt's log-probabilities: the head on every position
+        logits = (e.prefill_graph if req.prompt_logprobs else e.prefill_last_graph)(ids, start)
         self.prefill_seconds += time.perf_counter() - t0
         req.pos = end
         self.prefilled_tokens += end - start
+        if req.prompt_logprobs and req.logprobs is not None:
+            for j in range(end - start - (1 if last else 0)):  # row j predicts prompt[start + j + 1]
+                req.prompt_token_logprobs.append(self._logprobs(logits[j], req.prompt[start + j + 1], req.logprobs))
         if self.cache is not None:
             self.cache.store(e.state, req.slot, req.prompt[:end], logits[-1] if last else None)
         if last:
@@ -286,6 +307,8 @@ class Scheduler:
                     self.cache.store(self.engine.state, r.slot, r.prompt[:r.pos],
                                      logits[i] if r.pos == len(r.prompt) else None)
                 if r.pos < len(r.prompt):
+                    if r.prompt_logprobs and r.logprobs is not None:
+                        r.prompt_token_logprobs.append(self._logprobs(logits[i], r.prompt[r.pos], r.logprobs))
                     continue
             else:
                 self.decoded_rows += 1
@@ -298,7 +321,10 @@ class Scheduler:
             return
         if r.keep_logits:
             r.logits.append(logits.detach().clone())
+        lp = self._log_softmax(logits) if r.logprobs is not None else None
         tok = r.sampler(logits)
+        if lp is not None:
+            r.token_logprobs.append(self._logprobs(None, tok, r.logprobs, lp))
         r.generated.append(tok)
         r.next_token = tok
         if tok in r.stop_ids:
@@ -309,6 +335,20 @@ class Scheduler:
             self._finish(r, "length")
         elif r.pos + 1 > self.engine.max_context:
             self._finish(r, "context")
+
+    def _log_softmax(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(logits[: self.engine.vocab].float(), -1)
+
+    def _logprobs(self, logits, tok: int, k: int, lp: torch.Tensor | None = None) -> tuple:
+        """(the log-probability of ``tok``, [(id, log-probability)] of the ``k`` most likely ids, most likely
+        first) under ``logits`` (or the log-softmax ``lp`` already taken of them)."""
+        if lp is None:
+            lp = self._log_softmax(logits)
+        top = []
+        if k:
+            v, i = torch.topk(lp, k)
+            top = list(zip(i.tolist(), v.tolist()))
+        return float(lp[tok]), top
 
     def _finish(self, r: Request, reason: str) -> None:
         if r.finish_reason is not None:

@@ -94,3 +94,52 @@ def load_tokenizer(model_dir: Path, module=None):
         return Tokenizer.from_file(str(path))
     except Exception as e:  # the tokenizers library raises its own Exception subclass with the parse error
         raise VxcError(f"{path}: not a readable tokenizer ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})") from None
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """The byte-level BPE alphabet (GPT-2's): the printable Latin-1 bytes spell themselves, every other byte the
+    character 256 + k, k counting those bytes in order."""
+    printable = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    table, k = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + k)] = b
+            k += 1
+    return table
+
+
+class TokenBytes:
+    """The exact bytes of a token, where the vocabulary spells them: every token of a byte-level BPE vocabulary
+    (its decoder is ``ByteLevel``), and the ``<0xNN>`` byte tokens of a byte-fallback one (``ByteFallback``); None
+    for any other token (its text then comes from decoding it in context). Read from the tokenizer's own JSON
+    description (its decoder), once."""
+
+    def __init__(self, tok):
+        import json
+
+        self.tok = tok
+        dec = json.loads(tok.to_str()).get("decoder") or {}
+        kinds = {d.get("type") for d in ([dec] + list(dec.get("decoders") or []))}
+        self.byte_level = "ByteLevel" in kinds
+        self.byte_fallback = "ByteFallback" in kinds
+        self.alphabet = _byte_level_alphabet() if self.byte_level else None
+        self._cache: dict[int, bytes | None] = {}
+
+    def __call__(self, token: int) -> bytes | None:
+        if token in self._cache:
+            return self._cache[token]
+        s = self.tok.id_to_token(token)
+        out = None
+        if s is not None:
+            if self.byte_level and all(c in self.alphabet for c in s):
+                out = bytes(self.alphabet[c] for c in s)
+            elif self.byte_fallback and len(s) == 6 and s.startswith("<0x") and s.endswith(">"):
+                try:
+                    out = bytes([int(s[3:5], 16)])
+                except ValueError:
+                    out = None
+        if len(self._cache) < 1 << 16:
+            self._cache[token] = out
+        return out
