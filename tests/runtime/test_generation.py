@@ -290,6 +290,84 @@ def test_stop_string_across_split_characters(bpe):
     assert "首" not in "".join(chunks[:-1])  # ... only once it cannot become the stop string
 
 
+def _byte_fallback_tokenizer():
+    """A SentencePiece-style vocabulary as Llama / Gemma tokenizer.json files describe one: metaspace words, the
+    256 <0xNN> byte tokens for everything else, decoded by Replace(▁ → space), ByteFallback, Fuse, Strip."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for w in ["\u2581", "a", "b", "c", "d", "e", "\u2581the", "\u2581a", "\u2581state", "\u6771", "\u4eac", ".", ","]:
+        vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    return tok
+
+
+def _prefix_oracle(tok, ids, stop):
+    """The streamed text by definition: the first prefix of the ids whose decode holds a stop string ends the
+    text where the earliest one there begins; else the decode of every id."""
+    for k in range(1, len(ids) + 1):
+        text = tok.decode(ids[:k], skip_special_tokens=False)
+        hits = [i for st in stop if (i := text.find(st)) >= 0]
+        if hits:
+            return text[:min(hits)]
+    return tok.decode(ids, skip_special_tokens=False)
+
+
+def test_windowed_detokenizer_equals_the_whole_decode(bpe, chatml):
+    """Long random id sequences (characters split across tokens, invalid byte runs, special tokens) through
+    byte-level and byte-fallback vocabularies: the streamed text is the decode of all ids, cut at the first stop
+    string as decoding every prefix finds it; and a push decodes a window of a few ids, not the whole answer."""
+    import random
+
+    rng = random.Random(11)
+    sp = _byte_fallback_tokenizer()
+    assert sp.decode(sp.encode("the state \u6771\u4eac\u00e9").ids) == "the state \u6771\u4eac\u00e9"
+    pieces = ["the", " state", "\u6771\u4eac", "\u00e9", "\U0001f389", ".", " a", "b", ",", "x", "\n", " "]
+    for tok in (bpe, chatml[2], sp):
+        V = tok.get_vocab_size()
+        for trial in range(12):
+            if tok is sp:  # ids of text: tokenizers' ByteFallback turns every byte of an invalid run into U+FFFD,
+                # valid ones too, so a decode of random byte tokens rewrites its own earlier text
+                ids = tok.encode("".join(rng.choice(pieces) for _ in range(rng.randrange(30, 200)))).ids
+            else:
+                ids = [rng.randrange(V) for _ in range(rng.randrange(50, 400))]
+            chunks, d = _stream(tok, ids)
+            assert "".join(chunks) == tok.decode(ids, skip_special_tokens=False) == d.text
+            full = d.text
+            if len(full) < 20:
+                continue
+            stop = []
+            for _ in range(rng.randrange(1, 4)):  # substrings of the text, and one that never occurs
+                a = rng.randrange(len(full) - 4)
+                stop.append(full[a:a + rng.randrange(1, 5)])
+            stop.append("\x00never")
+            chunks, d = _stream(tok, ids, stop)
+            assert "".join(chunks) == _prefix_oracle(tok, ids, stop), (tok.get_vocab_size(), trial, stop)
+
+    class Counting:
+        def __init__(self, tok):
+            self.tok, self.most = tok, 0
+
+        def decode(self, ids, **kw):
+            self.most = max(self.most, len(ids))
+            return self.tok.decode(ids, **kw)
+
+    from vxc.runtime.tokenizer import Detokenizer
+
+    c = Counting(bpe)
+    d = Detokenizer(c, ["\x00never"])
+    text = "Tokyo in Japanese is 東京. Osaka in Japanese is 大阪. " * 60
+    ids = bpe.encode(text).ids
+    assert len(ids) > 1500
+    assert "".join(d.push(t) for t in ids) + d.finish() == text
+    assert c.most <= 8  # the window, not the answer
+
+
 def test_special_tokens_are_decoded_into_the_text(chatml):
     tok = chatml[2]
     ids = tok.encode("ab<|im_end|>\n<|im_start|>c").ids
