@@ -8,7 +8,7 @@ woken by a submit; the HTTP side (FastAPI on the event loop) only submits and ca
 from any thread.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streamed as server-sent events or not),
-``GET /v1/models``, ``GET /health``. A request's choices (``n`` per prompt, several prompts) are scheduler
+``POST /tokenize``, ``POST /detokenize``, ``GET /v1/models``, ``GET /health``. A request's choices (``n`` per prompt, several prompts) are scheduler
 requests of their own, sharing the request's event queue; log-probabilities are the scheduler's (the model's own,
 before a sampler's bias and penalties), formatted here on the event loop. Errors are OpenAI's JSON shape ``{"error": {"message", "type", "param",
 "code"}}``: 400 for a request that cannot be served as written (unknown field, wrong type, a value outside what
@@ -268,6 +268,23 @@ class ChatRequest(_Common):
     max_completion_tokens: Optional[int] = Field(default=None, ge=0)
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize`` (vLLM's shape): a ``prompt`` as /v1/completions encodes it, or ``messages`` as
+    /v1/chat/completions renders them."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[Message]] = None
+    add_special_tokens: Optional[bool] = None  # default: True for a prompt, False for messages (the template writes them)
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: Optional[str] = None
+    tokens: list[int]
 
 
 def _unsupported(param: str, why: str) -> ApiError:
@@ -792,16 +809,11 @@ def create_app(engine=None, *, tokenizer, model_name: str, stop_ids=(), chat_tem
                    echo=bool(body.echo))
         return await _run_request(request, served, body, ask)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
+    def chat_ids(messages: list[Message], add_generation_prompt: bool = True, add_special_tokens: bool = False):
+        """The token ids of ``messages`` rendered with the model's chat template (as ``vxc exec --chat`` renders
+        them)."""
         from .chat import ChatError, render
 
-        body = _parse_body(await request.body(), ChatRequest)
-        stop = _check_common(body, served.model_name, served.engine.vocab)
-        if body.top_logprobs is not None and not body.logprobs:
-            raise _unsupported("top_logprobs", "top_logprobs needs logprobs: true")
-        if not body.messages:
-            raise ApiError(400, "messages is empty", param="messages", code="invalid_messages")
         tpl = served.chat_template
         if tpl is None:
             raise ApiError(400, f"this model has no chat template: {served.chat_error or 'none was given'}; "
@@ -809,18 +821,62 @@ def create_app(engine=None, *, tokenizer, model_name: str, stop_ids=(), chat_tem
         # OpenAI's "developer" role is its newer name for "system"; text parts are joined as the message's text
         msgs = [{"role": "system" if m.role == "developer" else m.role,
                  "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)}
-                for m in body.messages]
+                for m in messages]
         try:
-            text = render(tpl.template, msgs, add_generation_prompt=True, special=tpl.special, source=tpl.source)
+            text = render(tpl.template, msgs, add_generation_prompt=add_generation_prompt, special=tpl.special,
+                          source=tpl.source)
         except ChatError as e:
             raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
-        ids = served.tok.encode(text, add_special_tokens=False).ids  # the template writes the special tokens
+        # the template writes the special tokens
+        ids = served.tok.encode(text, add_special_tokens=add_special_tokens).ids
         if not ids:
             raise ApiError(400, "the chat template renders these messages to no tokens", param="messages",
                            code="invalid_messages")
+        return ids
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = _parse_body(await request.body(), ChatRequest)
+        stop = _check_common(body, served.model_name, served.engine.vocab)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise _unsupported("top_logprobs", "top_logprobs needs logprobs: true")
+        if not body.messages:
+            raise ApiError(400, "messages is empty", param="messages", code="invalid_messages")
+        ids = chat_ids(body.messages)
         ask = _Ask([ids], [""], stop, chat=True, param="messages", n=body.n or 1,
                    logprobs=(body.top_logprobs or 0) if body.logprobs else None)
         return await _run_request(request, served, body, ask)
+
+    def check_model(name):
+        if name is not None and name != served.model_name:
+            raise ApiError(404, f"the model {name!r} does not exist: this server serves {served.model_name!r}",
+                           param="model", code="model_not_found")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        """vLLM's /tokenize: the ids a completion or chat request would prefill, and the context they go into."""
+        body = _parse_body(await request.body(), TokenizeRequest)
+        check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise ApiError(400, "give a prompt or messages (one of them)", param="prompt", code="invalid_request")
+        if body.prompt is not None:
+            ids = served.tok.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False).ids
+        else:
+            if not body.messages:
+                raise ApiError(400, "messages is empty", param="messages", code="invalid_messages")
+            ids = chat_ids(body.messages, body.add_generation_prompt, bool(body.add_special_tokens))
+        return {"count": len(ids), "max_model_len": served.engine.max_context, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        """vLLM's /detokenize: the text of token ids (special tokens written out, as the completions show them)."""
+        body = _parse_body(await request.body(), DetokenizeRequest)
+        check_model(body.model)
+        bad = [t for t in body.tokens if not 0 <= t < served.engine.vocab]
+        if bad:
+            raise ApiError(400, f"token ids outside the vocabulary 0..{served.engine.vocab - 1}: {bad[:5]}",
+                           param="tokens", code="invalid_tokens")
+        return {"prompt": served.tok.decode(body.tokens, skip_special_tokens=False)}
 
     @app.get("/v1/models")
     async def models():

@@ -455,3 +455,29 @@ def test_token_bytes_follow_the_tokenizers_decoder(model):
     tb = TokenBytes(sp)
     assert [tb(i) for i in range(5)] == [None, b"\xe6", b"\x9d", b"\xb1", None]
     assert sp.decode([1, 2, 3]) == "東"  # the library's ByteFallback: the three bytes are one character
+
+
+def test_tokenize_and_detokenize(server, model):
+    """vLLM's /tokenize and /detokenize: a prompt's ids as the tokenizer encodes it (and as the completion counts
+    them), chat messages' ids as the chat completion prefills them, the text of ids; bad input is a 400."""
+    _, _, tok, _, _ = model
+    r = server.client.post("/tokenize", json={"prompt": PROMPT}).json()
+    assert r == {"count": len(tok.encode(PROMPT).ids), "max_model_len": CONTEXT, "tokens": tok.encode(PROMPT).ids}
+    d = server.client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1}).json()
+    assert d["usage"]["prompt_tokens"] == r["count"]
+    messages = [{"role": "user", "content": "大阪は"}]
+    r = server.client.post("/tokenize", json={"messages": messages}).json()
+    rendered = ("<|endoftext|><|im_start|>system\nYou are a helpful AI assistant.<|im_end|>\n"
+                "<|im_start|>user\n大阪は<|im_end|>\n<|im_start|>assistant\n")  # CHATML, spelled out
+    assert r["tokens"] == tok.encode(rendered, add_special_tokens=False).ids
+    d = server.client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1}).json()
+    assert d["usage"]["prompt_tokens"] == r["count"]
+    r2 = server.client.post("/tokenize", json={"messages": messages, "add_generation_prompt": False}).json()
+    assert r2["count"] == r["count"] - len(tok.encode("<|im_start|>assistant\n", add_special_tokens=False).ids)
+    assert server.client.post("/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": rendered}
+    for path, body, param in (("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": "a", "messages": messages}, "prompt"),
+                              ("/tokenize", {"prompt": 3}, "prompt"), ("/detokenize", {"tokens": [1, 10**6]}, "tokens"),
+                              ("/detokenize", {"tokens": "ab"}, "tokens"), ("/tokenize", {"prompt": "a", "x": 1}, "x")):
+        e = server.client.post(path, json=body)
+        assert e.status_code == 400 and e.json()["error"]["param"] == param, (path, body, e.text)
+    assert server.client.post("/tokenize", json={"prompt": "a", "model": "other"}).status_code == 404
