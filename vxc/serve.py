@@ -221,6 +221,21 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchema(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str
+    description: Optional[str] = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: ``text``, ``json_object`` (any JSON object) or ``json_schema``."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchema] = None
+
+
 class _Common(BaseModel):
     """Fields both endpoints take. Strict: a wrong JSON type is an error, never coerced."""
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -239,6 +254,7 @@ class _Common(BaseModel):
     presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0, allow_inf_nan=False)
     frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0, allow_inf_nan=False)
     logit_bias: Optional[dict[str, float]] = None
+    response_format: Optional[ResponseFormat] = None
 
 
 class CompletionRequest(_Common):
@@ -306,6 +322,10 @@ def _check_common(r: _Common, served_name: str, vocab: int) -> list[str]:
             if not -100.0 <= v <= 100.0:  # (strict floats: never NaN or infinite)
                 raise ApiError(400, f"logit_bias: the bias of token {k} is {v}; it must be in -100..100",
                                param="logit_bias", code="invalid_value")
+    f = r.response_format
+    if f is not None and (f.type == "json_schema") != (f.json_schema is not None):
+        raise ApiError(400, "response_format: json_schema goes with type json_schema, and only with it",
+                       param="response_format", code="invalid_value")
     if r.stream_options is not None and not r.stream:
         raise _unsupported("stream_options", "stream_options is only allowed with stream: true")
     stop = [] if r.stop is None else [r.stop] if isinstance(r.stop, str) else list(r.stop)
@@ -316,7 +336,7 @@ def _check_common(r: _Common, served_name: str, vocab: int) -> list[str]:
     return stop
 
 
-def _sampler(r: _Common, vocab: int, j: int):
+def _sampler(r: _Common, vocab: int, j: int, constraint=None):
     """Choice ``j``'s sampler: with a ``seed``, choice j draws from ``seed + j`` (n choices of one seeded request
     differ from each other, and each repeats with the same seed); without one, from a fresh random seed."""
     from .runtime.sampling import Sampler
@@ -326,7 +346,7 @@ def _sampler(r: _Common, vocab: int, j: int):
     bias = {int(k): float(v) for k, v in r.logit_bias.items()} if r.logit_bias else None
     return Sampler(temperature, r.top_k or 0, 1.0 if r.top_p is None else r.top_p, seed, vocab=vocab,
                    presence_penalty=r.presence_penalty or 0.0, frequency_penalty=r.frequency_penalty or 0.0,
-                   logit_bias=bias)
+                   logit_bias=bias, constraint=constraint)
 
 
 # ---------------------------------------------------------------------------------------------------- log-probabilities
@@ -453,6 +473,7 @@ class _Choice:
         self.detok = Detokenizer(events.tok, stop)
         self.callback_error: BaseException | None = None
         self.req = None  # the scheduler's Request
+        self.constraint = None  # structured output: the grammar its tokens follow (vxc.runtime.grammar.Constraint)
         self.text = ""
         self.sent = 0  # chosen tokens whose log-probabilities went out (streamed)
         self.echoed = False
@@ -466,6 +487,15 @@ class _Choice:
             return True
         if piece and self.events.stream:
             self.events.put(("text", self.index, piece, len(req.generated)))
+        con = self.constraint
+        if con is not None:
+            if con.error is not None:
+                from .runtime.grammar import GrammarError
+
+                self.callback_error = GrammarError(f"structured output: {con.error}")
+                return True
+            if con.stopped:  # the grammar is complete: nothing more may follow
+                return True
         return self.detok.stopped is not None
 
     def on_finish(self, req) -> None:  # engine thread (or the canceller's)
@@ -506,6 +536,16 @@ class Served:
     chat_error: str | None = None  # why there is no chat template
     created: int = field(default_factory=lambda: int(time.time()))
     _token_bytes: Any = None
+    _grammars: Any = None
+
+    @property
+    def grammars(self):
+        """Structured output's side of the model (vxc.runtime.grammar.Grammars; its tokenizer built on first use)."""
+        if self._grammars is None:
+            from .runtime.grammar import Grammars
+
+            self._grammars = Grammars(self.tok, self.engine.vocab, self.stop_ids)
+        return self._grammars
 
     @property
     def token_bytes(self):
@@ -575,6 +615,23 @@ async def _run_request(request: Request, s: Served, body: _Common, ask: _Ask):
     ev = _Events(asyncio.get_running_loop(), s.tok, body.stream)
     choices = [_Choice(i * ask.n + j, p, t, ev, ask.stop) for i, (p, t) in enumerate(zip(ask.prompts, ask.prompt_texts))
                for j in range(ask.n)]
+    fmt = body.response_format
+    if fmt is not None and fmt.type != "text":
+        from .runtime.grammar import GrammarError
+
+        schema = fmt.json_schema.schema_ if fmt.type == "json_schema" else {"type": "object"}
+
+        g = s.grammars
+
+        def constraints():  # (a thread: building the tokenizer's side once takes seconds on a large vocabulary)
+            grammar = g.json_schema(schema)
+            return [g.constraint(grammar) for _ in choices]
+
+        try:
+            for c, con in zip(choices, await asyncio.to_thread(constraints)):
+                c.constraint = con
+        except GrammarError as err:
+            raise ApiError(400, f"response_format: {err}", param="response_format", code="invalid_response_format") from None
 
     def cancel_all():
         for c in choices:
@@ -583,7 +640,8 @@ async def _run_request(request: Request, s: Served, body: _Common, ask: _Ask):
 
     try:
         for c in choices:
-            c.req = s.worker.submit(c.prompt, max_new_tokens=max_new, sampler=_sampler(body, e.vocab, c.index % ask.n),
+            c.req = s.worker.submit(c.prompt, max_new_tokens=max_new,
+                                    sampler=_sampler(body, e.vocab, c.index % ask.n, c.constraint),
                                     stop_ids=s.stop_ids, on_token=c.on_token, on_finish=c.on_finish,
                                     logprobs=ask.logprobs, prompt_logprobs=ask.echo and ask.logprobs is not None)
     except QueueFull as err:

@@ -481,3 +481,91 @@ def test_tokenize_and_detokenize(server, model):
         e = server.client.post(path, json=body)
         assert e.status_code == 400 and e.json()["error"]["param"] == param, (path, body, e.text)
     assert server.client.post("/tokenize", json={"prompt": "a", "model": "other"}).status_code == 404
+
+
+# ---------------------------------------------------------------------------------------------------- structured output
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["code", "n", "ok", "city"],
+          "properties": {"code": {"type": "string", "maxLength": 4}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
+                         "ok": {"type": "boolean"}, "city": {"enum": ["東京", "大阪"]}}}
+
+
+def _conforms(text: str) -> bool:
+    """``text`` is one JSON document that SCHEMA accepts (checked here by hand, key by key)."""
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return False
+    return (isinstance(v, dict) and set(v) == {"code", "n", "ok", "city"} and isinstance(v["code"], str)
+            and len(v["code"]) <= 4 and type(v["n"]) is int and 0 <= v["n"] <= 99 and isinstance(v["ok"], bool)
+            and v["city"] in ("東京", "大阪"))
+
+
+@pytest.fixture(scope="module")
+def eos_server(model):
+    """The same model served with its EOS id (<|endoftext|>): structured output ends an answer with it."""
+    from vxc.ir.parser import parse_file
+    from vxc.model_files import chat_template
+    from vxc.runtime.engine import Engine
+    from vxc.serve import create_app
+
+    mdir, ir, tok, _, _ = model
+    engine = Engine(parse_file(ir), mdir, max_context=CONTEXT, sequences=4)
+    app = create_app(engine, tokenizer=tok, model_name="m", stop_ids=[tok.token_to_id("<|endoftext|>")],
+                     chat_template=chat_template(mdir), chunk=4, max_queue=16)
+    s = Server(app)
+    yield s
+    s.close()
+
+
+def test_json_schema_response_format(eos_server):
+    fmt = {"type": "json_schema", "json_schema": {"name": "record", "schema": SCHEMA, "strict": True}}
+    body = {"messages": [{"role": "user", "content": "東京"}], "max_tokens": 160, "temperature": 1.0, "seed": 5}
+    free = [eos_server.client.post("/v1/chat/completions", json=dict(body, seed=k)).json()["choices"][0]["message"]["content"]
+            for k in range(3)]
+    assert not any(_conforms(t) for t in free)  # random weights alone write no such JSON (the test can fail)
+    d = eos_server.client.post("/v1/chat/completions", json=dict(body, n=4, response_format=fmt)).json()
+    for c in d["choices"]:
+        assert _conforms(c["message"]["content"]), c
+        assert c["finish_reason"] == "stop"
+    # streamed: the same text for the same seed; a completion request takes response_format too
+    ev = _stream(eos_server.client, "/v1/chat/completions", dict(body, response_format=fmt))
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in ev[1:-1])
+    assert text == d["choices"][0]["message"]["content"]
+    d = eos_server.client.post("/v1/completions", json={"prompt": "The record: ", "max_tokens": 160, "temperature": 0,
+                                                        "response_format": fmt}).json()
+    assert _conforms(d["choices"][0]["text"]), d
+    # json_object: a JSON object
+    d = eos_server.client.post("/v1/chat/completions", json=dict(body, response_format={"type": "json_object"},
+                                                                 max_tokens=200)).json()
+    c = d["choices"][0]
+    if c["finish_reason"] == "stop":
+        assert isinstance(json.loads(c["message"]["content"]), dict)
+    else:  # cut by max_tokens: what was written is the start of an object
+        assert c["message"]["content"].lstrip().startswith("{")
+    # text: no constraint
+    d = eos_server.client.post("/v1/chat/completions", json=dict(body, seed=0, response_format={"type": "text"})).json()
+    assert d["choices"][0]["message"]["content"] == free[0]
+
+
+@pytest.mark.parametrize("fmt,why", [
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frob"}}}, "cannot be used"),
+    ({"type": "json_schema"}, "json_schema goes with type json_schema"),
+    ({"type": "json_object", "json_schema": {"name": "x", "schema": {}}}, "json_schema goes with type json_schema"),
+    ({"type": "xml"}, None),
+    ({"type": "json_schema", "json_schema": {"schema": {}}}, None),
+])
+def test_bad_response_format_is_a_400(eos_server, fmt, why):
+    r = eos_server.client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                             "max_tokens": 2, "response_format": fmt})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"].startswith("response_format")
+    if why:
+        assert why in err["message"]
+
+
+def test_structured_output_needs_an_eos_id(server):
+    r = server.client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                                                         "response_format": {"type": "json_object"}})
+    assert r.status_code == 400 and "EOS id" in r.json()["error"]["message"]

@@ -30,6 +30,9 @@ class Sampler:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
+    # structured output (vxc.runtime.grammar.Constraint): the ids it does not allow next are never chosen, and it
+    # follows every choice
+    constraint: object = None
     generator: torch.Generator = field(init=False)
     counts: dict[int, int] = field(init=False)  # id -> times chosen
 
@@ -60,11 +63,15 @@ class Sampler:
                 ids = torch.tensor(list(self.counts), dtype=torch.int64)
                 c = torch.tensor(list(self.counts.values()), dtype=torch.float32)
                 x.index_add_(0, ids, -(c * self.frequency_penalty + self.presence_penalty))
+        if self.constraint is not None:
+            x = self.constraint.mask(x)  # (a copy)
         return x
 
     def __call__(self, logits: torch.Tensor) -> int:
         tok = self._choose(self.adjusted(logits))
         self.counts[tok] = self.counts.get(tok, 0) + 1
+        if self.constraint is not None:
+            self.constraint.consume(tok)
         return tok
 
     def _choose(self, x: torch.Tensor) -> int:
