@@ -371,6 +371,8 @@ def serve_(
                                            help="budget of the exact prefix cache (state snapshots by token prefix, LRU); 0 = off"),
     tp: int = typer.Option(1, "--tp", min=1, max=1024, help="tensor-parallel ranks: this process serves as rank 0 and "
                                                              "spawns the others (or is one of torchrun's)"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="VXC_API_KEY",
+                                          help="require 'Authorization: Bearer KEY' on every endpoint but /health"),
 ):
     """An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /v1/models, /health): requests share
     the engine's SEQUENCES state slots by continuous batching (chunked prefill beside one batched decode step)."""
@@ -386,7 +388,7 @@ def serve_(
         return run_serve(model=model, host=host, port=port, sequences=sequences, dtype=dtype, device=device,
                          max_context=max_context, chunk=chunk, max_queue=max_queue, model_dir=model_dir,
                          model_name=model_name, kernels=kernels, prefix_cache_bytes=int(prefix_cache_mib * 2**20), tp=tp,
-                         kv_dtype=kv_dtype)
+                         kv_dtype=kv_dtype, api_key=api_key)
 
     _guard(go)
 

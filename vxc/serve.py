@@ -8,7 +8,7 @@ woken by a submit; the HTTP side (FastAPI on the event loop) only submits and ca
 from any thread.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streamed as server-sent events or not),
-``POST /tokenize``, ``POST /detokenize``, ``GET /v1/models``, ``GET /health``. A request's choices (``n`` per prompt, several prompts) are scheduler
+``POST /tokenize``, ``POST /detokenize``, ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus). A request's choices (``n`` per prompt, several prompts) are scheduler
 requests of their own, sharing the request's event queue; log-probabilities are the scheduler's (the model's own,
 before a sampler's bias and penalties), formatted here on the event loop. Errors are OpenAI's JSON shape ``{"error": {"message", "type", "param",
 "code"}}``: 400 for a request that cannot be served as written (unknown field, wrong type, a value outside what
@@ -478,8 +478,15 @@ class _Choice:
         self.sent = 0  # chosen tokens whose log-probabilities went out (streamed)
         self.echoed = False
         self.texts: _TokenText | None = None  # the token texts of the completion (log-probabilities)
+        self.metrics = None  # the app's serve_metrics.Metrics
+        self.queued = 0.0  # perf_counter() when it was queued
+        self.first_seen = False
 
     def on_token(self, req, tok: int) -> bool:  # engine thread
+        if not self.first_seen:
+            self.first_seen = True
+            if self.metrics is not None:
+                self.metrics.first_token(self.queued)
         try:
             piece = self.detok.push(tok)
         except Exception as e:  # never let a callback fail the scheduler's whole step
@@ -506,6 +513,11 @@ class _Choice:
             except Exception as e:
                 self.callback_error = e
         self.text = self.detok.emitted
+        if self.metrics is not None:
+            try:
+                self.metrics.ended(req, self.queued, self.first_seen)
+            except Exception:  # figures must never fail a request
+                log.exception("recording a request's metrics")
         self.events.put(("end", self.index, rest if self.events.stream else "", len(req.generated)))
 
 
@@ -537,6 +549,7 @@ class Served:
     created: int = field(default_factory=lambda: int(time.time()))
     _token_bytes: Any = None
     _grammars: Any = None
+    metrics: Any = None  # serve_metrics.Metrics (GET /metrics)
 
     @property
     def grammars(self):
@@ -640,6 +653,7 @@ async def _run_request(request: Request, s: Served, body: _Common, ask: _Ask):
 
     try:
         for c in choices:
+            c.metrics, c.queued = s.metrics, time.perf_counter()
             c.req = s.worker.submit(c.prompt, max_new_tokens=max_new,
                                     sampler=_sampler(body, e.vocab, c.index % ask.n, c.constraint),
                                     stop_ids=s.stop_ids, on_token=c.on_token, on_finish=c.on_finish,
@@ -783,10 +797,11 @@ class _Stream(StreamingResponse):
 
 def create_app(engine=None, *, tokenizer, model_name: str, stop_ids=(), chat_template=None,
                chat_template_error: str | None = None, scheduler=None, chunk: int = 64, max_queue: int = 64,
-               prefix_cache=None, executor=None):
+               prefix_cache=None, executor=None, api_key: str | None = None):
     """The FastAPI app serving ``engine`` (an :class:`Engine` built with ``sequences=S``; or pass a ready
     ``scheduler``). ``tokenizer`` is a ``tokenizers.Tokenizer``; ``stop_ids`` the model's EOS ids (as
-    :func:`vxc.model_files.stop_ids` finds them); ``chat_template`` a :class:`vxc.model_files.ChatTemplate` (None:
+    :func:`vxc.model_files.stop_ids` finds them); ``api_key``: every endpoint but ``/health`` then needs
+    ``Authorization: Bearer <api_key>`` (401 without it); ``chat_template`` a :class:`vxc.model_files.ChatTemplate` (None:
     ``/v1/chat/completions`` answers 400 with ``chat_template_error``). The engine worker thread starts and stops
     with the app's lifespan (in ``executor``'s one thread when given: see :class:`EngineWorker`)."""
     from .runtime.scheduler import Scheduler
@@ -811,6 +826,24 @@ def create_app(engine=None, *, tokenizer, model_name: str, stop_ids=(), chat_tem
 
     app = FastAPI(title="vxc serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.served = served
+    from .serve_metrics import Metrics
+
+    served.metrics = Metrics(served)
+
+    if api_key is not None:
+        if not api_key:
+            raise ServeError("--api-key is empty")
+        want = ("Bearer " + api_key).encode("utf-8")
+
+        @app.middleware("http")
+        async def _authorised(request: Request, call_next):
+            if request.url.path != "/health":
+                got = request.headers.get("authorization", "").encode("utf-8")
+                if not secrets.compare_digest(got, want):  # (constant time: the key is not guessed byte by byte)
+                    e = ApiError(401, "a valid API key is needed: 'Authorization: Bearer <key>'", code="invalid_api_key",
+                                 type="invalid_request_error")
+                    return _error_response(e)
+            return await call_next(request)
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
@@ -936,6 +969,14 @@ def create_app(engine=None, *, tokenizer, model_name: str, stop_ids=(), chat_tem
                            param="tokens", code="invalid_tokens")
         return {"prompt": served.tok.decode(body.tokens, skip_special_tokens=False)}
 
+    @app.get("/metrics")
+    async def metrics():
+        """Prometheus text exposition (vxc.serve_metrics)."""
+        from fastapi.responses import Response
+
+        body, kind = served.metrics.render()
+        return Response(body, media_type=kind)
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": served.model_name, "object": "model", "created": served.created,
@@ -962,7 +1003,8 @@ def create_app(engine=None, *, tokenizer, model_name: str, stop_ids=(), chat_tem
 
 def load_app(model, *, dtype: str = "fp32", device: str = "cpu", max_context: int | None = None, sequences: int = 1,
              chunk: int = 64, max_queue: int = 64, model_dir=None, model_name: str | None = None, kernels: str = "auto",
-             prefix_cache_bytes: int = 0, tp: int = 1, rank: int = 0, executor=None, kv_dtype: str | None = None):
+             prefix_cache_bytes: int = 0, tp: int = 1, rank: int = 0, executor=None, kv_dtype: str | None = None,
+             api_key: str | None = None):
     """(app, loaded model): the IR loaded as ``vxc exec`` loads it (tokenizer, EOS ids, --max-context, dtype) on an
     engine with ``sequences`` slots, and the model's chat template when it has one; with ``prefix_cache_bytes`` > 0,
     an exact prefix cache (vxc.runtime.prefix_cache) of that budget shared by every request. ``executor``: the
@@ -995,7 +1037,8 @@ def load_app(model, *, dtype: str = "fp32", device: str = "cpu", max_context: in
     _warm(lm)
     app = create_app(tokenizer=lm.tok, model_name=model_name or Path(model).stem, stop_ids=lm.stop.ids,
                      chat_template=tpl, chat_template_error=tpl_error,
-                     scheduler=_scheduler(lm.engine, chunk, max_queue, prefix_cache_bytes), executor=executor)
+                     scheduler=_scheduler(lm.engine, chunk, max_queue, prefix_cache_bytes), executor=executor,
+                     api_key=api_key)
     if tp > 1:
         from .runtime.lockstep import Lockstep
 
@@ -1047,7 +1090,7 @@ def _follower(rank: int, kw: dict) -> None:
 
 def run_serve(*, model, host: str, port: int, sequences: int, dtype: str, device: str, max_context: int | None,
               chunk: int, max_queue: int, model_dir, model_name: str | None, kernels: str = "auto",
-              prefix_cache_bytes: int = 0, tp: int = 1, kv_dtype: str | None = None) -> None:
+              prefix_cache_bytes: int = 0, tp: int = 1, kv_dtype: str | None = None, api_key: str | None = None) -> None:
     import uvicorn  # noqa: F401  (before any rank or engine starts: a missing HTTP stack fails at once)
 
     if not 0 <= port <= 65535:
@@ -1069,14 +1112,14 @@ def run_serve(*, model, host: str, port: int, sequences: int, dtype: str, device
         else:
             followers = TP.start_followers(_follower, tp, kw, backend=backend)
     try:
-        _serve(kw, host, port, sequences, chunk, max_queue, prefix_cache_bytes, tp)
+        _serve(kw, host, port, sequences, chunk, max_queue, prefix_cache_bytes, tp, api_key)
     finally:
         if followers is not None:
             followers.join(timeout=60)
 
 
 def _serve(kw: dict, host: str, port: int, sequences: int, chunk: int, max_queue: int, prefix_cache_bytes: int,
-           tp: int) -> None:
+           tp: int, api_key: str | None = None) -> None:
     import sys
 
     import uvicorn
@@ -1089,14 +1132,15 @@ def _serve(kw: dict, host: str, port: int, sequences: int, chunk: int, max_queue
     from concurrent.futures import ThreadPoolExecutor
 
     engine_thread = ThreadPoolExecutor(1, thread_name_prefix="vxc-engine")
-    app, lm = engine_thread.submit(lambda: load_app(**kw, executor=engine_thread)).result()
+    app, lm = engine_thread.submit(lambda: load_app(**kw, executor=engine_thread, api_key=api_key)).result()
     for w in lm.warnings:
         print(w, file=sys.stderr)
     served = app.state.served
     line = (f"{sequences} slot(s) × --max-context {lm.max_context} ({lm.max_context_note}) · "
             f"{f'--tp {tp} (this process rank 0) · ' if tp > 1 else ''}chunk {chunk} · queue "
             f"{max_queue} · prefix cache {prefix_cache_bytes / 2**20:g} MiB · stop ids {served.stop_ids} · chat template: "
-            f"{served.chat_template.source if served.chat_template else 'none'}")
+            f"{served.chat_template.source if served.chat_template else 'none'} · API key "
+            f"{'required' if api_key else 'none (anyone who reaches the port may use it)'}")
 
     class Server(uvicorn.Server):
         def capture_signals(self):

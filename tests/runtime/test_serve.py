@@ -551,7 +551,9 @@ def test_vxc_serve_command(mini, eos_id, tmp_path, vxc_inproc):
     port = _free_port()
     p = subprocess.Popen([sys.executable, "-m", "vxc.cli", "serve", str(ir), "--model-dir", str(d), "--port", str(port),
                           "--sequences", "2", "--max-context", "64", "--chunk", "8"],
-                         env=child_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=dict(child_env(), VXC_API_KEY="k3y"), cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    auth = {"Authorization": "Bearer k3y"}  # (--api-key from the environment: VXC_API_KEY)
     try:
         url = f"http://127.0.0.1:{port}"
         t0 = time.monotonic()
@@ -564,7 +566,9 @@ def test_vxc_serve_command(mini, eos_id, tmp_path, vxc_inproc):
                 assert time.monotonic() - t0 < 60, "vxc serve did not come up"
                 time.sleep(0.1)
         assert (h["slots"], h["max_context"], h["model"]) == (2, 64, "mini")
-        r = httpx.post(url + "/v1/completions", json={"prompt": EOS_PROMPT, "max_tokens": 12, "temperature": 0}, timeout=30)
+        body = {"prompt": EOS_PROMPT, "max_tokens": 12, "temperature": 0}
+        assert httpx.post(url + "/v1/completions", json=body, timeout=30).status_code == 401
+        r = httpx.post(url + "/v1/completions", json=body, headers=auth, timeout=30)
         text, reason, n = _expect(tok, solo, tok.encode(EOS_PROMPT).ids, 12, eos_id)
         assert reason == "stop" and r.json()["choices"][0] == {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}
         assert r.json()["usage"]["completion_tokens"] == n
@@ -575,6 +579,7 @@ def test_vxc_serve_command(mini, eos_id, tmp_path, vxc_inproc):
         p.terminate()
         _, err = p.communicate(timeout=20)
     assert f"on http://127.0.0.1:{port}" in err and "2 slot(s)" in err and "Traceback" not in err
+    assert "API key required" in err
     # bad input: a clear error and a non-zero exit
     r = vxc_inproc("serve", tmp_path / "missing.vxir")
     assert r.exit_code == 1 and "no such IR file" in r.stderr

@@ -569,3 +569,74 @@ def test_structured_output_needs_an_eos_id(server):
     r = server.client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
                                                          "response_format": {"type": "json_object"}})
     assert r.status_code == 400 and "EOS id" in r.json()["error"]["message"]
+
+
+def test_api_key(model):
+    """create_app(api_key=...) / vxc serve --api-key: every endpoint but /health needs the bearer key (401,
+    OpenAI's error shape, without it or with another); /health stays open for probes."""
+    from vxc.ir.parser import parse_file
+    from vxc.runtime.engine import Engine
+    from vxc.serve import ServeError, create_app
+
+    mdir, ir, tok, _, _ = model
+    app = create_app(Engine(parse_file(ir), mdir, max_context=32), tokenizer=tok, model_name="m", api_key="s3cret")
+    s = Server(app)
+    try:
+        body = {"prompt": "ab", "max_tokens": 2}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}, {"Authorization": "Bearer s3cret2"}):
+            for path, method in (("/v1/completions", "post"), ("/v1/models", "get"), ("/tokenize", "post")):
+                r = getattr(s.client, method)(path, headers=headers, **({"json": body} if method == "post" else {}))
+                assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, headers, r.text)
+        ok = {"Authorization": "Bearer s3cret"}
+        assert s.client.post("/v1/completions", json=body, headers=ok).status_code == 200
+        assert s.client.get("/v1/models", headers=ok).status_code == 200
+        assert s.client.get("/health").status_code == 200
+    finally:
+        s.close()
+    with pytest.raises(ServeError, match="empty"):
+        create_app(Engine(parse_file(ir), mdir, max_context=32), tokenizer=tok, model_name="m", api_key="")
+
+
+def _metrics(server) -> dict:
+    """GET /metrics parsed by prometheus_client's own parser: {(name, labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = server.client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    out = {}
+    for fam in text_string_to_metric_families(r.text):
+        for smp in fam.samples:
+            out[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+    return out
+
+
+def test_metrics(server):
+    """GET /metrics: the requests, prompt and completion tokens a batch of requests reports in its usage, by finish
+    reason; time-to-first-token and latency histograms counting each choice; the scheduler's and the prefix
+    cache's figures as /health shows them."""
+    before = _metrics(server)
+
+    def get(m, name, **labels):
+        return m.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    usage = {"prompt_tokens": 0, "completion_tokens": 0}
+    for body in ({"prompt": PROMPT, "max_tokens": 5}, {"prompt": [PROMPT, PROMPT2], "max_tokens": 3, "n": 2},
+                 {"prompt": PROMPT2, "max_tokens": 0, "echo": True, "logprobs": 1}):
+        u = server.client.post("/v1/completions", json=dict(body, temperature=0)).json()["usage"]
+        for k in usage:
+            usage[k] += u[k]
+    after = _metrics(server)
+    choices = 1 + 4 + 1
+    assert get(after, "vxc_requests_total", finish_reason="length") - get(before, "vxc_requests_total", finish_reason="length") == choices
+    assert get(after, "vxc_request_completion_tokens_total") - get(before, "vxc_request_completion_tokens_total") == usage["completion_tokens"]
+    # (usage counts a prompt once for its n choices; the per-request counter counts every choice's prompt)
+    p1, p2 = (len(server.served.tok.encode(p).ids) for p in (PROMPT, PROMPT2))
+    assert get(after, "vxc_request_prompt_tokens_total") - get(before, "vxc_request_prompt_tokens_total") == p1 + 2 * p1 + 2 * p2 + p2
+    assert usage["prompt_tokens"] == p1 + p1 + p2 + p2
+    assert get(after, "vxc_request_seconds_count") - get(before, "vxc_request_seconds_count") == choices
+    # a max_tokens 0 request chooses no token: 5 first tokens
+    assert get(after, "vxc_time_to_first_token_seconds_count") - get(before, "vxc_time_to_first_token_seconds_count") == 5
+    h = server.health()
+    assert get(after, "vxc_slots") == 4 and get(after, "vxc_requests_running") == 0
+    assert get(after, "vxc_decode_steps_total") <= h["scheduler"]["decode_steps"] and get(after, "vxc_decode_steps_total") > 0
+    assert get(after, "vxc_prefix_cache_budget") == 64 << 20 and ("vxc_prefix_cache_hits_total", ()) in after
