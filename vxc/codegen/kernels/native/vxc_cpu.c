@@ -178,7 +178,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 50
+#define VXC_ABI_VERSION 51
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -1688,6 +1688,8 @@ void vxc_scale_segments(const void *x, void *out, long rows, long w, int nseg, c
  *          scale s_j per 16 values                                               w = (d s_j) (q - 32)
  *   5 q5_0  32 values, 22 bytes: f16 d, qh (u32: bit j the fifth bit of value j), qs[16] (as q4_0)
  *                                                                                 w = d (q - 16)
+ *   6 q5_k 256 values, 176 bytes: f16 d, f16 dmin, scales[12] (as q4_k), qh[32], qs[128]: sub-block j =
+ *          nibble j & 1 of qs[32 (j >> 1) ..] with bit j of qh[..] as its fifth bit w = (d sc_j) q - (dmin m_j)
  * Each weight is decoded in registers to the fp32 value gguf.quants.dequantize gives it (w = s q + mn: the
  * group's scale s — d, or d sc_j for the k-quants — times the integer is exact, then one rounding adding the
  * min mn — q4_1's m, q4_k's -dmin m_j), and y accumulates w x in fp32 like any fp32 GEMV: the result is the
@@ -1698,9 +1700,11 @@ void vxc_scale_segments(const void *x, void *out, long rows, long w, int nseg, c
  * (in groups of QG: the accumulators stay in registers). vxc_qdequant decodes a range of rows to fp32 the same
  * way (the prefill path: a few rows at a time into a fast GEMM). */
 
-enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q_COUNT = 6 };
-static const long Q_BLOCK[Q_COUNT] = {32, 32, 32, 256, 256, 32};  /* values per block */
-static const long Q_TSIZE[Q_COUNT] = {34, 18, 20, 144, 210, 22};  /* bytes per block */
+enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_K = 6, Q_COUNT = 7 };
+static const long Q_BLOCK[Q_COUNT] = {32, 32, 32, 256, 256, 32, 256};  /* values per block */
+static const long Q_TSIZE[Q_COUNT] = {34, 18, 20, 144, 210, 22, 176};  /* bytes per block */
+/* the formats whose value is s q + mn (a min per group) */
+static inline int q_has_min(int enc) { return enc == Q4_1 || enc == Q4_K || enc == Q5_K; }
 
 /* q4_k's eight 6-bit scales (sc) and mins (m) from the 12 scale bytes, as the bytes of two 64-bit words (scale /
  * min j in byte j): bytes 0-3 hold scales 0-3 in their low 6 bits and the top 2 bits of scales 4-7, bytes 4-7 the
@@ -1740,9 +1744,9 @@ static inline __attribute__((always_inline)) void q_row_scales(int enc, const ui
             _mm256_storeu_ps(s + i, _mm256_cvtph_ps(_mm_set_epi64x((long long)d1, (long long)d0)));
             if (enc == Q4_1) _mm256_storeu_ps(mn + i, _mm256_cvtph_ps(_mm_set_epi64x((long long)m1, (long long)m0)));
         }
-    } else if (enc == Q4_K) {
+    } else if (enc == Q4_K || enc == Q5_K) { /* (the same d, dmin and 12 scale bytes at the block's start) */
         for (; i < nblk; i++) {
-            const uint8_t *b = row + i * 144;
+            const uint8_t *b = row + i * Q_TSIZE[enc];
             uint64_t sc, m;
             q4k_scale_min_words(b + 4, &sc, &m);
             __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
@@ -1768,7 +1772,7 @@ static inline __attribute__((always_inline)) void q_row_scales(int enc, const ui
         } else if (enc == Q4_1) {
             s[i] = h2f(b);
             mn[i] = h2f(b + 2);
-        } else if (enc == Q4_K) {
+        } else if (enc == Q4_K || enc == Q5_K) {
             float d = h2f(b), dmin = h2f(b + 2);
             uint64_t sc, m;
             q4k_scale_min_words(b + 4, &sc, &m);
@@ -1800,6 +1804,11 @@ static inline void q_group_ints(int enc, const uint8_t *row, long g, int8_t q[32
         const uint8_t *p = row + 144 * (g >> 3) + 16 + 32 * (j >> 1);
         int sh = 4 * (int)(j & 1);
         for (int i = 0; i < 32; i++) q[i] = (int8_t)((p[i] >> sh) & 15);
+    } else if (enc == Q5_K) {
+        long j = g & 7;
+        const uint8_t *b = row + 176 * (g >> 3), *p = b + 48 + 32 * (j >> 1), *qh = b + 16;
+        int sh = 4 * (int)(j & 1);
+        for (int i = 0; i < 32; i++) q[i] = (int8_t)(((p[i] >> sh) & 15) | (((qh[i] >> j) & 1) << 4));
     } else if (enc == Q5_0) {
         const uint8_t *b = row + 22 * g, *p = b + 6;
         uint32_t qh;
@@ -1824,7 +1833,7 @@ static inline void q_group_ints(int enc, const uint8_t *row, long g, int8_t q[32
 #endif
 #if defined(__AVX512F__)
 #define QG 4 /* rows of x per pass over a tile */
-#define QU(enc) ((enc) == Q4_K ? 2 : 1) /* groups of 32 per decode unit */
+#define QU(enc) ((enc) == Q4_K || (enc) == Q5_K ? 2 : 1) /* groups of 32 per decode unit */
 /* Unit u (QU groups of 32 values) of a row as its fp32 weights, 16 per vector in element order, each rounded
  * as gguf.quants.dequantize rounds it (w = s q + mn, s q exact, then one rounding: an fma gives the same).
  * The 4-bit formats look both nibbles up in a 16-entry table of the group's weights (s k + mn for k = 0..15,
@@ -1867,6 +1876,27 @@ static inline __attribute__((always_inline)) void q_w512(int enc, const uint8_t 
         w[1] = _mm512_permutexvar_ps(v1, lut0);
         w[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), lut1);
         w[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), lut1);
+    } else if (enc == Q5_K) { /* as q4_k, each index with its fifth bit from qh: a 32-entry table in two vectors */
+        const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), k16 = _mm512_set1_ps(16);
+        __m512 s0 = _mm512_set1_ps(s[2 * u]), s1 = _mm512_set1_ps(s[2 * u + 1]);
+        __m512 m0 = _mm512_set1_ps(mn[2 * u]), m1 = _mm512_set1_ps(mn[2 * u + 1]);
+        __m512 lut0 = _mm512_fmadd_ps(s0, k, m0), lut0h = _mm512_fmadd_ps(s0, _mm512_add_ps(k, k16), m0);
+        __m512 lut1 = _mm512_fmadd_ps(s1, k, m1), lut1h = _mm512_fmadd_ps(s1, _mm512_add_ps(k, k16), m1);
+        const uint8_t *b = row + 176 * (u >> 2), *p = b + 48 + 32 * (u & 3), *qh = b + 16;
+        const int j0 = 2 * (int)(u & 3);
+        const __m512i m15 = _mm512_set1_epi32(15), one = _mm512_set1_epi32(1);
+        __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+        __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)));
+        __m512i h0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qh));
+        __m512i h1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + 16)));
+        __m512i i00 = _mm512_or_si512(_mm512_and_si512(v0, m15), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h0, j0), one), 4));
+        __m512i i01 = _mm512_or_si512(_mm512_and_si512(v1, m15), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h1, j0), one), 4));
+        __m512i i10 = _mm512_or_si512(_mm512_srli_epi32(v0, 4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h0, j0 + 1), one), 4));
+        __m512i i11 = _mm512_or_si512(_mm512_srli_epi32(v1, 4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h1, j0 + 1), one), 4));
+        w[0] = _mm512_permutex2var_ps(lut0, i00, lut0h);
+        w[1] = _mm512_permutex2var_ps(lut0, i01, lut0h);
+        w[2] = _mm512_permutex2var_ps(lut1, i10, lut1h);
+        w[3] = _mm512_permutex2var_ps(lut1, i11, lut1h);
     } else { /* q6_k: the 6-bit values assembled 32 bytes at a time (256-bit byte ops), widened, scaled per 16 */
         long j = u & 7, h = j >> 2, kk = j & 3;
         const uint8_t *bl = row + 210 * (u >> 3), *ql = bl + 64 * h + 32 * (kk & 1), *qh = bl + 128 + 32 * h;
@@ -1958,6 +1988,14 @@ static inline __attribute__((always_inline)) void q_w256(int enc, const uint8_t 
         __m128i sh = _mm_cvtsi32_si128(4 * (int)(j & 1));
         a = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)p), sh), m4);
         b = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(p + 16)), sh), m4);
+    } else if (enc == Q5_K) { /* as q4_k, with bit j of qh[..] as each value's fifth bit (16 or 0) */
+        long j = g & 7;
+        const uint8_t *bl = row + 176 * (g >> 3), *p = bl + 48 + 32 * (j >> 1), *qh = bl + 16;
+        __m128i sh = _mm_cvtsi32_si128(4 * (int)(j & 1)), hs = _mm_cvtsi32_si128((int)j), one = _mm_set1_epi8(1);
+        __m128i h0 = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)qh), hs), one), 4);
+        __m128i h1 = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(qh + 16)), hs), one), 4);
+        a = _mm_or_si128(_mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)p), sh), m4), h0);
+        b = _mm_or_si128(_mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(p + 16)), sh), m4), h1);
     } else {
         long j = g & 7, h = j >> 2, k = j & 3;
         const uint8_t *bl = row + 210 * (g >> 3), *ql = bl + 64 * h + 32 * (k & 1), *qh = bl + 128 + 32 * h;
@@ -1970,7 +2008,7 @@ static inline __attribute__((always_inline)) void q_w256(int enc, const uint8_t 
         a = _mm_sub_epi8(_mm_or_si128(l0, _mm_slli_epi16(h0, 4)), o);
         b = _mm_sub_epi8(_mm_or_si128(l1, _mm_slli_epi16(h1, 4)), o);
     }
-    int sign = !(enc == Q4_1 || enc == Q4_K);
+    int sign = !q_has_min(enc);
     w[0] = q_cvt8(a, sign);
     w[1] = q_cvt8(_mm_unpackhi_epi64(a, a), sign);
     w[2] = q_cvt8(b, sign);
@@ -1983,7 +2021,7 @@ static inline __attribute__((always_inline)) void q_w256(int enc, const uint8_t 
         w[3] = _mm256_mul_ps(s1, w[3]);
     } else {
         __m256 sv = _mm256_set1_ps(s[g]);
-        if (enc == Q4_1 || enc == Q4_K) {
+        if (q_has_min(enc)) {
             __m256 mv = _mm256_set1_ps(mn[g]);
             for (int i = 0; i < 4; i++) w[i] = _mm256_fmadd_ps(sv, w[i], mv);
         } else {
@@ -2038,7 +2076,7 @@ static inline void q_wunit(int enc, const uint8_t *row, long g, const float *s, 
     for (int i = 0; i < 32; i++) {
         float sc = enc == Q6_K ? s[2 * g + (i >> 4)] : s[g];
         float v = sc * (float)q[i];
-        out[i] = (enc == Q4_1 || enc == Q4_K) ? v + mn[g] : v;
+        out[i] = q_has_min(enc) ? v + mn[g] : v;
     }
 }
 
@@ -2121,6 +2159,7 @@ void vxc_qgemv(int enc, const void *W, const void *x, float *y, long rows, long 
             case Q4_1: q_rows_tile(Q4_1, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             case Q4_K: q_rows_tile(Q4_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             case Q5_0: q_rows_tile(Q5_0, Wb, xx, y, rows, cols, B, r0, s, mn); break;
+            case Q5_K: q_rows_tile(Q5_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             default: q_rows_tile(Q6_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             }
         }
@@ -2154,6 +2193,7 @@ void vxc_qdequant(int enc, const void *W, float *out, long r0, long r1, long col
             case Q4_1: q_dequant_row(Q4_1, row, cols, o, s, mn); break;
             case Q4_K: q_dequant_row(Q4_K, row, cols, o, s, mn); break;
             case Q5_0: q_dequant_row(Q5_0, row, cols, o, s, mn); break;
+            case Q5_K: q_dequant_row(Q5_K, row, cols, o, s, mn); break;
             default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
             }
         }
@@ -2234,6 +2274,7 @@ void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, 
             case Q4_1: q_dequant_row(Q4_1, row, cols, o, s, mn); break;
             case Q4_K: q_dequant_row(Q4_K, row, cols, o, s, mn); break;
             case Q5_0: q_dequant_row(Q5_0, row, cols, o, s, mn); break;
+            case Q5_K: q_dequant_row(Q5_K, row, cols, o, s, mn); break;
             default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
             }
         }
@@ -2271,7 +2312,7 @@ void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, 
 static inline int a8_off(int enc) { return enc == Q4_0 ? -8 : enc == Q5_0 ? -16 : enc == Q6_K ? -32 : 0; }
 /* the packed layout's offset per integer (vxc_qpack stores q8_0 biased by 128: unsigned for vpdpbusd) */
 static inline int p_off(int enc) { return enc == Q4_0 ? -8 : enc == Q8_0 ? -128 : enc == Q5_0 ? -16 : 0; }
-static inline int a8_has_min(int enc) { return enc == Q4_1 || enc == Q4_K; }
+static inline int a8_has_min(int enc) { return q_has_min(enc); }
 /* the 4-bit 32-value formats whose unit of 64 puts both blocks' low nibbles before their high ones */
 static inline int a8_split(int enc) { return A8_UNIT == 64 && (enc == Q4_0 || enc == Q4_1 || enc == Q5_0); }
 
@@ -2416,6 +2457,14 @@ static inline __attribute__((always_inline)) __m512i a8_w512(int enc, const uint
     } else if (enc == Q4_K) {
         __m256i a = _mm256_loadu_si256((const __m256i *)(row + 144 * (u >> 2) + 16 + 32 * (u & 3)));
         return _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(a), _mm256_srli_epi16(a, 4), 1), m4);
+    } else if (enc == Q5_K) { /* as q4_k; bits j0, j0 + 1 of qh's 32 bytes the two sub-blocks' fifth bits */
+        const uint8_t *bl = row + 176 * (u >> 2);
+        const int j0 = 2 * (int)(u & 3);
+        __m256i a = _mm256_loadu_si256((const __m256i *)(bl + 48 + 32 * (u & 3)));
+        __m256i hq = _mm256_loadu_si256((const __m256i *)(bl + 16));
+        __m512i w = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(a), _mm256_srli_epi16(a, 4), 1), m4);
+        __m512i hv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi16(hq, j0)), _mm256_srli_epi16(hq, j0 + 1), 1);
+        return _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(hv, _mm512_set1_epi8(1)), 4));
     } else { /* q6_k: groups 2j, 2j + 1 of a super-block (j = u & 3): ql's 64 bytes, qh's 32 twice */
         long j = u & 3, h = j >> 1, k = 2 * (j & 1);
         const uint8_t *bl = row + 210 * (u >> 2);
@@ -2506,6 +2555,13 @@ static inline __attribute__((always_inline)) __m256i a8_w256(int enc, const uint
     if (enc == Q4_K) {
         __m256i a = _mm256_loadu_si256((const __m256i *)(row + 144 * (g >> 3) + 16 + 32 * ((g & 7) >> 1)));
         return _mm256_and_si256(_mm256_srl_epi16(a, _mm_cvtsi32_si128(4 * (int)(g & 1))), m4);
+    }
+    if (enc == Q5_K) { /* as q4_k, bit g & 7 of qh[..] the fifth bit */
+        const uint8_t *bl = row + 176 * (g >> 3);
+        __m256i a = _mm256_loadu_si256((const __m256i *)(bl + 48 + 32 * ((g & 7) >> 1)));
+        __m256i hq = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(bl + 16)), _mm_cvtsi32_si128((int)(g & 7)));
+        return _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(a, _mm_cvtsi32_si128(4 * (int)(g & 1))), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(hq, _mm256_set1_epi8(1)), 4));
     }
     long j = g & 7, h = j >> 2, k = j & 3;
     const uint8_t *bl = row + 210 * (g >> 3);
@@ -2643,6 +2699,7 @@ void vxc_qgemv_a8(int enc, const void *W, const void *x, float *y, long rows, lo
             case Q4_1: a8_rows_tile(Q4_1, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             case Q4_K: a8_rows_tile(Q4_K, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             case Q5_0: a8_rows_tile(Q5_0, Wb, &X, y, rows, cols, B, r0, s, mn); break;
+            case Q5_K: a8_rows_tile(Q5_K, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             default: a8_rows_tile(Q6_K, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             }
         }
