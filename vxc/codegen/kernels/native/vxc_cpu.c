@@ -178,7 +178,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 51
+#define VXC_ABI_VERSION 52
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -2716,7 +2716,7 @@ void vxc_quantize_a8(const float *x, int8_t *q, float *d, long B, long cols) {
 /* ---------------------------------------------------------------------------------------------------------
  * int8_block32 activations on repacked weights (AVX-512): vxc_qpack, vxc_qgemv_a8p.
  *
- * vxc_qpack copies a q8_0 / q4_0 / q4_1 / q4_k / q5_0 / q6_k matrix into tiles of 16 rows (zero rows pad the last tile) in
+ * vxc_qpack copies a q8_0 / q4_0 / q4_1 / q4_k / q5_k / q5_0 / q6_k matrix into tiles of 16 rows (zero rows pad the last tile) in
  * which, per 32-value group, the 16 rows' fields sit side by side: their f16 scales (and mins) as one vector,
  * then the values as chunks of 16 rows x 4 bytes — so one 64-byte load holds 4 consecutive values (4 bytes,
  * or 8 values as two nibbles) of every row, one vpdpbusd against those 4 x bytes broadcast sums them into 16
@@ -2729,6 +2729,11 @@ void vxc_quantize_a8(const float *x, int8_t *q, float *d, long B, long cols) {
  *         stored; the kernel unpacks them for 16 rows at once) | qs pairs p = 0..3, chunks c = 0..7: row r's
  *         bytes 32p + 4c.. (low nibbles: group 2p values 4c.., high: group 2p + 1): 2304 bytes per 16 x 256
  *         values, as stored (unpacked scales and mins, 2368 bytes, had made the copies 2.8 % larger than the file)
+ *   q5_k: q4_k's d, dmin and k planes | for chunks c = 0..7: pair 0's qs chunk c, then qh chunk c (row r's qh
+ *         bytes 4c..: bit j the fifth bit of value 4c + k of sub-block j) | pairs 1..3's qs as q4_k's: 2816 bytes
+ *         per 16 x 256 values, as stored, read front to back (qh after the qs, 512 bytes skipped until the
+ *         first pair read them, streamed at 14 GB/s where q4_k streams 21-25: Zen 4, 2 threads, 64 matrices of
+ *         3072 x 1024, one row of x)
  *   q5_0: d[16] f16 | hb[16][4] u8 | qs as q4_0; hb byte k of row r holds the fifth bits of values 4c + k (bit 2c)
  *         and 16 + 4c + k (bit 2c + 1) for the four chunks c: the same 22 bytes per 32 values as stored
  *   q6_k: d[16] f16 | sc[16][16] i8 | per half h = 0, 1 and chunk c = 0..7, three 64-byte lines side by side: row
@@ -2740,9 +2745,16 @@ void vxc_quantize_a8(const float *x, int8_t *q, float *d, long B, long cols) {
  * The integers and scales are the stored ones, unchanged: the products are vxc_qgemv_a8's (same sums, in
  * another order). Builds without AVX-512 (and q8_0 without VNNI) keep the row layout (vxc_qgemv_a8). */
 
+/* the offset of pair p's qs chunk c in a packed q4_k / q5_k super-block (q5_k: pair 0's chunks each followed by
+ * the chunk's qh line) */
+static inline long p5k_qs(int enc, int p, int c) {
+    if (enc == Q5_K) return p == 0 ? 256 + 128 * c : 768 + 512 * p + 64 * c;
+    return 256 + 512 * p + 64 * c;
+}
+
 static inline long p_group_bytes(int enc) {
     return enc == Q4_0 ? 288 : enc == Q4_1 ? 320 : enc == Q8_0 ? 544 : enc == Q4_K ? 2304 : enc == Q5_0 ? 352
-         : enc == Q6_K ? 3360 : 0;
+         : enc == Q6_K ? 3360 : enc == Q5_K ? 2816 : 0;
 }
 
 /* bytes of one tile of 16 rows (0: this encoding / build has no packed form) */
@@ -2752,7 +2764,7 @@ long vxc_qpack_tile_bytes(int enc, long cols) {
 #if !defined(__AVX512VNNI__)
     if (enc == Q8_0) return 0; /* maddubs would saturate on q8_0's biased bytes (up to 255 x 127 x 2) */
 #endif
-    return gb ? gb * (cols / (enc == Q4_K || enc == Q6_K ? 256 : 32)) : 0;
+    return gb ? gb * (cols / (Q_BLOCK[enc] == 256 ? 256 : 32)) : 0;
 #else
     (void)enc;
     (void)cols;
@@ -2804,14 +2816,17 @@ void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
                     int nc = enc == Q8_0 ? 8 : 4;
                     for (int c = 0; c < nc; c++)
                         for (int k = 0; k < 4; k++) qo[64 * c + 4 * r + k] = enc == Q8_0 ? (uint8_t)(q[4 * c + k] ^ 0x80) : q[4 * c + k];
-                } else { /* q4_k super-block */
+                } else { /* q4_k / q5_k super-block */
                     memcpy(o + 2 * r, b, 2);
                     memcpy(o + 32 + 2 * r, b + 2, 2);
                     for (int k = 0; k < 12; k++) o[64 + 16 * k + r] = b[4 + k];
-                    const uint8_t *q = b + 16;
+                    const uint8_t *q = b + (enc == Q5_K ? 48 : 16);
                     for (int p = 0; p < 4; p++)
                         for (int c = 0; c < 8; c++)
-                            for (int k = 0; k < 4; k++) o[256 + (8 * p + c) * 64 + 4 * r + k] = q[32 * p + 4 * c + k];
+                            for (int k = 0; k < 4; k++) o[p5k_qs(enc, p, c) + 4 * r + k] = q[32 * p + 4 * c + k];
+                    if (enc == Q5_K)
+                        for (int c = 0; c < 8; c++)
+                            for (int k = 0; k < 4; k++) o[320 + 128 * c + 4 * r + k] = b[16 + 4 * c + k];
                 }
             }
         }
@@ -2942,20 +2957,32 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
                     q6_sub(oh, xh, s16, xd, scb, d, cols, ng, NB, 3, acc);
                 }
         }
-    } else if (enc == Q4_K) {
+    } else if (enc == Q4_K || enc == Q5_K) {
+        const long GB = p_group_bytes(enc);
         for (long sb = 0; sb < cols / 256; sb++) {
-            const uint8_t *o = T + sb * 2304;
-            if (pf) prefetch_bytes(o + cols / 256 * 2304, 2304);
+            const uint8_t *o = T + sb * GB;
+            if (pf) prefetch_bytes(o + cols / 256 * GB, GB);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32)));
+#pragma GCC unroll 4
             for (int p = 0; p < 4; p++) {
                 __m512i pl[8], ph[8];
                 for (int b = 0; b < NB; b++) pl[b] = ph[b] = _mm512_setzero_si512();
-                const uint8_t *qs = o + 256 + 512 * p;
 #pragma GCC unroll 8
                 for (int c = 0; c < 8; c++) {
-                    __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * c));
+                    __m512i v = _mm512_loadu_si512((const void *)(o + p5k_qs(enc, p, c)));
                     __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    if (enc == Q5_K) { /* bits 2p / 2p + 1 of the chunk's qh bytes to bit 4 of the low / high values
+                                        * (immediate shifts in 16-bit lanes, p a constant: the loop over p is
+                                        * unrolled for q5_k; each byte's bit lands in its own bit 4). and + or,
+                                        * not one vpternlogd: on Zen 4 that shares vpdpbusd's pipes */
+                        const __m512i b4 = _mm512_set1_epi8(16);
+                        __m512i hq = _mm512_loadu_si512((const void *)(o + 320 + 128 * c));
+                        __m512i l5 = p == 0 ? _mm512_slli_epi16(hq, 4) : p == 1 ? _mm512_slli_epi16(hq, 2) : p == 2 ? hq : _mm512_srli_epi16(hq, 2);
+                        __m512i h5 = p == 0 ? _mm512_slli_epi16(hq, 3) : p == 1 ? _mm512_slli_epi16(hq, 1) : p == 2 ? _mm512_srli_epi16(hq, 1) : _mm512_srli_epi16(hq, 3);
+                        lo = _mm512_or_si512(lo, _mm512_and_si512(l5, b4));
+                        hi = _mm512_or_si512(hi, _mm512_and_si512(h5, b4));
+                    }
                     for (int b = 0; b < NB; b++) {
                         const int8_t *xg = X->q + (b0 + b) * cols + 256 * sb + 64 * p + 4 * c;
                         pl[b] = P_DOT(pl[b], lo, P_X4(xg));
@@ -3069,6 +3096,7 @@ static void p_rows_any(int enc, const uint8_t *P, const a8_x *X, float *yt, long
     case Q4_1: p_rows(Q4_1, P, X, yt, ys, rows, cols, B, t, TB); break;
     case Q5_0: p_rows(Q5_0, P, X, yt, ys, rows, cols, B, t, TB); break;
     case Q6_K: p_rows(Q6_K, P, X, yt, ys, rows, cols, B, t, TB); break;
+    case Q5_K: p_rows(Q5_K, P, X, yt, ys, rows, cols, B, t, TB); break;
     default: p_rows(Q4_K, P, X, yt, ys, rows, cols, B, t, TB); break;
     }
 }
