@@ -47,7 +47,7 @@ def write_llama_gguf(path: Path, cfg: dict = MINI_LLAMA, *, encodings: dict[str,
                      arch: str = "llama", tied: bool = False, scale: float = 0.08) -> Path:
     import gguf
 
-    enc = dict(MIXED if encodings is None else encodings)
+    enc = enc0 = dict(MIXED if encodings is None else encodings)
     rng = np.random.default_rng(seed)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,6 +89,7 @@ def write_llama_gguf(path: Path, cfg: dict = MINI_LLAMA, *, encodings: dict[str,
     add("token_embd.weight", rng.standard_normal((V, d)) * 0.5, enc.get("token_embd"))
     for i in range(cfg["layers"]):
         p = f"blk.{i}."
+        enc = {**enc0, **{k[len(p):]: v for k, v in enc0.items() if k.startswith(p)}}  # "blk.1.attn_output": that layer's
         add(p + "attn_norm.weight", 1 + 0.1 * rng.standard_normal(d), None)
         q, k = mat(H * hd, d), mat(Hk * hd, d)
         if arch == "llama":
@@ -114,6 +115,7 @@ def write_llama_gguf(path: Path, cfg: dict = MINI_LLAMA, *, encodings: dict[str,
         add(p + "ffn_gate.weight", mat(f, d), enc.get("ffn_gate"))
         add(p + "ffn_up.weight", mat(f, d), enc.get("ffn_up"))
         add(p + "ffn_down.weight", mat(d, f), enc.get("ffn_down"))
+    enc = enc0
     add("output_norm.weight", 1 + 0.1 * rng.standard_normal(d), None)
     if not tied:
         add("output.weight", mat(V, d), enc.get("output"))

@@ -37,10 +37,11 @@ COVERED = tuple(quant.TRITON_ENCODINGS)
 SHAPES = ((37, 1, 1), (70, 3, 3), (5, 5, 17), (131, 2, 17), (33, 4, 70))
 # every covered encoding in one file: the k-quants where a row is 256 values (attn_output: 4 heads x 64,
 # ffn_down: ffn = 256), the 32-value formats elsewhere (d = 64)
-CFG = {"vocab": 96, "d": 64, "ffn": 256, "layers": 1, "heads": 4, "kv_heads": 2, "head_dim": 64, "eps": 1e-5,
+CFG = {"vocab": 96, "d": 64, "ffn": 256, "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 64, "eps": 1e-5,
        "theta": 10000.0, "context": 128}
 FILE_ENCODINGS = {"token_embd": "Q8_0", "attn_q": "Q4_0", "attn_k": "Q4_1", "attn_v": "Q8_0", "attn_output": "Q4_K",
-                  "ffn_gate": "Q4_1", "ffn_up": "Q8_0", "ffn_down": "Q6_K", "output": "Q4_0"}
+                  "ffn_gate": "Q4_1", "ffn_up": "Q8_0", "ffn_down": "Q6_K", "output": "Q4_0",
+                  "blk.1.attn_output": "Q5_K"}  # (a second layer: only two matrices have 256-value rows)
 
 
 def _x(rng: np.random.Generator, B: int, cols: int) -> torch.Tensor:

@@ -13,7 +13,7 @@ sum_c W[r, c] x[b, c]`` is ``[B, rows]`` fp32.
   matrix up to summation order: at the floor of the reference, see the C source). From ``TILED_FROM`` bf16 / fp16
   rows of x (prefill) a tile of rows at a time is decoded (``vxc_qdequant``) into torch's GEMM instead. Other
   encodings (q5_1, q2_k, q3_k) raise ``NotCovered`` and run the twin.
-- triton (CUDA, or CPU under ``TRITON_INTERPRET=1``): the same five encodings read straight from the blocks and
+- triton (CUDA, or CPU under ``TRITON_INTERPRET=1``): q8_0, q4_0, q4_1, q4_k, q6_k, q5_k read straight from the blocks and
   decoded in registers to the same fp32 values; a GEMV for few rows of x, a ``tl.dot`` GEMM on decoded tiles
   from ``TRITON_DOT_FROM`` rows (prefill); fp32 accumulation either way. Others raise ``NotCovered``.
 
@@ -271,7 +271,7 @@ import triton.language as tl  # noqa: E402
 
 from .triton_common import pow2  # noqa: E402
 
-TRITON_ENCODINGS = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q4_k": 3, "q6_k": 4}
+TRITON_ENCODINGS = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q4_k": 3, "q6_k": 4, "q5_k": 5}
 TRITON_ENCODING = f"an encoding without a Triton decoder (Triton: {' '.join(TRITON_ENCODINGS)})"
 TRITON_DOT_FROM = 16  # rows of x from which the tl.dot GEMM runs (tl.dot needs tiles of at least 16)
 _BLOCK_N_GEMV, _BLOCK_B_GEMV = 32, 4
@@ -308,7 +308,8 @@ def _decode32(w_ptr, row0, nmask, g, ENC: tl.constexpr, TSIZE: tl.constexpr):
     else:  # a 256-value super-block: chunk j of its eight
         base = row0 + (g // 8) * TSIZE
         j = g % 8
-        if ENC == 3:  # q4_k: d, dmin, 12 bytes of 6-bit scales / mins, 128 bytes of nibbles
+        if ENC == 3 or ENC == 5:  # q4_k: d, dmin, 12 bytes of 6-bit scales / mins, 128 bytes of nibbles; q5_k: the
+            # same with 32 bytes of fifth bits (bit j of byte i: value i of chunk j) before the nibbles
             d = _f16_at(w_ptr, base, nmask)
             dmin = _f16_at(w_ptr, base + 2, nmask)
             jj = j % 4
@@ -318,8 +319,12 @@ def _decode32(w_ptr, row0, nmask, g, ENC: tl.constexpr, TSIZE: tl.constexpr):
             hi = j >= 4
             sc = tl.where(hi, (c & 15) | ((a >> 2) & 48), a & 63)
             mn = tl.where(hi, (c >> 4) | ((mb >> 2) & 48), mb & 63)
-            byte = tl.load(w_ptr + base[:, None] + 16 + (j // 2) * 32 + i[None, :], mask=m2, other=0).to(tl.int32)
+            qoff = 16 if ENC == 3 else 48
+            byte = tl.load(w_ptr + base[:, None] + qoff + (j // 2) * 32 + i[None, :], mask=m2, other=0).to(tl.int32)
             q = (byte >> ((j % 2) * 4)) & 15
+            if ENC == 5:
+                qh = tl.load(w_ptr + base[:, None] + 16 + i[None, :], mask=m2, other=0).to(tl.int32)
+                q = q | (((qh >> j) & 1) << 4)
             dl = d * sc.to(tl.float32)
             ml = dmin * mn.to(tl.float32)
             w = dl[:, None] * q.to(tl.float32) - ml[:, None]
