@@ -1,4 +1,4 @@
-"""Check vxc's ggml block encoders (vxc.runtime.ggml_blocks.quantize) and ``vxc quantize --scheme q4_k_m``
+"""Check vxc's ggml block encoders (vxc.runtime.ggml_blocks.quantize) and ``vxc quantize --scheme q4_k_m / q5_k_m``
 against a llama.cpp build, byte by byte.
 
 Not a CI test (it needs a built llama.cpp tree: ``$VXC_LLAMA_CPP`` or tests/gguf_convert.DEFAULT_LLAMA_CPP, with
@@ -16,8 +16,8 @@ as a digest: tests/runtime/test_ggml_blocks.py). Three parts:
    input, and random tensors over magnitudes 1e-44 .. 1e25 (sparse, outliers, quarter-steps);
 2. ``llama-quantize --pure f32.gguf out.gguf TYPE`` (Q4_K, Q6_K, Q8_0, Q4_0, Q4_1) on an f32 llama GGUF: every
    tensor it encodes against ``quantize`` of the same f32 values;
-3. ``llama-quantize f32.gguf out.gguf Q4_K_M`` against ``vxc lower f32.gguf`` + ``vxc quantize --scheme
-   q4_k_m`` on three files (8 layers; a tied head; an FFN width of 288, whose down rows are not whole 256-value
+3. ``llama-quantize f32.gguf out.gguf Q4_K_M`` (and ``Q5_K_M``) against ``vxc lower f32.gguf`` + ``vxc quantize
+   --scheme q4_k_m`` (``q5_k_m``) on three files (8 layers; a tied head; an FFN width of 288, whose down rows are not whole 256-value
    blocks): for every tensor the format chosen, and the bytes (vxc's operand view of the tensor, e.g. the Q/K
    rows un-permuted, applied to llama.cpp's blocks).
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-FORMATS = ("q4_k", "q6_k", "q8_0", "q4_0", "q4_1")
+FORMATS = ("q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "q4_1")
 
 
 def _build() -> Path:
@@ -156,8 +156,8 @@ def check_pure(bin_dir: Path, f32: Path, tmp: Path) -> tuple[list[str], int]:
     return problems, n
 
 
-def check_q4_k_m(bin_dir: Path, f32: Path, tmp: Path) -> tuple[list[str], int]:
-    """vxc's q4_k_m mix and bytes against llama-quantize Q4_K_M on the same f32 GGUF."""
+def check_mix(bin_dir: Path, f32: Path, tmp: Path, scheme: str = "q4_k_m") -> tuple[list[str], int]:
+    """vxc's ``scheme`` mix (q4_k_m, q5_k_m) and bytes against llama-quantize's on the same f32 GGUF."""
     from safetensors.torch import load_file
 
     from vxc.driver import load
@@ -165,12 +165,13 @@ def check_q4_k_m(bin_dir: Path, f32: Path, tmp: Path) -> tuple[list[str], int]:
     from vxc.quantize import quantize_to_file
     from vxc.runtime.views import apply_view
 
-    theirs = tmp / f"{f32.stem}_q4_k_m.gguf"
-    _llama_quantize(bin_dir, f32, theirs, "Q4_K_M", pure=False)
+    T = scheme.upper()
+    theirs = tmp / f"{f32.stem}_{scheme}.gguf"
+    _llama_quantize(bin_dir, f32, theirs, T, pure=False)
     llama = _gguf_tensors(theirs)
     lowered = load(f32).module  # the GGUF frontend's operands: source key (the GGUF tensor) and view
-    out = tmp / f"{f32.stem}_vxc" / "q.vxir"
-    quantize_to_file(f32, out, "q4_k_m", [])
+    out = tmp / f"{f32.stem}_vxc_{scheme}" / "q.vxir"
+    quantize_to_file(f32, out, scheme, [])
     q = parse_file(out)
     st = load_file(str(out.with_suffix(".safetensors")))
     keys = {t.sym: t.key for t in lowered.tensors}
@@ -184,17 +185,17 @@ def check_q4_k_m(bin_dir: Path, f32: Path, tmp: Path) -> tuple[list[str], int]:
         fmt, blocks = llama[name]
         if o.encoding is None:
             if fmt != "f32":
-                problems.append(f"{f32.name} Q4_K_M: {name} (%{o.sym}): llama.cpp {fmt}, vxc keeps it")
+                problems.append(f"{f32.name} {T}: {name} (%{o.sym}): llama.cpp {fmt}, vxc keeps it")
             continue
         n += 1
         if fmt != o.encoding:
-            problems.append(f"{f32.name} Q4_K_M: {name} (%{o.sym}): llama.cpp {fmt}, vxc {o.encoding}")
+            problems.append(f"{f32.name} {T}: {name} (%{o.sym}): llama.cpp {fmt}, vxc {o.encoding}")
             continue
         want = apply_view(torch.from_numpy(np.ascontiguousarray(blocks)), src.transforms)
         if not torch.equal(want.contiguous(), st[o.sym]):
-            problems.append(f"{f32.name} Q4_K_M: {name} (%{o.sym}, {fmt}): bytes differ")
+            problems.append(f"{f32.name} {T}: {name} (%{o.sym}, {fmt}): bytes differ")
     for name in sorted(set(llama) - seen):
-        problems.append(f"{f32.name} Q4_K_M: {name} ({llama[name][0]}) is no vxc operand")
+        problems.append(f"{f32.name} {T}: {name} ({llama[name][0]}) is no vxc operand")
     return problems, n
 
 
@@ -225,10 +226,12 @@ def main() -> int:
         p, n = check_pure(bin_dir, paths["f32_8layers"], tmp)
         print(f"llama-quantize --pure {'/'.join(f.upper() for f in FORMATS)}: {n} tensors, {len(p)} differ")
         problems += p
-        for k, path in paths.items():
-            p, n = check_q4_k_m(bin_dir, path, tmp)
-            print(f"llama-quantize Q4_K_M vs vxc quantize --scheme q4_k_m ({k}): {n} encoded tensors, {len(p)} differ")
-            problems += p
+        for scheme in ("q4_k_m", "q5_k_m"):
+            for k, path in paths.items():
+                p, n = check_mix(bin_dir, path, tmp, scheme)
+                print(f"llama-quantize {scheme.upper()} vs vxc quantize --scheme {scheme} ({k}): {n} encoded tensors, "
+                      f"{len(p)} differ")
+                problems += p
     for line in problems:
         print("  " + line)
     print("identical" if not problems else f"{len(problems)} differences")

@@ -114,11 +114,29 @@ def test_quantized_model_runs_at_the_floor_of_the_dequantized_reference(src, sch
     _at_the_floor(f"quantized-{scheme}", out, ref, capsys)
 
 
+def _blocks_at_the_floor(name: str, src, out, got: dict[str, str], capsys) -> None:
+    """The quantised model ``out`` at the floor of transformers with each quantised parameter replaced by gguf-py's
+    decode of the blocks vxc wrote for it (``got``: operand -> format)."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    st = load_file(str(out.with_suffix(".safetensors")))
+    by_name = {_hf_name(s): (f, st[s]) for s, f in got.items()}
+
+    def decoded(pname, a):
+        if pname not in by_name:
+            return None
+        f, blocks = by_name[pname]
+        return gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[f.upper()]).reshape(a.shape)
+
+    ref, n = _reference(src / "hf_k", decoded)
+    assert n == len(got)
+    _at_the_floor(name, out, ref, capsys)
+
+
 def test_q4_k_m_mix_and_parity(src, cli, capsys):
     """The mix is decided by the roles' declared more_bits classes (counts by hand above); the encoded model is
     at the floor of transformers on gguf-py's decode of the same blocks."""
-    import gguf
-    from safetensors.numpy import load_file
 
     from vxc.ir.parser import parse
     from vxc.ir.printer import print_module
@@ -134,23 +152,32 @@ def test_q4_k_m_mix_and_parity(src, cli, capsys):
     assert {s: got[s] for s in K_FORMATS} == K_FORMATS
     assert ('fact quantized q4_k_m evidence "vxc quantize --scheme q4_k_m: 16 operands of roles declared '
             "quantise=True encoded (12 q4_k, 1 q5_0, 2 q6_k, 1 q8_0; bytes of ggml's quantize_row_q4_K_ref") in text
-    st = load_file(str(out.with_suffix(".safetensors")))
-    by_name = {_hf_name(s): (f, st[s]) for s, f in got.items()}
-
-    def decoded(name, a):
-        if name not in by_name:
-            return None
-        f, blocks = by_name[name]
-        return gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[f.upper()]).reshape(a.shape)
-
-    ref, n = _reference(src / "hf_k", decoded)
-    assert n == len(got)
-    _at_the_floor("quantized-q4_k_m", out, ref, capsys)
+    _blocks_at_the_floor("quantized-q4_k_m", src, out, got, capsys)
     # self-contained: the tokenizer came along, the pass pipeline takes it, and text runs
     assert (out.parent / "tokenizer.json").read_text() == (src / "hf_k" / "tokenizer.json").read_text()
     assert cli("passes", out).exit_code == 0
     r = cli("exec", out, "--prompt", "abc", "--max-new-tokens", "3")
     assert r.exit_code == 0, r.output
+
+
+# q5_k_m: the same choices with q5_k where q4_k_m has q4_k, and q5_k's fallback q5_1 (by hand, as K_MIX)
+K5_MIX = {"q5_k": 12, "q6_k": 2, "q5_1": 1, "q8_0": 1}
+
+
+def test_q5_k_m_mix_and_parity(src, cli, capsys):
+    """Q5_K_M: the roles' more_bits classes choose as for q4_k_m (counts by hand above; llama-quantize's own
+    choices and bytes: tests/ggml_quant_check.py, identical on three files); at the floor of transformers on
+    gguf-py's decode of the same blocks."""
+
+    out = src / "q5_k_m" / "q.vxir"
+    r = cli("quantize", src / "hf_k.vxir", "-o", out, "--scheme", "q5_k_m")
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    got = dict(re.findall(r"^  operand %(\S+) f32\[\d+,\d+\] = (q\d_\w+)\(blocks \$t\d+\)", text, re.M))
+    assert {f: list(got.values()).count(f) for f in K5_MIX} == K5_MIX and len(got) == sum(K5_MIX.values())
+    assert got["l0.FfnDown"] == "q5_1" and got["l1.AttnV"] == "q6_k" and got["l0.AttnQ"] == "q5_k"
+    assert "fact quantized q5_k_m" in text and "quantize_row_q5_K_ref" in text
+    _blocks_at_the_floor("quantized-q5_k_m", src, out, got, capsys)
 
 
 def test_more_bits_rule_and_tied_head():
@@ -221,7 +248,7 @@ def test_blocks_are_gguf_quants_bytes_and_keep_keeps(src, cli):
 def test_refusals_leave_nothing_behind(src, cli, vxc_sub, tmp_path):
     out = tmp_path / "x.vxir"
     for args, msg in (
-        (("--scheme", "q3_k"), "unknown scheme 'q3_k'; known: q8_0, q4_0, q4_1, q4_k_m"),
+        (("--scheme", "q3_k"), "unknown scheme 'q3_k'; known: q8_0, q4_0, q4_1, q4_k_m, q5_k_m"),
         (("--scheme", "q8_0", "--keep", "Attn"), "--keep Attn: not a role; roles: "),
     ):
         r = cli("quantize", src / "hf.vxir", "-o", out, *args)

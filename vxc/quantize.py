@@ -1,4 +1,4 @@
-"""``vxc quantize MODEL -o OUT.vxir --scheme q8_0|q4_0|q4_1|q4_k_m [--keep ROLE ...]``: data preparation, not
+"""``vxc quantize MODEL -o OUT.vxir --scheme q8_0|q4_0|q4_1|q4_k_m|q5_k_m [--keep ROLE ...]``: data preparation, not
 execution.
 
 Every operand whose role the operator declarations mark ``quantise=True`` (a projection, the embedding / head
@@ -14,9 +14,10 @@ table: ``vxc.ir.operators.decl.RoleSpec``) is encoded in a ggml block format, un
   count). Encoded with ggml's reference encoders (``vxc.runtime.ggml_blocks``: the bytes
   ``quantize_row_q4_K_ref`` / ``quantize_row_q6_K_ref`` write). Not reproduced: the tool's choices keyed on
   model facts other than the roles (8-expert models take q8_0 for K and V, 70B-class models q5_k for V).
+- ``q5_k_m``: the Q5_K_M mix, the same rule with q5_k where q4_k_m has q4_k (``quantize_row_q5_K_ref``).
 
-A matrix whose rows are not whole blocks of its format falls back as the tool falls back (q4_k -> q5_0, q6_k ->
-q8_0; reported); one whose rows are not whole 32-value blocks either is kept as stored (reported; the tool
+A matrix whose rows are not whole blocks of its format falls back as the tool falls back (q4_k -> q5_0, q5_k ->
+q5_1, q6_k -> q8_0; reported); one whose rows are not whole 32-value blocks either is kept as stored (reported; the tool
 writes f16 there). Every other operand keeps its stored dtype. Expert banks are not declared quantisable (the
 runtime has no kernels reading encoded banks): they are copied as stored, one ``[experts, ...]`` tensor each.
 
@@ -57,9 +58,10 @@ class Scheme:
 SCHEMES = {s.name: s for s in (
     Scheme("q8_0", "q8_0"), Scheme("q4_0", "q4_0"), Scheme("q4_1", "q4_1"),
     Scheme("q4_k_m", "q4_k", "q6_k", "ggml's quantize_row_q4_K_ref / quantize_row_q6_K_ref"),
+    Scheme("q5_k_m", "q5_k", "q6_k", "ggml's quantize_row_q5_K_ref / quantize_row_q6_K_ref"),
 )}
 # a format whose block does not divide a row: the 32-value format the quantize tool falls back to
-FALLBACK = {"q4_k": "q5_0", "q6_k": "q8_0"}
+FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
 MORE_BITS_RULE = "i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2"
 
 

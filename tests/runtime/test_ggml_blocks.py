@@ -19,7 +19,7 @@ from vxc.ir.ggml import ENCODINGS, GGMLError, logical_cols, row_bytes
 from vxc.runtime.ggml_blocks import DEQUANTIZE, QUANTIZE, dequantize, quantize
 
 ALL = sorted(ENCODINGS)
-K_ENCODES = ["q4_k", "q6_k"]  # ggml's reference encoders; gguf-py has none (tests/ggml_quant_check.py: llama.cpp)
+K_ENCODES = ["q4_k", "q5_k", "q6_k"]  # ggml's reference encoders; gguf-py has none (tests/ggml_quant_check.py: llama.cpp)
 ENCODES = sorted(set(QUANTIZE) - set(K_ENCODES))  # byte-exact with gguf.quants.quantize
 
 
@@ -344,7 +344,7 @@ def test_quantize_refusals(name):
 
 
 def test_other_k_quants_are_not_encoded():
-    for name in ("q2_k", "q3_k", "q5_k"):
+    for name in ("q2_k", "q3_k"):
         with pytest.raises(GGMLError, match=f"{name}: vxc does not encode"):
             quantize(name, torch.zeros(1, 256))
 
@@ -373,6 +373,9 @@ def kquant_input(rows: int = 24, cols: int = 512) -> np.ndarray:
 GGML_KQUANT_SHA256 = {
     "q4_k": "048d58aad55f70e5a66e1ffa028be08be1dc034c444088bd9f6a842383cb1029",
     "q6_k": "57332e10c64007079cc255e86dc6facceeb40ffd17611a695b090bd25898cbb4",
+    # quantize_row_q5_K_ref, the same build and input (written there 2026-12-06; tests/ggml_quant_check.py then
+    # found vxc's q5_k bytes identical on 16128 blocks of its inputs)
+    "q5_k": "ff9ff0cf0a750871edb5e51d8f4f671739e6b76b02278ec98c0ba77870f19672",
 }
 
 
@@ -390,11 +393,11 @@ def _kquant_groups(name: str, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     between codes, and the codes' range ``(lo, step, qmax)``; the value of code q is ``lo + step * q``."""
     b = b.reshape(-1, ENCODINGS[name].type_size)
     f16 = lambda a: np.ascontiguousarray(a).view(np.float16).astype(np.float64)  # noqa: E731
-    if name == "q4_k":
+    if name in ("q4_k", "q5_k"):  # (the same d, dmin and scale bytes; 4- or 5-bit codes)
         d, dmin, s = f16(b[:, 0:2]), f16(b[:, 2:4]), b[:, 4:16].astype(np.int64)
         sc = np.concatenate((s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)), axis=1)
         mn = np.concatenate((s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)), axis=1)
-        return -(dmin * mn), d * sc, 15
+        return -(dmin * mn), d * sc, 15 if name == "q4_k" else 31
     d, s = f16(b[:, 208:210]), np.ascontiguousarray(b[:, 192:208]).view(np.int8).astype(np.float64)
     return -32 * (d * s), d * s, 63
 
@@ -406,8 +409,8 @@ def test_k_quant_round_trip_picks_the_nearest_code(name):
     within fp32 rounding of ``(x + dm) / d``. The search for the scales is judged by the error it reaches:
     below q4_1's / q5_0's on the same values (more bits per group well spent), and far below the range."""
     rng = np.random.default_rng(500 + K_ENCODES.index(name))
-    gs = 32 if name == "q4_k" else 16
-    baseline = "q4_1" if name == "q4_k" else "q5_0"
+    gs = 16 if name == "q6_k" else 32
+    baseline = {"q4_k": "q4_1", "q5_k": "q5_1", "q6_k": "q5_0"}[name]
     for kind, x in {**inputs(rng, (4, 3), 2 * 256), "hashed": kquant_input()}.items():
         b = quantize(name, torch.from_numpy(x)).numpy()
         back = ref_dequantize(name, b).double().numpy().reshape(-1, gs)

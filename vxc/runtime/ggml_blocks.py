@@ -415,9 +415,19 @@ def _as_u8(v: Tensor) -> Tensor:
 @_chunked
 def _q_q4_k(x: Tensor) -> Tensor:
     n = x.shape[0]
+    d16, dmin16, scales, L = _k45_scales(x, 15, -1.0, 20)
+    qs = (L[:, 0::2] | (L[:, 1::2] << 4)).reshape(n, 128)  # groups 2g (low nibbles), 2g+1 (high) per 32 bytes
+    return torch.cat((d16, dmin16, scales, qs), dim=1)
+
+
+def _k45_scales(x: Tensor, nmax: int, rmin: float, nstep: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """q4_k's and q5_k's shared part (ggml's quantize_row_q4_K_ref / q5_K_ref): each 32-value group's scale and min
+    searched (make_qkx2_quants, weights av + |x|), the eight quantised to 6 bits against the block's largest,
+    then the codes 0..nmax under the stored scales. Returns (d16, dmin16, the 12 scale bytes, codes [n, 8, 32])."""
+    n = x.shape[0]
     xs = x.reshape(n * 8, 32)
     av = _sqrtf(_seq_sum(xs * xs) / torch.full((), 32.0, device=x.device))
-    L, sc, mins = _make_qkx2_quants(xs, av[:, None] + xs.abs(), 15, -1.0, 0.1, 20)
+    L, sc, mins = _make_qkx2_quants(xs, av[:, None] + xs.abs(), nmax, rmin, 0.1, nstep)
     sc, mins, L = sc.view(n, 8), mins.view(n, 8), L.view(n, 8, 32)
     zero = torch.zeros_like(sc)
     max_scale = torch.where(sc > 0, sc, zero).amax(dim=1, keepdim=True)  # ``if (scale > max_scale)`` from 0
@@ -432,15 +442,25 @@ def _q_q4_k(x: Tensor) -> Tensor:
     d = (_f16(d16) * _f32(ls))[:, :, None]
     dm = (_f16(dmin16) * _f32(lm))[:, :, None]
     x3 = x.view(n, 8, 32)
-    q = _nearest_int((x3 + dm) / torch.where(d != 0, d, torch.ones_like(d))).clamp(0, 15)
+    q = _nearest_int((x3 + dm) / torch.where(d != 0, d, torch.ones_like(d))).clamp(0, nmax)
     L = torch.where(d != 0, q, L).to(torch.uint8)  # ``if (!d) continue``: the search's codes stay
     scales = torch.cat((
         (ls[:, :4] & 63) | ((ls[:, 4:] >> 4) << 6),
         (lm[:, :4] & 63) | ((lm[:, 4:] >> 4) << 6),
         (ls[:, 4:] & 15) | ((lm[:, 4:] & 15) << 4),
     ), dim=1)
-    qs = (L[:, 0::2] | (L[:, 1::2] << 4)).reshape(n, 128)  # groups 2g (low nibbles), 2g+1 (high) per 32 bytes
-    return torch.cat((d16, dmin16, scales, qs), dim=1)
+    return d16, dmin16, scales, L
+
+
+@_chunked
+def _q_q5_k(x: Tensor) -> Tensor:
+    n = x.shape[0]
+    d16, dmin16, scales, L = _k45_scales(x, 31, -0.5, 15)
+    lo = L & 15  # [n, 8, 32]
+    qs = (lo[:, 0::2] | (lo[:, 1::2] << 4)).reshape(n, 128)  # groups 2g (low nibbles), 2g+1 (high) per 32 bytes
+    hb = (L >> 4).to(torch.int32)  # the fifth bit of value i of group j: bit j of qh[i]
+    qh = (hb << torch.arange(8, device=x.device, dtype=torch.int32)[None, :, None]).sum(dim=1).to(torch.uint8)
+    return torch.cat((d16, dmin16, scales, qh, qs), dim=1)
 
 
 @_chunked
@@ -467,15 +487,15 @@ def _q_q6_k(x: Tensor) -> Tensor:
 
 QUANTIZE: dict[str, Callable[[Tensor], Tensor]] = {
     "q8_0": _q_q8_0, "q4_0": _q_q4_0, "q4_1": _q_q4_1, "q5_0": _q_q5_0, "q5_1": _q_q5_1,
-    "q4_k": _q_q4_k, "q6_k": _q_q6_k,
+    "q4_k": _q_q4_k, "q5_k": _q_q5_k, "q6_k": _q_q6_k,
 }
 
 
 def quantize(encoding_name: str, x: Tensor) -> Tensor:
     """Encode ``x`` (floating ``[..., rows, cols]``, finite, taken as fp32; ``cols`` a whole number of blocks)
     to uint8 blocks ``[..., rows, row_bytes]`` on the input's device. The 32-value formats (q8_0, q4_0, q4_1,
-    q5_0, q5_1) byte-for-byte what ``gguf.quants.quantize`` gives; q4_k and q6_k what ggml's reference encoders
-    (``quantize_row_q4_K_ref`` / ``quantize_row_q6_K_ref``, the ggml quantize tool without an importance matrix) write
+    q5_0, q5_1) byte-for-byte what ``gguf.quants.quantize`` gives; q4_k, q5_k and q6_k what ggml's reference
+    encoders (``quantize_row_q4_K_ref`` / ``q5_K_ref`` / ``q6_K_ref``, the ggml quantize tool without an importance matrix) write
     (gguf-py has no k-quant encoder; ``tests/ggml_quant_check.py`` compares with a ggml build)."""
     enc = encoding(encoding_name)
     if enc.name not in QUANTIZE:
