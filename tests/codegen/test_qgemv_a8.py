@@ -46,7 +46,7 @@ def oracle(name: str, blocks: np.ndarray, x: torch.Tensor) -> torch.Tensor:
     return xd.reshape(q.shape) @ w.T
 
 
-PACKED = {"q8_0", "q4_0", "q4_1", "q4_k", "q5_0", "q5_k", "q6_k"}  # the encodings with a 16-row packed form (AVX-512 builds)
+PACKED = {"q8_0", "q4_0", "q4_1", "q4_k", "q5_0", "q5_1", "q5_k", "q6_k"}  # the encodings with a 16-row packed form (AVX-512 builds)
 
 
 def has_packed(name: str) -> bool:

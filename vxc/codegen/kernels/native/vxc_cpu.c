@@ -178,7 +178,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 52
+#define VXC_ABI_VERSION 53
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -1688,6 +1688,7 @@ void vxc_scale_segments(const void *x, void *out, long rows, long w, int nseg, c
  *          scale s_j per 16 values                                               w = (d s_j) (q - 32)
  *   5 q5_0  32 values, 22 bytes: f16 d, qh (u32: bit j the fifth bit of value j), qs[16] (as q4_0)
  *                                                                                 w = d (q - 16)
+ *   7 q5_1  32 values, 24 bytes: f16 d, f16 m, qh (u32), qs[16] (as q5_0, no offset)  w = d q + m
  *   6 q5_k 256 values, 176 bytes: f16 d, f16 dmin, scales[12] (as q4_k), qh[32], qs[128]: sub-block j =
  *          nibble j & 1 of qs[32 (j >> 1) ..] with bit j of qh[..] as its fifth bit w = (d sc_j) q - (dmin m_j)
  * Each weight is decoded in registers to the fp32 value gguf.quants.dequantize gives it (w = s q + mn: the
@@ -1700,11 +1701,14 @@ void vxc_scale_segments(const void *x, void *out, long rows, long w, int nseg, c
  * (in groups of QG: the accumulators stay in registers). vxc_qdequant decodes a range of rows to fp32 the same
  * way (the prefill path: a few rows at a time into a fast GEMM). */
 
-enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_K = 6, Q_COUNT = 7 };
-static const long Q_BLOCK[Q_COUNT] = {32, 32, 32, 256, 256, 32, 256};  /* values per block */
-static const long Q_TSIZE[Q_COUNT] = {34, 18, 20, 144, 210, 22, 176};  /* bytes per block */
+enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_K = 6, Q5_1 = 7, Q_COUNT = 8 };
+static const long Q_BLOCK[Q_COUNT] = {32, 32, 32, 256, 256, 32, 256, 32};  /* values per block */
+static const long Q_TSIZE[Q_COUNT] = {34, 18, 20, 144, 210, 22, 176, 24};  /* bytes per block */
 /* the formats whose value is s q + mn (a min per group) */
-static inline int q_has_min(int enc) { return enc == Q4_1 || enc == Q4_K || enc == Q5_K; }
+static inline int q_has_min(int enc) { return enc == Q4_1 || enc == Q4_K || enc == Q5_K || enc == Q5_1; }
+/* q5_0 / q5_1: where a block's fifth bits (u32) and nibbles start */
+static inline long q5_qh(int enc) { return enc == Q5_1 ? 4 : 2; }
+static inline long q5_qs(int enc) { return enc == Q5_1 ? 8 : 6; }
 
 /* q4_k's eight 6-bit scales (sc) and mins (m) from the 12 scale bytes, as the bytes of two 64-bit words (scale /
  * min j in byte j): bytes 0-3 hold scales 0-3 in their low 6 bits and the top 2 bits of scales 4-7, bytes 4-7 the
@@ -1728,7 +1732,7 @@ static inline void q4k_scale_min_words(const uint8_t *q, uint64_t *sc, uint64_t 
 static inline __attribute__((always_inline)) void q_row_scales(int enc, const uint8_t *row, long nblk, float *s, float *mn) {
     long i = 0;
 #if defined(__F16C__) && defined(__AVX2__)
-    if (enc == Q8_0 || enc == Q4_0 || enc == Q4_1 || enc == Q5_0) {
+    if (enc == Q8_0 || enc == Q4_0 || enc == Q4_1 || enc == Q5_0 || enc == Q5_1) {
         const long T = Q_TSIZE[enc];
         for (; i + 8 <= nblk; i += 8) {
             uint64_t d0 = 0, d1 = 0, m0 = 0, m1 = 0; /* blocks i..i+3, i+4..i+7: their d (and q4_1's m) */
@@ -1742,7 +1746,7 @@ static inline __attribute__((always_inline)) void q_row_scales(int enc, const ui
                 m1 |= (uint64_t)(h1 >> 16) << (16 * k);
             }
             _mm256_storeu_ps(s + i, _mm256_cvtph_ps(_mm_set_epi64x((long long)d1, (long long)d0)));
-            if (enc == Q4_1) _mm256_storeu_ps(mn + i, _mm256_cvtph_ps(_mm_set_epi64x((long long)m1, (long long)m0)));
+            if (enc == Q4_1 || enc == Q5_1) _mm256_storeu_ps(mn + i, _mm256_cvtph_ps(_mm_set_epi64x((long long)m1, (long long)m0)));
         }
     } else if (enc == Q4_K || enc == Q5_K) { /* (the same d, dmin and 12 scale bytes at the block's start) */
         for (; i < nblk; i++) {
@@ -1769,7 +1773,7 @@ static inline __attribute__((always_inline)) void q_row_scales(int enc, const ui
         const uint8_t *b = row + i * Q_TSIZE[enc];
         if (enc == Q8_0 || enc == Q4_0 || enc == Q5_0) {
             s[i] = h2f(b);
-        } else if (enc == Q4_1) {
+        } else if (enc == Q4_1 || enc == Q5_1) {
             s[i] = h2f(b);
             mn[i] = h2f(b + 2);
         } else if (enc == Q4_K || enc == Q5_K) {
@@ -1809,13 +1813,14 @@ static inline void q_group_ints(int enc, const uint8_t *row, long g, int8_t q[32
         const uint8_t *b = row + 176 * (g >> 3), *p = b + 48 + 32 * (j >> 1), *qh = b + 16;
         int sh = 4 * (int)(j & 1);
         for (int i = 0; i < 32; i++) q[i] = (int8_t)(((p[i] >> sh) & 15) | (((qh[i] >> j) & 1) << 4));
-    } else if (enc == Q5_0) {
-        const uint8_t *b = row + 22 * g, *p = b + 6;
+    } else if (enc == Q5_0 || enc == Q5_1) {
+        const uint8_t *b = row + Q_TSIZE[enc] * g, *p = b + q5_qs(enc);
+        const int off = enc == Q5_0 ? 16 : 0;
         uint32_t qh;
-        memcpy(&qh, b + 2, 4);
+        memcpy(&qh, b + q5_qh(enc), 4);
         for (int i = 0; i < 16; i++) {
-            q[i] = (int8_t)(((p[i] & 15) | (((qh >> i) & 1) << 4)) - 16);
-            q[i + 16] = (int8_t)(((p[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) - 16);
+            q[i] = (int8_t)(((p[i] & 15) | (((qh >> i) & 1) << 4)) - off);
+            q[i + 16] = (int8_t)(((p[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) - off);
         }
     } else {
         long j = g & 7, h = j >> 2, k = j & 3;
@@ -1854,17 +1859,24 @@ static inline __attribute__((always_inline)) void q_w512(int enc, const uint8_t 
         __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(enc == Q4_0 ? row + 18 * u + 2 : row + 20 * u + 4)));
         w[0] = _mm512_permutexvar_ps(v, lut);
         w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
-    } else if (enc == Q5_0) { /* the nibbles, each with its fifth bit from qh (a masked 16), less 16 */
-        const uint8_t *b = row + 22 * u;
+    } else if (enc == Q5_0 || enc == Q5_1) { /* the nibbles, each with its fifth bit from qh (a masked 16); q5_0
+                                              * less 16, q5_1 plus its min (an fma: s q is exact) */
+        const uint8_t *b = row + Q_TSIZE[enc] * u;
         uint32_t qh;
-        memcpy(&qh, b + 2, 4);
-        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 6)));
-        __m512i m15 = _mm512_set1_epi32(15), o = _mm512_set1_epi32(-16), hb = _mm512_set1_epi32(16);
+        memcpy(&qh, b + q5_qh(enc), 4);
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + q5_qs(enc))));
+        __m512i m15 = _mm512_set1_epi32(15), o = _mm512_set1_epi32(enc == Q5_0 ? -16 : 0), hb = _mm512_set1_epi32(16);
         __m512i q0 = _mm512_add_epi32(_mm512_or_si512(_mm512_and_si512(v, m15), _mm512_maskz_mov_epi32((__mmask16)(qh & 0xffffu), hb)), o);
         __m512i q1 = _mm512_add_epi32(_mm512_or_si512(_mm512_srli_epi32(v, 4), _mm512_maskz_mov_epi32((__mmask16)(qh >> 16), hb)), o);
         __m512 sv = _mm512_set1_ps(s[u]);
-        w[0] = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(q0));
-        w[1] = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(q1));
+        if (enc == Q5_1) {
+            __m512 mv = _mm512_set1_ps(mn[u]);
+            w[0] = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(q0), mv);
+            w[1] = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(q1), mv);
+        } else {
+            w[0] = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(q0));
+            w[1] = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(q1));
+        }
     } else if (enc == Q4_K) { /* sub-blocks 2p (low nibbles) and 2p + 1 (high) of super-block u / 4 */
         const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         __m512 lut0 = _mm512_fmadd_ps(_mm512_set1_ps(s[2 * u]), k, _mm512_set1_ps(mn[2 * u]));
@@ -1970,18 +1982,20 @@ static inline __attribute__((always_inline)) void q_w256(int enc, const uint8_t 
             a = _mm_sub_epi8(a, _mm_set1_epi8(8));
             b = _mm_sub_epi8(b, _mm_set1_epi8(8));
         }
-    } else if (enc == Q5_0) { /* as q4_0, each byte's fifth bit spread from qh (bit i -> byte i: 16 or 0), less 16 */
-        const uint8_t *p = row + 22 * g;
+    } else if (enc == Q5_0 || enc == Q5_1) { /* as q4_0, each byte's fifth bit spread from qh (bit i -> byte i: 16 or
+                                              * 0); q5_0 less 16 */
+        const uint8_t *p = row + Q_TSIZE[enc] * g;
         uint32_t qh;
-        memcpy(&qh, p + 2, 4);
-        __m128i v = _mm_loadu_si128((const __m128i *)(p + 6));
+        memcpy(&qh, p + q5_qh(enc), 4);
+        __m128i v = _mm_loadu_si128((const __m128i *)(p + q5_qs(enc)));
         const __m128i bits = _mm_set1_epi64x((long long)0x8040201008040201ULL), spread = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
         __m128i hl = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(qh & 0xffffu)), spread);
         __m128i hh = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(qh >> 16)), spread);
         hl = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hl, bits), bits), _mm_set1_epi8(16));
         hh = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hh, bits), bits), _mm_set1_epi8(16));
-        a = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(v, m4), hl), _mm_set1_epi8(16));
-        b = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 4), m4), hh), _mm_set1_epi8(16));
+        const __m128i o16 = _mm_set1_epi8(enc == Q5_0 ? 16 : 0);
+        a = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(v, m4), hl), o16);
+        b = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 4), m4), hh), o16);
     } else if (enc == Q4_K) {
         long j = g & 7;
         const uint8_t *p = row + 144 * (g >> 3) + 16 + 32 * (j >> 1);
@@ -2160,6 +2174,7 @@ void vxc_qgemv(int enc, const void *W, const void *x, float *y, long rows, long 
             case Q4_K: q_rows_tile(Q4_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             case Q5_0: q_rows_tile(Q5_0, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             case Q5_K: q_rows_tile(Q5_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
+            case Q5_1: q_rows_tile(Q5_1, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             default: q_rows_tile(Q6_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             }
         }
@@ -2194,6 +2209,7 @@ void vxc_qdequant(int enc, const void *W, float *out, long r0, long r1, long col
             case Q4_K: q_dequant_row(Q4_K, row, cols, o, s, mn); break;
             case Q5_0: q_dequant_row(Q5_0, row, cols, o, s, mn); break;
             case Q5_K: q_dequant_row(Q5_K, row, cols, o, s, mn); break;
+            case Q5_1: q_dequant_row(Q5_1, row, cols, o, s, mn); break;
             default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
             }
         }
@@ -2275,6 +2291,7 @@ void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, 
             case Q4_K: q_dequant_row(Q4_K, row, cols, o, s, mn); break;
             case Q5_0: q_dequant_row(Q5_0, row, cols, o, s, mn); break;
             case Q5_K: q_dequant_row(Q5_K, row, cols, o, s, mn); break;
+            case Q5_1: q_dequant_row(Q5_1, row, cols, o, s, mn); break;
             default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
             }
         }
@@ -2314,7 +2331,7 @@ static inline int a8_off(int enc) { return enc == Q4_0 ? -8 : enc == Q5_0 ? -16 
 static inline int p_off(int enc) { return enc == Q4_0 ? -8 : enc == Q8_0 ? -128 : enc == Q5_0 ? -16 : 0; }
 static inline int a8_has_min(int enc) { return q_has_min(enc); }
 /* the 4-bit 32-value formats whose unit of 64 puts both blocks' low nibbles before their high ones */
-static inline int a8_split(int enc) { return A8_UNIT == 64 && (enc == Q4_0 || enc == Q4_1 || enc == Q5_0); }
+static inline int a8_split(int enc) { return A8_UNIT == 64 && (enc == Q4_0 || enc == Q4_1 || enc == Q5_0 || enc == Q5_1); }
 
 /* one row of x (fp32, cols a multiple of 32) quantised: q in natural order, d per block of 32 */
 static void a8_quantize_row(const float *x, long cols, int8_t *q, float *d) {
@@ -2439,16 +2456,16 @@ static inline __attribute__((always_inline)) __m512i a8_w512(int enc, const uint
         __m256i a = _mm256_loadu_si256((const __m256i *)(row + 68 * u + 2));
         __m256i b = _mm256_loadu_si256((const __m256i *)(row + 68 * u + 36));
         return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-    } else if (enc == Q4_0 || enc == Q4_1 || enc == Q5_0) {
-        long T = Q_TSIZE[enc], o = enc == Q4_0 ? 2 : enc == Q4_1 ? 4 : 6;
+    } else if (enc == Q4_0 || enc == Q4_1 || enc == Q5_0 || enc == Q5_1) {
+        long T = Q_TSIZE[enc], o = enc == Q4_0 ? 2 : enc == Q4_1 ? 4 : q5_qs(enc);
         const uint8_t *p = row + 2 * u * T;
         __m256i a = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + o))),
                                             _mm_loadu_si128((const __m128i *)(p + T + o)), 1);
         __m512i w = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(a), _mm256_srli_epi16(a, 4), 1), m4);
-        if (enc == Q5_0) {
+        if (enc == Q5_0 || enc == Q5_1) {
             uint32_t h0, h1;
-            memcpy(&h0, p + 2, 4);
-            memcpy(&h1, p + T + 2, 4);
+            memcpy(&h0, p + q5_qh(enc), 4);
+            memcpy(&h1, p + T + q5_qh(enc), 4);
             uint64_t m = (uint64_t)(h0 & 0xffffu) | (uint64_t)(h1 & 0xffffu) << 16 | (uint64_t)(h0 >> 16) << 32 |
                          (uint64_t)(h1 >> 16) << 48;
             w = _mm512_or_si512(w, _mm512_maskz_mov_epi8((__mmask64)m, _mm512_set1_epi8(16)));
@@ -2535,14 +2552,14 @@ static inline float a8_dot(const float *a, const float *b, long n) {
 static inline __attribute__((always_inline)) __m256i a8_w256(int enc, const uint8_t *row, long g) {
     const __m256i m4 = _mm256_set1_epi8(15);
     if (enc == Q8_0) return _mm256_loadu_si256((const __m256i *)(row + 34 * g + 2));
-    if (enc == Q4_0 || enc == Q4_1 || enc == Q5_0) {
-        long T = Q_TSIZE[enc], o = enc == Q4_0 ? 2 : enc == Q4_1 ? 4 : 6;
+    if (enc == Q4_0 || enc == Q4_1 || enc == Q5_0 || enc == Q5_1) {
+        long T = Q_TSIZE[enc], o = enc == Q4_0 ? 2 : enc == Q4_1 ? 4 : q5_qs(enc);
         const uint8_t *p = row + g * T;
         __m128i a = _mm_loadu_si128((const __m128i *)(p + o));
         __m256i w = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(a), _mm_srli_epi16(a, 4), 1), m4);
-        if (enc == Q5_0) { /* bit i of qh -> byte i: 16 or 0 */
+        if (enc == Q5_0 || enc == Q5_1) { /* bit i of qh -> byte i: 16 or 0 */
             uint32_t qh;
-            memcpy(&qh, p + 2, 4);
+            memcpy(&qh, p + q5_qh(enc), 4);
             __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
                                             _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
                                                               0x0101010101010101LL, 0));
@@ -2700,6 +2717,7 @@ void vxc_qgemv_a8(int enc, const void *W, const void *x, float *y, long rows, lo
             case Q4_K: a8_rows_tile(Q4_K, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             case Q5_0: a8_rows_tile(Q5_0, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             case Q5_K: a8_rows_tile(Q5_K, Wb, &X, y, rows, cols, B, r0, s, mn); break;
+            case Q5_1: a8_rows_tile(Q5_1, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             default: a8_rows_tile(Q6_K, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             }
         }
@@ -2734,6 +2752,7 @@ void vxc_quantize_a8(const float *x, int8_t *q, float *d, long B, long cols) {
  *         per 16 x 256 values, as stored, read front to back (qh after the qs, 512 bytes skipped until the
  *         first pair read them, streamed at 14 GB/s where q4_k streams 21-25: Zen 4, 2 threads, 64 matrices of
  *         3072 x 1024, one row of x)
+ *   q5_1: d[16] f16 | m[16] f16 | hb and qs as q5_0's: 384 bytes per 16 x 32 values, as stored
  *   q5_0: d[16] f16 | hb[16][4] u8 | qs as q4_0; hb byte k of row r holds the fifth bits of values 4c + k (bit 2c)
  *         and 16 + 4c + k (bit 2c + 1) for the four chunks c: the same 22 bytes per 32 values as stored
  *   q6_k: d[16] f16 | sc[16][16] i8 | per half h = 0, 1 and chunk c = 0..7, three 64-byte lines side by side: row
@@ -2754,7 +2773,7 @@ static inline long p5k_qs(int enc, int p, int c) {
 
 static inline long p_group_bytes(int enc) {
     return enc == Q4_0 ? 288 : enc == Q4_1 ? 320 : enc == Q8_0 ? 544 : enc == Q4_K ? 2304 : enc == Q5_0 ? 352
-         : enc == Q6_K ? 3360 : enc == Q5_K ? 2816 : 0;
+         : enc == Q6_K ? 3360 : enc == Q5_K ? 2816 : enc == Q5_1 ? 384 : 0;
 }
 
 /* bytes of one tile of 16 rows (0: this encoding / build has no packed form) */
@@ -2796,18 +2815,20 @@ void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
                                 oh[64] = b[64 * h + 32 + 4 * c + k];
                                 oh[128] = b[128 + 32 * h + 4 * c + k];
                             }
-                } else if (enc == Q5_0) {
+                } else if (enc == Q5_0 || enc == Q5_1) {
+                    const long hbo = enc == Q5_1 ? 64 : 32; /* q5_1: its m[16] before the fifth bits */
                     memcpy(o + 2 * r, b, 2);
+                    if (enc == Q5_1) memcpy(o + 32 + 2 * r, b + 2, 2);
                     uint32_t qh;
-                    memcpy(&qh, b + 2, 4);
+                    memcpy(&qh, b + q5_qh(enc), 4);
                     for (int k = 0; k < 4; k++) {
                         uint8_t hb = 0;
                         for (int c = 0; c < 4; c++)
                             hb |= (uint8_t)((((qh >> (4 * c + k)) & 1u) << (2 * c)) | (((qh >> (16 + 4 * c + k)) & 1u) << (2 * c + 1)));
-                        o[32 + 4 * r + k] = hb;
+                        o[hbo + 4 * r + k] = hb;
                     }
                     for (int c = 0; c < 4; c++)
-                        for (int k = 0; k < 4; k++) o[96 + 64 * c + 4 * r + k] = b[6 + 4 * c + k];
+                        for (int k = 0; k < 4; k++) o[hbo + 64 + 64 * c + 4 * r + k] = b[q5_qs(enc) + 4 * c + k];
                 } else if (enc == Q4_0 || enc == Q4_1 || enc == Q8_0) {
                     memcpy(o + 2 * r, b, 2);
                     if (enc == Q4_1) memcpy(o + 32 + 2 * r, b + 2, 2);
@@ -3005,7 +3026,7 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
             }
         }
     } else {
-        const long GB = p_group_bytes(enc), qoff = enc == Q4_1 ? 64 : enc == Q5_0 ? 96 : 32;
+        const long GB = p_group_bytes(enc), qoff = enc == Q4_1 ? 64 : enc == Q5_0 ? 96 : enc == Q5_1 ? 128 : 32;
         const int off = p_off(enc);
         for (long g = 0; g < ng; g++) {
             const uint8_t *o = T + g * GB;
@@ -3024,9 +3045,9 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
                 for (int c = 0; c < 4; c++) {
                     __m512i v = _mm512_loadu_si512((const void *)(o + qoff + 64 * c));
                     __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                    if (enc == Q5_0) { /* bit 2c (2c + 1) of each hb byte to bit 4 of the low (high) value's byte */
+                    if (enc == Q5_0 || enc == Q5_1) { /* bit 2c (2c + 1) of each hb byte to bit 4 of the low (high) value's byte */
                         const __m512i b4 = _mm512_set1_epi8(16);
-                        __m512i hb = _mm512_loadu_si512((const void *)(o + 32));
+                        __m512i hb = _mm512_loadu_si512((const void *)(o + (enc == Q5_1 ? 64 : 32)));
                         __m512i l5 = c == 0 ? _mm512_slli_epi16(hb, 4) : c == 1 ? _mm512_slli_epi16(hb, 2) : c == 2 ? hb : _mm512_srli_epi16(hb, 2);
                         __m512i h5 = c == 0 ? _mm512_slli_epi16(hb, 3) : c == 1 ? _mm512_slli_epi16(hb, 1) : c == 2 ? _mm512_srli_epi16(hb, 1) : _mm512_srli_epi16(hb, 3);
                         lo = _mm512_or_si512(lo, _mm512_and_si512(l5, b4));
@@ -3043,7 +3064,7 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
             for (int b = 0; b < NB; b++) {
                 long bb = b0 + b;
                 acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[b]), _mm512_mul_ps(d, _mm512_set1_ps(X->d[bb * ng + g])), acc[b]);
-                if (enc == Q4_1)
+                if (enc == Q4_1 || enc == Q5_1)
                     acc[b] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32))),
                                              _mm512_set1_ps(X->xc[bb * ng + g]), acc[b]);
             }
@@ -3069,7 +3090,7 @@ static inline __attribute__((always_inline)) void p_rows(int enc, const uint8_t 
      * q4_1 and q5_0 gain by it (4 rows 0.273 / 0.299 / 0.336 against 0.310 / 0.323 / 0.354 ms, 8 rows 0.388 /
      * 0.409 / 0.434 against 0.485 / 0.520 / 0.543) while q4_k and q8_0 lose (4 rows 0.348 / 0.484 against 0.293 /
      * 0.407, 8 rows 0.688 / 0.698 against 0.612 / 0.672); level at 64. It changes no value. */
-    const int pf_on = row_prefetch || (B >= 4 && (enc == Q4_0 || enc == Q4_1 || enc == Q5_0));
+    const int pf_on = row_prefetch || (B >= 4 && (enc == Q4_0 || enc == Q4_1 || enc == Q5_0 || enc == Q5_1));
     for (long b0 = 0; b0 < B; b0 += W) {
         int nb = (int)(B - b0 < W ? B - b0 : W), pf = pf_on && b0 + W >= B;
         __m512 out[8];
@@ -3097,6 +3118,7 @@ static void p_rows_any(int enc, const uint8_t *P, const a8_x *X, float *yt, long
     case Q5_0: p_rows(Q5_0, P, X, yt, ys, rows, cols, B, t, TB); break;
     case Q6_K: p_rows(Q6_K, P, X, yt, ys, rows, cols, B, t, TB); break;
     case Q5_K: p_rows(Q5_K, P, X, yt, ys, rows, cols, B, t, TB); break;
+    case Q5_1: p_rows(Q5_1, P, X, yt, ys, rows, cols, B, t, TB); break;
     default: p_rows(Q4_K, P, X, yt, ys, rows, cols, B, t, TB); break;
     }
 }
