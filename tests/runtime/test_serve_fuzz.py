@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.runtime import generation_support as G
-from tests.runtime.test_serve import Server
+from tests.runtime.test_serve_openai import serve_model
 
 CONTEXT = 192
 
@@ -73,20 +73,14 @@ def _body(fields, required=()):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from vxc.driver import lower_to_file
-    from vxc.ir.parser import parse_file
-    from vxc.model_files import chat_template
-    from vxc.runtime.engine import Engine
-    from vxc.serve import create_app
 
     root = tmp_path_factory.mktemp("fuzz")
     tok = G.chatml_tokenizer()
     mdir = G.build_chat_model(root / "m", tok, max_positions=CONTEXT)
     ir = root / "m.vxir"
     lower_to_file(mdir, ir)
-    engine = Engine(parse_file(ir), mdir, max_context=CONTEXT, sequences=2)
-    app = create_app(engine, tokenizer=tok, model_name="m", stop_ids=[tok.token_to_id("<|im_end|>")],
-                     chat_template=chat_template(mdir), chunk=8, max_queue=8)
-    s = Server(app)
+    s = serve_model(mdir, ir, tok, max_context=CONTEXT, sequences=2, stop_ids=[tok.token_to_id("<|im_end|>")],
+                    chunk=8, max_queue=8)
     yield s
     s.close()
 

@@ -43,27 +43,28 @@ def model(tmp_path_factory):
     return mdir, ir, tok, m32, m64
 
 
-@pytest.fixture(scope="module")
-def server(model):
+def serve_model(mdir, ir, tok, *, max_context: int, sequences: int, stop_ids, **kw) -> Server:
+    """``create_app`` over an engine of ``ir`` with the model directory's chat template, served on loopback."""
     from vxc.ir.parser import parse_file
     from vxc.model_files import chat_template
     from vxc.runtime.engine import Engine
     from vxc.serve import create_app
 
-    mdir, ir, tok, _, _ = model
-    engine = Engine(parse_file(ir), mdir, max_context=CONTEXT, sequences=4)
-    # no EOS id: every greedy run here goes to max_tokens, so texts and token counts are the reference's
-    app = create_app(engine, tokenizer=tok, model_name="m", stop_ids=[], chat_template=chat_template(mdir),
-                     chunk=4, max_queue=16, prefix_cache=_cache())
-    s = Server(app)
-    yield s
-    s.close()
+    engine = Engine(parse_file(ir), mdir, max_context=max_context, sequences=sequences)
+    return Server(create_app(engine, tokenizer=tok, model_name="m", stop_ids=stop_ids,
+                             chat_template=chat_template(mdir), **kw))
 
 
-def _cache():
+@pytest.fixture(scope="module")
+def server(model):
     from vxc.runtime.prefix_cache import PrefixCache
 
-    return PrefixCache(64 << 20)
+    mdir, ir, tok, _, _ = model
+    # no EOS id: every greedy run here goes to max_tokens, so texts and token counts are the reference's
+    s = serve_model(mdir, ir, tok, max_context=CONTEXT, sequences=4, stop_ids=[], chunk=4, max_queue=16,
+                    prefix_cache=PrefixCache(64 << 20))
+    yield s
+    s.close()
 
 
 @pytest.fixture(scope="module")
@@ -504,16 +505,9 @@ def _conforms(text: str) -> bool:
 @pytest.fixture(scope="module")
 def eos_server(model):
     """The same model served with its EOS id (<|endoftext|>): structured output ends an answer with it."""
-    from vxc.ir.parser import parse_file
-    from vxc.model_files import chat_template
-    from vxc.runtime.engine import Engine
-    from vxc.serve import create_app
-
     mdir, ir, tok, _, _ = model
-    engine = Engine(parse_file(ir), mdir, max_context=CONTEXT, sequences=4)
-    app = create_app(engine, tokenizer=tok, model_name="m", stop_ids=[tok.token_to_id("<|endoftext|>")],
-                     chat_template=chat_template(mdir), chunk=4, max_queue=16)
-    s = Server(app)
+    s = serve_model(mdir, ir, tok, max_context=CONTEXT, sequences=4, stop_ids=[tok.token_to_id("<|endoftext|>")],
+                    chunk=4, max_queue=16)
     yield s
     s.close()
 
