@@ -284,6 +284,8 @@ def exec_(
                                                 "many tokens (bounds the activations; 0: the prompt in one piece; default 128 "
                                                 "where the model's matmuls run packed int8 products, else 256)"),
     compile_decode: bool = typer.Option(False, "--compile", help="torch.compile the fixed-shape decode graph"),
+    json_schema: Optional[Path] = typer.Option(None, "--json-schema", help="constrain the answer to JSON this schema "
+                                               "(a JSON file) accepts (llguidance); it ends once the JSON is complete"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
     tp: int = typer.Option(1, "--tp", min=1, max=1024, help="tensor parallel over N ranks: spawned here (gloo on "
                                                              "loopback), or the ranks of torchrun"),
@@ -302,7 +304,7 @@ def exec_(
                         model_dir=model_dir, logits_out=logits_out, save_state=save_state, resume_state=resume_state,
                         kernels=kernels, compile_decode=compile_decode, as_json=as_json, kernel_report=kernel_report,
                         ignore_eos=ignore_eos, stop=list(stop), chat=chat, system=system, tp=tp, prefill_chunk=prefill_chunk,
-                        kv_dtype=kv_dtype)
+                        kv_dtype=kv_dtype, json_schema=json_schema)
 
     _guard(go, as_json)
 
@@ -415,7 +417,7 @@ def demo(
     exec_(ir, prompt="The state of ", tokens=None, max_new_tokens=max_new_tokens, temperature=0.9, top_p=1.0, top_k=40, seed=0,
           dtype="fp32", device="cpu", max_context=256, model_dir=None, logits_out=None, save_state=None, resume_state=None,
           kernels="auto", kernel_report=False, compile_decode=False, as_json=False, ignore_eos=False, stop=[], chat=False,
-          prefill_chunk=None, kv_dtype=None,
+          prefill_chunk=None, kv_dtype=None, json_schema=None,
           system=None, tp=1)
 
 

@@ -194,6 +194,11 @@ def generate(lm: Loaded, sampler, prompt_ids: list[int], logits, max_new_tokens:
         piece = detok.push(t)
         if write and piece:
             write(piece)
+        con = getattr(sampler, "constraint", None)  # --json-schema: the answer ends once the grammar is complete
+        if con is not None and (con.stopped or con.error is not None):
+            if con.error is not None:
+                raise VxcError(f"--json-schema: {con.error}")
+            return True
         return detok.stopped is not None
 
     t0 = time.perf_counter()
@@ -221,7 +226,7 @@ def context_full_note(lm: Loaded) -> str:
 def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p, top_k, seed, dtype, device, max_context,
              model_dir, logits_out, save_state, resume_state, kernels, compile_decode, as_json,
              kernel_report=False, ignore_eos=False, stop=(), chat=False, system=None, tp=1, rank=None,
-             prefill_chunk=None, kv_dtype=None) -> None:
+             prefill_chunk=None, kv_dtype=None, json_schema=None) -> None:
     from .codegen import kernels as K
     from .runtime.sampling import Sampler
 
@@ -233,7 +238,7 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
                   model_dir=model_dir, logits_out=logits_out, save_state=save_state, resume_state=resume_state,
                   kernels=kernels, compile_decode=compile_decode, as_json=as_json, kernel_report=kernel_report,
                   ignore_eos=ignore_eos, stop=stop, chat=chat, system=system, tp=tp, prefill_chunk=prefill_chunk,
-                  kv_dtype=kv_dtype)
+                  kv_dtype=kv_dtype, json_schema=json_schema)
         check_tp(model, model_dir, tp)  # a model that does not split is refused before any rank starts
         backend = TP.backend_for(device)
         if TP.under_torchrun():
@@ -260,6 +265,16 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
         raise VxcError("--stop: an empty stop string would end generation at once")
     if chat and prompt is None:
         raise VxcError("--chat renders --prompt as the user turn: give --prompt TEXT (not --tokens)")
+    schema = None
+    if json_schema is not None and tp > 1:
+        raise VxcError("--json-schema is not supported with --tp (each rank would follow the grammar on its own)")
+    if json_schema is not None:  # read and parsed before the model loads: a bad file costs nothing
+        import json as _json  # (a local ``json`` would shadow the module's for the whole function)
+
+        try:
+            schema = _json.loads(Path(json_schema).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise VxcError(f"--json-schema {json_schema}: not a readable JSON file ({e})") from None
     if system is not None and not chat:
         raise VxcError("--system is the system turn of a chat: it needs --chat")
     if chat and resume_state is not None:
@@ -288,7 +303,15 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
     from .ir.gguf_container import forget
 
     forget()  # every header read is done: the GGUF metadata snapshot need not stay resident
-    sampler = Sampler(temperature, top_k, top_p, seed, vocab=lm.engine.vocab)
+    constraint = None
+    if schema is not None:
+        from .runtime.grammar import Grammars
+
+        if lm.tok is None:
+            raise VxcError("--json-schema needs the model's tokenizer")
+        g = Grammars(lm.tok, lm.engine.vocab, lm.stop.ids if lm.stop is not None else [])
+        constraint = g.constraint(g.json_schema(schema))  # (a GrammarError names what is wrong)
+    sampler = Sampler(temperature, top_k, top_p, seed, vocab=lm.engine.vocab, constraint=constraint)
     if tp > 1:
         from .runtime.tp import Agreed, rank_path
 
