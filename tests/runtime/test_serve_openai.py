@@ -634,3 +634,44 @@ def test_metrics(server):
     assert get(after, "vxc_slots") == 4 and get(after, "vxc_requests_running") == 0
     assert get(after, "vxc_decode_steps_total") <= h["scheduler"]["decode_steps"] and get(after, "vxc_decode_steps_total") > 0
     assert get(after, "vxc_prefix_cache_budget") == 64 << 20 and ("vxc_prefix_cache_hits_total", ()) in after
+
+
+def test_mixed_requests_side_by_side_equal_their_runs_alone(eos_server):
+    """Continuous batching with every extra at once: requests with n choices, log-probabilities, a JSON schema,
+    penalties and a logit bias sent concurrently (more choices than the 4 slots: some wait) each answer exactly
+    what the same request answers alone — choices, texts and finish reasons identical, the token log-probabilities
+    the same tokens within 1e-4 (a batched row is not promised bit-equality with a lone step on every CPU:
+    tests/runtime/batch_check.py bounds the difference)."""
+    import concurrent.futures as cf
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA}}
+    bodies = [
+        {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "logprobs": 2},
+        {"prompt": PROMPT2, "max_tokens": 10, "temperature": 1.1, "seed": 4, "n": 3},
+        {"prompt": "東京", "max_tokens": 160, "temperature": 1.0, "seed": 9, "response_format": fmt},
+        {"prompt": PROMPT2, "max_tokens": 12, "temperature": 0, "frequency_penalty": 1.5, "presence_penalty": 0.5},
+        {"prompt": [PROMPT, PROMPT2], "max_tokens": 8, "temperature": 0, "logit_bias": {"5": -100, "7": 3}, "echo": True,
+         "logprobs": 1},
+    ]
+
+    def post(b):
+        r = eos_server.client.post("/v1/completions", json=b)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"]
+
+    alone = [post(b) for b in bodies]
+    with cf.ThreadPoolExecutor(len(bodies)) as ex:
+        together = list(ex.map(post, bodies))
+    for a, t in zip(alone, together):
+        assert [(c["index"], c["text"], c["finish_reason"]) for c in t] == \
+            [(c["index"], c["text"], c["finish_reason"]) for c in a]
+        for ca, ct in zip(a, t):
+            if ca["logprobs"] is None:
+                assert ct["logprobs"] is None
+                continue
+            assert ct["logprobs"]["tokens"] == ca["logprobs"]["tokens"]
+            pairs = [(x, y) for x, y in zip(ca["logprobs"]["token_logprobs"], ct["logprobs"]["token_logprobs"])]
+            assert all((x is None and y is None) or abs(x - y) <= 1e-4 for x, y in pairs), pairs
+    assert _conforms(alone[2][0]["text"])
+    h = eos_server.wait(lambda h: h["active"] == 0 and h["waiting"] == 0, what="nothing in flight")
+    assert h["step_failures"] == 0
