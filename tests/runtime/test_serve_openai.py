@@ -419,6 +419,25 @@ def test_scheduler_prompt_logprobs_over_chunks(model, session):
     with pytest.raises(SchedulerError, match="prompt_logprobs needs logprobs"):
         sch.submit(ids, max_new_tokens=1, prompt_logprobs=True)
 
+    class Recording:  # a prefix cache that never hits and records what it is asked to store
+        def __init__(self):
+            self.stored = []
+
+        def restore(self, state, slot, prompt):
+            return 0
+
+        def store(self, state, slot, tokens, logits=None):
+            self.stored.append((len(tokens), logits is not None))
+
+    # a prompt's logits are stored with its last state only from the last-position head (what a cold run of the
+    # same prompt computes); a request that asked for its prompt's log-probabilities ran the all-position head
+    for asked, want in ((False, True), (True, False)):
+        cache = Recording()
+        one = Scheduler(Engine(parse_file(ir), mdir, max_context=CONTEXT, sequences=1), chunk=4, prefix_cache=cache)
+        one.submit(ids[:12], max_new_tokens=1, **({"logprobs": 0, "prompt_logprobs": True} if asked else {}))
+        one.run()
+        assert cache.stored[-1] == (12, want) and all(not kept for _, kept in cache.stored[:-1]), cache.stored
+
 
 def test_json_never_carries_infinities():
     from vxc.serve import _clean

@@ -268,7 +268,11 @@ class Scheduler:
             for j in range(end - start - (1 if last else 0)):  # row j predicts prompt[start + j + 1]
                 req.prompt_token_logprobs.append(self._logprobs(logits[j], req.prompt[start + j + 1], req.logprobs))
         if self.cache is not None:
-            self.cache.store(e.state, req.slot, req.prompt[:end], logits[-1] if last else None)
+            # (the logits a later request with this whole prompt would choose from: only those of the last-position
+            # head, which a cold run of that request computes bit for bit; the all-position head's last row is
+            # another product shape)
+            keep = logits[-1] if last and not req.prompt_logprobs else None
+            self.cache.store(e.state, req.slot, req.prompt[:end], keep)
         if last:
             self._chose(req, logits[-1])
 
