@@ -37,7 +37,12 @@ def _quantized(w: np.ndarray, qtype, rng: np.random.Generator) -> np.ndarray:
         if qtype.name == "Q6_K":  # d is the last 2 bytes; 16 int8 scales before it
             raw[..., -2:] = scales
             raw[..., -18:-2] = rng.integers(-20, 20, size=(rows, cols // block, 16)).astype(np.int8).view(np.uint8)
-        else:  # Q4_K / Q5_K / Q2_K-style: d, dmin first
+        elif qtype.name == "Q3_K":  # d is the last 2 bytes (16 6-bit scales, less 32, before it)
+            raw[..., -2:] = (scales.view(np.float16) * 3).view(np.uint8)
+        elif qtype.name == "Q2_K":  # d, dmin the last 4 bytes (16 4-bit scale / min pairs first)
+            raw[..., -4:-2] = (scales.view(np.float16) * 8).view(np.uint8)
+            raw[..., -2:] = (rng.standard_normal((rows, cols // block, 1)) * 2e-4).astype(np.float16).view(np.uint8)
+        else:  # Q4_K / Q5_K: d, dmin first
             raw[..., 0:2] = scales
             raw[..., 2:4] = (rng.standard_normal((rows, cols // block, 1)) * 2e-4).astype(np.float16).view(np.uint8)
         return raw.reshape(rows, cols // block * type_size)

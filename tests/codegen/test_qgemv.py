@@ -153,10 +153,16 @@ def test_the_op_dispatches_to_native(name):
     assert torch.equal(y, quant.qgemv_native(name, blocks, x))
 
 
+def test_every_table_encoding_has_a_native_decoder():
+    assert set(NATIVE) == set(ENCODINGS)
+
+
 @pytest.mark.native
-@pytest.mark.parametrize("name", sorted(set(ENCODINGS) - set(NATIVE)))
-def test_other_encodings_run_the_twin_visibly(name):
-    """The table's other encodings have no native decoder: NotCovered, the twin runs, the fallback is counted."""
+@pytest.mark.parametrize("name", ["q3_k", "q8_0"])
+def test_an_encoding_without_a_native_decoder_runs_the_twin_visibly(name, monkeypatch):
+    """An encoding the native table lacks (every one of ggml's table has a decoder now: one is taken out of it
+    here) raises NotCovered, the twin runs, the fallback is counted."""
+    monkeypatch.setattr(quant, "NATIVE_ENCODINGS", {k: v for k, v in quant.NATIVE_ENCODINGS.items() if k != name})
     rng = np.random.default_rng(5)
     e = ENCODINGS[name]
     b = rng.integers(0, 256, size=(6, 2 * e.type_size), dtype=np.uint8)

@@ -478,9 +478,20 @@ Q5_K_M = {"token_embd": "Q5_K", "attn_q": "Q5_K", "attn_k": "Q5_K", "attn_v": "Q
           "ffn_gate": "Q5_K", "ffn_up": "Q5_K", "ffn_down": "Q6_K", "output": "Q6_K"}
 
 
+# the low-bit k-quants: q2_k and q3_k side by side in one file (Q2_K / Q3_K_M files mix them with q4_k..q6_k)
+Q2_Q3 = {"token_embd": "Q3_K", "attn_q": "Q2_K", "attn_k": "Q3_K", "attn_v": "Q3_K", "attn_output": "Q2_K",
+         "ffn_gate": "Q2_K", "ffn_up": "Q3_K", "ffn_down": "Q3_K", "output": "Q6_K"}
+# mix -> (encodings, the operands of each checked format, the file's seed: random weights whose greedy text does
+# not loop on a few tokens)
+MIXES = {"q5_k_m": (Q5_K_M, {"q5_k": 1 + 5 * MINI_LLAMA["layers"]}, 29),
+         "q2_k+q3_k": (Q2_Q3, {"q3_k": 1 + 4 * MINI_LLAMA["layers"], "q2_k": 3 * MINI_LLAMA["layers"]}, 7)}
+
+
 @pytest.mark.parametrize("activations", ["fp32", "int8_block32"])
-def test_q5_k_m_file_against_transformers(tmp_path, vxc_sub, capsys, monkeypatch, activations):
-    """q5_k read natively (qgemv, the int8 row kernel, the embedding's rows) on a Q5_K_M-style file. fp32
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_k_quant_mix_file_against_transformers(tmp_path, vxc_sub, capsys, monkeypatch, activations, mix):
+    """q5_k (and q2_k / q3_k) read natively (qgemv, the int8 row kernel, the embedding's rows) on a Q5_K_M-style
+    file (and one mixing q2_k and q3_k). fp32
     activations: at the floor of transformers on the same file, greedy identical, decode == prefill.
     int8_block32 is another numerical definition (each activation block rounded to int8): on this file its own
     torch twin is 1.72 from transformers' fp32 logits at a largest |logit| of 11.3 (q5_k's random blocks carry
@@ -492,19 +503,21 @@ def test_q5_k_m_file_against_transformers(tmp_path, vxc_sub, capsys, monkeypatch
     q5_k product alone is at the kernel floor of its twin in tests/codegen/test_qgemv_a8.py."""
     from vxc.codegen.kernels import quant
 
-    assert "q5_k" in quant.NATIVE_ENCODINGS
+    encodings, counts, seed = MIXES[mix]
+    assert set(counts) <= set(quant.NATIVE_ENCODINGS)
     monkeypatch.setenv("VXC_ENCODED", "1")
-    write_llama_gguf(tmp_path / "m.gguf", MINI_LLAMA, encodings=Q5_K_M, seed=29)
+    write_llama_gguf(tmp_path / "m.gguf", MINI_LLAMA, encodings=encodings, seed=seed)
     extra = ("--activations", activations) if activations != "fp32" else ()
     r = vxc_sub("lower", tmp_path / "m.gguf", "-o", tmp_path / "m.vxir", *extra)
     assert r.exit_code == 0, r.stderr
     text = (tmp_path / "m.vxir").read_text()
-    assert text.count("= q5_k(blocks") == 1 + 5 * MINI_LLAMA["layers"]
+    for enc, n in counts.items():
+        assert text.count(f"= {enc}(blocks") == n, enc
     V = MINI_LLAMA["vocab"]
-    f = P.Family(f"gguf-q5_k_m-{activations}", build=None, reference="hf", vocab=V, padded_vocab=V)
+    f = P.Family(f"gguf-{mix}-{activations}", build=None, reference="hf", vocab=V, padded_vocab=V)
     p = P.measure(f, tmp_path, tmp_path / "m.vxir", _reference(tmp_path, f))
     with capsys.disabled():
-        print(f"\nq5_k_m ({activations}): {p.row()}")
+        print(f"\n{mix} ({activations}): {p.row()}")
     assert p.deterministic, p.row()
     if activations == "fp32":
         assert p.greedy_match and p.distinct >= P.MIN_DISTINCT, (p.greedy_vxc, p.greedy_ref)

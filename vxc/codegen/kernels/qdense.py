@@ -2,7 +2,7 @@
 ``qswiglu``, ``qembedding`` — what the lowering emits in place of ``linear`` / ``swiglu`` / ``embedding`` when
 an operand declares a ggml encoding and the engine keeps encoded weights resident (fp32 compute).
 
-Each is composed of ``vxc::qgemv`` (:mod:`.quant`: native on CPU for q8_0, q4_0, q4_1, q4_k, q6_k, q5_0, q5_k, q5_1, decoded in
+Each is composed of ``vxc::qgemv`` (:mod:`.quant`: native on CPU for every ggml encoding of the table, decoded in
 registers; the fp32-decode twin otherwise) for every projection, one per call on all rows of ``x`` (the weight
 is read once for the whole call), and torch for the elementwise parts; ``qembedding`` decodes only the rows
 it gathers. Outputs are fp32, the compute dtype of the encoded path.

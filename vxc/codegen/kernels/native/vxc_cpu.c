@@ -178,7 +178,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 53
+#define VXC_ABI_VERSION 54
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -1701,11 +1701,16 @@ void vxc_scale_segments(const void *x, void *out, long rows, long w, int nseg, c
  * (in groups of QG: the accumulators stay in registers). vxc_qdequant decodes a range of rows to fp32 the same
  * way (the prefill path: a few rows at a time into a fast GEMM). */
 
-enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_K = 6, Q5_1 = 7, Q_COUNT = 8 };
-static const long Q_BLOCK[Q_COUNT] = {32, 32, 32, 256, 256, 32, 256, 32};  /* values per block */
-static const long Q_TSIZE[Q_COUNT] = {34, 18, 20, 144, 210, 22, 176, 24};  /* bytes per block */
+enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_K = 6, Q5_1 = 7, Q2_K = 8, Q3_K = 9, Q_COUNT = 10 };
+static const long Q_BLOCK[Q_COUNT] = {32, 32, 32, 256, 256, 32, 256, 32, 256, 256};  /* values per block */
+static const long Q_TSIZE[Q_COUNT] = {34, 18, 20, 144, 210, 22, 176, 24, 84, 110};  /* bytes per block */
 /* the formats whose value is s q + mn (a min per group) */
-static inline int q_has_min(int enc) { return enc == Q4_1 || enc == Q4_K || enc == Q5_K || enc == Q5_1; }
+static inline int q_has_min(int enc) { return enc == Q4_1 || enc == Q4_K || enc == Q5_K || enc == Q5_1 || enc == Q2_K; }
+/* the formats with a scale per 16 values (q6_k, q3_k; q2_k a scale and a min per 16): every other one has one per 32 */
+static inline int q_s16(int enc) { return enc == Q6_K || enc == Q3_K || enc == Q2_K; }
+/* a row's scales / mins (cols values): per 16 or per 32 values */
+static inline long q_ns(int enc, long cols) { return q_s16(enc) ? cols / 16 : cols / 32; }
+static inline long q_nm(int enc, long cols) { return enc == Q2_K ? cols / 16 : cols / 32; }
 /* q5_0 / q5_1: where a block's fifth bits (u32) and nibbles start */
 static inline long q5_qh(int enc) { return enc == Q5_1 ? 4 : 2; }
 static inline long q5_qs(int enc) { return enc == Q5_1 ? 8 : 6; }
@@ -1722,6 +1727,21 @@ static inline void q4k_scale_min_words(const uint8_t *q, uint64_t *sc, uint64_t 
     uint32_t m_lo = w1 & 0x3f3f3f3fu, m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
     *sc = (uint64_t)s_lo | (uint64_t)s_hi << 32;
     *m = (uint64_t)m_lo | (uint64_t)m_hi << 32;
+}
+
+/* q3_k's sixteen 6-bit scales (0..63, the stored values: the scale is d (v - 32)) from its 12 scale bytes, as
+ * the bytes of two 64-bit words (scale j in byte j): bytes 0-7 hold the low 4 bits of scales 0-7 (low nibbles)
+ * and 8-15 (high nibbles), bytes 8-11 their top 2 bits (scale j: bits 2 (j / 4) .. of byte 8 + j % 4) */
+static inline void q3k_scale_words(const uint8_t *q, uint64_t *lo, uint64_t *hi) {
+    uint32_t a0, a1, t;
+    memcpy(&a0, q, 4);
+    memcpy(&a1, q + 4, 4);
+    memcpy(&t, q + 8, 4);
+    const uint32_t k1 = 0x03030303u, k2 = 0x0f0f0f0fu;
+    uint32_t w0 = (a0 & k2) | ((t & k1) << 4), w1 = (a1 & k2) | (((t >> 2) & k1) << 4);
+    uint32_t w2 = ((a0 >> 4) & k2) | (((t >> 4) & k1) << 4), w3 = ((a1 >> 4) & k2) | (((t >> 6) & k1) << 4);
+    *lo = (uint64_t)w0 | (uint64_t)w1 << 32;
+    *hi = (uint64_t)w2 | (uint64_t)w3 << 32;
 }
 
 /* One row's group scales s (per 32 values; per 16 for q6_k) and mins mn (per 32 values; q4_1, q4_k: the
@@ -1759,6 +1779,27 @@ static inline __attribute__((always_inline)) void q_row_scales(int enc, const ui
             /* -(dmin m): a sign flip (0 - v would turn -0 into +0, and dmin m = +0 must give -0 as the reference's d q - 0) */
             _mm256_storeu_ps(mn + 8 * i, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(h2f(b + 2)), mf), _mm256_set1_ps(-0.0f)));
         }
+    } else if (enc == Q2_K) { /* scale (low nibble) and min (high) per 16 values */
+        for (; i < nblk; i++) {
+            const uint8_t *b = row + i * 84;
+            __m128i sc = _mm_loadu_si128((const __m128i *)b), m15 = _mm_set1_epi8(15);
+            __m128i lo = _mm_and_si128(sc, m15), hi = _mm_and_si128(_mm_srli_epi16(sc, 4), m15);
+            __m256 d = _mm256_set1_ps(h2f(b + 80)), dm = _mm256_set1_ps(h2f(b + 82)), neg = _mm256_set1_ps(-0.0f);
+            _mm256_storeu_ps(s + 16 * i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo))));
+            _mm256_storeu_ps(s + 16 * i + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(lo, lo)))));
+            _mm256_storeu_ps(mn + 16 * i, _mm256_xor_ps(_mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi))), neg));
+            _mm256_storeu_ps(mn + 16 * i + 8, _mm256_xor_ps(_mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(hi, hi)))), neg));
+        }
+    } else if (enc == Q3_K) { /* d (v - 32) per 16 values */
+        for (; i < nblk; i++) {
+            const uint8_t *b = row + i * 110;
+            uint64_t lo, hi;
+            q3k_scale_words(b + 96, &lo, &hi);
+            __m256 d = _mm256_set1_ps(h2f(b + 108));
+            __m256i o = _mm256_set1_epi32(32);
+            _mm256_storeu_ps(s + 16 * i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)lo)), o))));
+            _mm256_storeu_ps(s + 16 * i + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)hi)), o))));
+        }
     } else {
         for (; i < nblk; i++) {
             const uint8_t *b = row + i * 210;
@@ -1783,6 +1824,20 @@ static inline __attribute__((always_inline)) void q_row_scales(int enc, const ui
             for (int j = 0; j < 8; j++) {
                 s[8 * i + j] = d * (float)((sc >> (8 * j)) & 0xff);
                 mn[8 * i + j] = -(dmin * (float)((m >> (8 * j)) & 0xff));
+            }
+        } else if (enc == Q2_K) {
+            float d = h2f(b + 80), dmin = h2f(b + 82);
+            for (int j = 0; j < 16; j++) {
+                s[16 * i + j] = d * (float)(b[j] & 15);
+                mn[16 * i + j] = -(dmin * (float)(b[j] >> 4));
+            }
+        } else if (enc == Q3_K) {
+            float d = h2f(b + 108);
+            uint64_t lo, hi;
+            q3k_scale_words(b + 96, &lo, &hi);
+            for (int j = 0; j < 8; j++) {
+                s[16 * i + j] = d * (float)((int)((lo >> (8 * j)) & 0xff) - 32);
+                s[16 * i + 8 + j] = d * (float)((int)((hi >> (8 * j)) & 0xff) - 32);
             }
         } else {
             float d = h2f(b + 208);
@@ -1813,6 +1868,13 @@ static inline void q_group_ints(int enc, const uint8_t *row, long g, int8_t q[32
         const uint8_t *b = row + 176 * (g >> 3), *p = b + 48 + 32 * (j >> 1), *qh = b + 16;
         int sh = 4 * (int)(j & 1);
         for (int i = 0; i < 32; i++) q[i] = (int8_t)(((p[i] >> sh) & 15) | (((qh[i] >> j) & 1) << 4));
+    } else if (enc == Q2_K || enc == Q3_K) { /* group j of a super-block: bits 2 (j & 3) of qs[32 (j >> 2) ..]; q3_k:
+                                              * less 4 where bit j of hmask[..] is clear */
+        long j = g & 7;
+        const uint8_t *b = row + Q_TSIZE[enc] * (g >> 3), *p = b + (enc == Q2_K ? 16 : 32) + 32 * (j >> 2);
+        int sh = 2 * (int)(j & 3);
+        for (int i = 0; i < 32; i++)
+            q[i] = (int8_t)(enc == Q2_K ? (p[i] >> sh) & 3 : (((p[i] >> sh) & 3) | (((b[i] >> j) & 1) << 2)) - 4);
     } else if (enc == Q5_0 || enc == Q5_1) {
         const uint8_t *b = row + Q_TSIZE[enc] * g, *p = b + q5_qs(enc);
         const int off = enc == Q5_0 ? 16 : 0;
@@ -1909,6 +1971,25 @@ static inline __attribute__((always_inline)) void q_w512(int enc, const uint8_t 
         w[1] = _mm512_permutex2var_ps(lut0, i01, lut0h);
         w[2] = _mm512_permutex2var_ps(lut1, i10, lut1h);
         w[3] = _mm512_permutex2var_ps(lut1, i11, lut1h);
+    } else if (enc == Q2_K || enc == Q3_K) { /* group u & 7 of super-block u / 8: 2 bits of 32 qs bytes (q3_k: with its
+                                              * hmask bit, less 4), widened, scaled per 16 (q2_k: plus its min) */
+        long j = u & 7;
+        const uint8_t *bl = row + Q_TSIZE[enc] * (u >> 3);
+        __m256i q = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(bl + (enc == Q2_K ? 16 : 32) + 32 * (j >> 2))),
+                                                      _mm_cvtsi32_si128(2 * (int)(j & 3))), _mm256_set1_epi8(3));
+        if (enc == Q3_K) {
+            __m256i h = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)bl), _mm_cvtsi32_si128((int)j)), _mm256_set1_epi8(1));
+            q = _mm256_sub_epi8(_mm256_or_si256(q, _mm256_slli_epi16(h, 2)), _mm256_set1_epi8(4));
+        }
+        __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+        __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+        if (enc == Q2_K) {
+            w[0] = _mm512_fmadd_ps(_mm512_set1_ps(s[2 * u]), q0, _mm512_set1_ps(mn[2 * u]));
+            w[1] = _mm512_fmadd_ps(_mm512_set1_ps(s[2 * u + 1]), q1, _mm512_set1_ps(mn[2 * u + 1]));
+        } else {
+            w[0] = _mm512_mul_ps(_mm512_set1_ps(s[2 * u]), q0);
+            w[1] = _mm512_mul_ps(_mm512_set1_ps(s[2 * u + 1]), q1);
+        }
     } else { /* q6_k: the 6-bit values assembled 32 bytes at a time (256-bit byte ops), widened, scaled per 16 */
         long j = u & 7, h = j >> 2, kk = j & 3;
         const uint8_t *bl = row + 210 * (u >> 3), *ql = bl + 64 * h + 32 * (kk & 1), *qh = bl + 128 + 32 * h;
@@ -2010,6 +2091,19 @@ static inline __attribute__((always_inline)) void q_w256(int enc, const uint8_t 
         __m128i h1 = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(qh + 16)), hs), one), 4);
         a = _mm_or_si128(_mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)p), sh), m4), h0);
         b = _mm_or_si128(_mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(p + 16)), sh), m4), h1);
+    } else if (enc == Q2_K || enc == Q3_K) { /* 2 bits of qs (q3_k: with its hmask bit, less 4) */
+        long j = g & 7;
+        const uint8_t *bl = row + Q_TSIZE[enc] * (g >> 3), *p = bl + (enc == Q2_K ? 16 : 32) + 32 * (j >> 2);
+        __m128i sh = _mm_cvtsi32_si128(2 * (int)(j & 3)), m2 = _mm_set1_epi8(3);
+        a = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)p), sh), m2);
+        b = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(p + 16)), sh), m2);
+        if (enc == Q3_K) {
+            __m128i hs = _mm_cvtsi32_si128((int)j), one = _mm_set1_epi8(1), o = _mm_set1_epi8(4);
+            __m128i h0 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)bl), hs), one);
+            __m128i h1 = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(bl + 16)), hs), one);
+            a = _mm_sub_epi8(_mm_or_si128(a, _mm_slli_epi16(h0, 2)), o);
+            b = _mm_sub_epi8(_mm_or_si128(b, _mm_slli_epi16(h1, 2)), o);
+        }
     } else {
         long j = g & 7, h = j >> 2, k = j & 3;
         const uint8_t *bl = row + 210 * (g >> 3), *ql = bl + 64 * h + 32 * (k & 1), *qh = bl + 128 + 32 * h;
@@ -2027,7 +2121,14 @@ static inline __attribute__((always_inline)) void q_w256(int enc, const uint8_t 
     w[1] = q_cvt8(_mm_unpackhi_epi64(a, a), sign);
     w[2] = q_cvt8(b, sign);
     w[3] = q_cvt8(_mm_unpackhi_epi64(b, b), sign);
-    if (enc == Q6_K) {
+    if (enc == Q2_K) {
+        __m256 s0 = _mm256_set1_ps(s[2 * g]), s1 = _mm256_set1_ps(s[2 * g + 1]);
+        __m256 m0 = _mm256_set1_ps(mn[2 * g]), m1 = _mm256_set1_ps(mn[2 * g + 1]);
+        w[0] = _mm256_fmadd_ps(s0, w[0], m0);
+        w[1] = _mm256_fmadd_ps(s0, w[1], m0);
+        w[2] = _mm256_fmadd_ps(s1, w[2], m1);
+        w[3] = _mm256_fmadd_ps(s1, w[3], m1);
+    } else if (q_s16(enc)) {
         __m256 s0 = _mm256_set1_ps(s[2 * g]), s1 = _mm256_set1_ps(s[2 * g + 1]);
         w[0] = _mm256_mul_ps(s0, w[0]);
         w[1] = _mm256_mul_ps(s0, w[1]);
@@ -2088,9 +2189,9 @@ static inline void q_wunit(int enc, const uint8_t *row, long g, const float *s, 
     int8_t q[32];
     q_group_ints(enc, row, g, q);
     for (int i = 0; i < 32; i++) {
-        float sc = enc == Q6_K ? s[2 * g + (i >> 4)] : s[g];
+        float sc = q_s16(enc) ? s[2 * g + (i >> 4)] : s[g];
         float v = sc * (float)q[i];
-        out[i] = q_has_min(enc) ? v + mn[g] : v;
+        out[i] = q_has_min(enc) ? v + (enc == Q2_K ? mn[2 * g + (i >> 4)] : mn[g]) : v;
     }
 }
 
@@ -2129,21 +2230,21 @@ static inline __attribute__((always_inline)) void q_tile4(int enc, const uint8_t
 /* one tile of R <= 4 rows from r0 against all B rows of x; s, mn: scratch for the tile's scales and mins */
 static inline __attribute__((always_inline)) void q_rows_tile(int enc, const uint8_t *W, const float *x, float *y,
                                                                long rows, long cols, long B, long r0, float *s, float *mn) {
-    long rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], ng = cols / 32, ns = enc == Q6_K ? cols / 16 : ng;
+    long rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], ns = q_ns(enc, cols), nm = q_nm(enc, cols);
     long R = rows - r0 < 4 ? rows - r0 : 4;
     const uint8_t *Wt = W + r0 * rb;
-    for (long r = 0; r < R; r++) q_row_scales(enc, Wt + r * rb, cols / Q_BLOCK[enc], s + r * ns, mn + r * ng);
+    for (long r = 0; r < R; r++) q_row_scales(enc, Wt + r * rb, cols / Q_BLOCK[enc], s + r * ns, mn + r * nm);
     for (long b0 = 0; b0 < B; b0 += QG) {
         int nb = (int)(B - b0 < QG ? B - b0 : QG);
         const float *xb = x + b0 * cols;
         float out[4][QG];
         if (R == 4) {
-            q_tile4(enc, Wt, rb, xb, cols, nb, s, ns, mn, ng, out);
+            q_tile4(enc, Wt, rb, xb, cols, nb, s, ns, mn, nm, out);
         } else { /* the last rows of a matrix: one row and one row of x at a time */
             for (long r = 0; r < R; r++)
                 for (int b = 0; b < nb; b++) {
                     float o1[4][QG];
-                    q_tile(enc, Wt + r * rb, rb, 1, xb + b * cols, cols, 1, s + r * ns, ns, mn + r * ng, ng, o1);
+                    q_tile(enc, Wt + r * rb, rb, 1, xb + b * cols, cols, 1, s + r * ns, ns, mn + r * nm, nm, o1);
                     out[r][b] = o1[0][0];
                 }
         }
@@ -2157,13 +2258,13 @@ static inline __attribute__((always_inline)) void q_rows_tile(int enc, const uin
  * the block (checked by the caller, as enc < Q_COUNT). */
 void vxc_qgemv(int enc, const void *W, const void *x, float *y, long rows, long cols, long B, int bf) {
     if (enc < 0 || enc >= Q_COUNT || rows <= 0 || B <= 0) return;
-    long ng = cols / 32, ns = enc == Q6_K ? cols / 16 : ng;
+    long ns = q_ns(enc, cols), nm = q_nm(enc, cols);
     float *xf = bf ? (float *)malloc((size_t)(B * cols) * sizeof(float)) : NULL;
     if (bf) load_row(x, 0, B * cols, 1, xf);
     const float *xx = bf ? xf : (const float *)x;
 #pragma omp parallel
     {
-        float *s = (float *)malloc((size_t)(4 * (ns + ng) + 1) * sizeof(float)), *mn = s + 4 * ns;
+        float *s = (float *)malloc((size_t)(4 * (ns + nm) + 1) * sizeof(float)), *mn = s + 4 * ns;
         const uint8_t *Wb = (const uint8_t *)W;
 #pragma omp for schedule(static)
         for (long r0 = 0; r0 < rows; r0 += 4) {
@@ -2175,6 +2276,8 @@ void vxc_qgemv(int enc, const void *W, const void *x, float *y, long rows, long 
             case Q5_0: q_rows_tile(Q5_0, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             case Q5_K: q_rows_tile(Q5_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             case Q5_1: q_rows_tile(Q5_1, Wb, xx, y, rows, cols, B, r0, s, mn); break;
+            case Q2_K: q_rows_tile(Q2_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
+            case Q3_K: q_rows_tile(Q3_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             default: q_rows_tile(Q6_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             }
         }
@@ -2194,10 +2297,10 @@ static inline __attribute__((always_inline)) void q_dequant_row(int enc, const u
 
 void vxc_qdequant(int enc, const void *W, float *out, long r0, long r1, long cols) {
     if (enc < 0 || enc >= Q_COUNT || r1 <= r0) return;
-    long rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], ng = cols / 32, ns = enc == Q6_K ? cols / 16 : ng;
+    long rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], ns = q_ns(enc, cols), nm = q_nm(enc, cols);
 #pragma omp parallel
     {
-        float *s = (float *)malloc((size_t)(ns + ng + 1) * sizeof(float)), *mn = s + ns;
+        float *s = (float *)malloc((size_t)(ns + nm + 1) * sizeof(float)), *mn = s + ns;
 #pragma omp for schedule(static)
         for (long r = r0; r < r1; r++) {
             const uint8_t *row = (const uint8_t *)W + r * rb;
@@ -2210,6 +2313,8 @@ void vxc_qdequant(int enc, const void *W, float *out, long r0, long r1, long col
             case Q5_0: q_dequant_row(Q5_0, row, cols, o, s, mn); break;
             case Q5_K: q_dequant_row(Q5_K, row, cols, o, s, mn); break;
             case Q5_1: q_dequant_row(Q5_1, row, cols, o, s, mn); break;
+            case Q2_K: q_dequant_row(Q2_K, row, cols, o, s, mn); break;
+            case Q3_K: q_dequant_row(Q3_K, row, cols, o, s, mn); break;
             default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
             }
         }
@@ -2277,8 +2382,8 @@ static void qembedding_drop(const void *table, const int64_t *ids, long t0, long
 
 void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, long T, long cols, long drop_bytes) {
     if (enc < 0 || enc >= Q_COUNT || T <= 0) return;
-    long rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], ng = cols / 32, ns = enc == Q6_K ? cols / 16 : ng;
-    float *s = (float *)malloc((size_t)(ns + ng + 1) * sizeof(float)), *mn = s + ns;
+    long rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], ns = q_ns(enc, cols), nm = q_nm(enc, cols);
+    float *s = (float *)malloc((size_t)(ns + nm + 1) * sizeof(float)), *mn = s + ns;
     for (long t0 = 0; t0 < T; t0 += QEMB_DROP_ROWS) {
         long t1 = t0 + QEMB_DROP_ROWS < T ? t0 + QEMB_DROP_ROWS : T;
         for (long t = t0; t < t1; t++) {
@@ -2292,6 +2397,8 @@ void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, 
             case Q5_0: q_dequant_row(Q5_0, row, cols, o, s, mn); break;
             case Q5_K: q_dequant_row(Q5_K, row, cols, o, s, mn); break;
             case Q5_1: q_dequant_row(Q5_1, row, cols, o, s, mn); break;
+            case Q2_K: q_dequant_row(Q2_K, row, cols, o, s, mn); break;
+            case Q3_K: q_dequant_row(Q3_K, row, cols, o, s, mn); break;
             default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
             }
         }
@@ -2326,7 +2433,7 @@ void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, 
 #define A8_LANES (A8_UNIT / 4)
 
 /* the offset taken off the stored integer (the bias the unsigned bytes carry) */
-static inline int a8_off(int enc) { return enc == Q4_0 ? -8 : enc == Q5_0 ? -16 : enc == Q6_K ? -32 : 0; }
+static inline int a8_off(int enc) { return enc == Q4_0 ? -8 : enc == Q5_0 ? -16 : enc == Q6_K ? -32 : enc == Q3_K ? -4 : 0; }
 /* the packed layout's offset per integer (vxc_qpack stores q8_0 biased by 128: unsigned for vpdpbusd) */
 static inline int p_off(int enc) { return enc == Q4_0 ? -8 : enc == Q8_0 ? -128 : enc == Q5_0 ? -16 : 0; }
 static inline int a8_has_min(int enc) { return q_has_min(enc); }
@@ -2370,6 +2477,8 @@ typedef struct {
     float *xc;   /* [B, cols / 32]: d_g times the sum of block g (formats with a min) */
     int32_t *xs; /* [B, cols / 32]: the packed kernel's offset (p_off) times the sum of block g */
     int32_t *xs16; /* [B, cols / 16]: -32 times the sum of each 16 values (q6_k's offset term per scale block) */
+    int32_t *x16;  /* [B, cols / 16]: the sum of each 16 values */
+    float *xc16;   /* [B, cols / 16]: d_g times the sum of each 16 values (q2_k's mins, one per 16) */
     float *d;    /* [B, cols / 32] */
     long nu, nl, ng;
 } a8_x;
@@ -2386,6 +2495,8 @@ static void a8_prepare(int enc, const float *x, long cols, long B, a8_x *X, int 
     X->xc = (float *)malloc((size_t)(B * ng + 1) * sizeof(float));
     X->xs = (int32_t *)malloc((size_t)(B * ng + 1) * sizeof(int32_t));
     X->xs16 = (int32_t *)malloc((size_t)(2 * B * ng + 1) * sizeof(int32_t));
+    X->x16 = (int32_t *)malloc((size_t)(2 * B * ng + 1) * sizeof(int32_t));
+    X->xc16 = (float *)malloc((size_t)(2 * B * ng + 1) * sizeof(float));
     int off = a8_off(enc);
 #pragma omp parallel for schedule(static) if (B * cols >= 65536)
     for (long b = 0; b < B; b++) {
@@ -2401,6 +2512,10 @@ static void a8_prepare(int enc, const float *x, long cols, long B, a8_x *X, int 
             for (int i = 0; i < 16; i++) s16 += q[32 * g + i];
             X->xs16[2 * (b * ng + g)] = -32 * s16;
             X->xs16[2 * (b * ng + g) + 1] = -32 * (s - s16);
+            X->x16[2 * (b * ng + g)] = s16;
+            X->x16[2 * (b * ng + g) + 1] = s - s16;
+            X->xc16[2 * (b * ng + g)] = d[g] * (float)s16;
+            X->xc16[2 * (b * ng + g) + 1] = d[g] * (float)(s - s16);
         }
         for (long u = 0; u < nu; u++) {
             if (a8_split(enc) && !natural) { /* [lo g | hi g | lo g+1 | hi g+1] -> [lo g | lo g+1 | hi g | hi g+1] */
@@ -2424,6 +2539,8 @@ static void a8_free(a8_x *X) {
     free(X->xc);
     free(X->xs);
     free(X->xs16);
+    free(X->x16);
+    free(X->xc16);
 }
 
 /* group g's contribution for one row of x, in plain integers (the scalar path, and the vector paths' last
@@ -2432,11 +2549,19 @@ static inline float a8_group_scalar(int enc, const uint8_t *row, long g, const i
                                     const float *mn) {
     int8_t q[32];
     q_group_ints(enc, row, g, q);
-    if (enc == Q6_K) {
-        int i0 = 0, i1 = 0;
-        for (int i = 0; i < 16; i++) i0 += q[i] * xq[i];
-        for (int i = 16; i < 32; i++) i1 += q[i] * xq[i];
-        return xd * (s[2 * g] * (float)i0 + s[2 * g + 1] * (float)i1);
+    if (q_s16(enc)) {
+        int i0 = 0, i1 = 0, x0 = 0, x1 = 0;
+        for (int i = 0; i < 16; i++) {
+            i0 += q[i] * xq[i];
+            x0 += xq[i];
+        }
+        for (int i = 16; i < 32; i++) {
+            i1 += q[i] * xq[i];
+            x1 += xq[i];
+        }
+        float r = s[2 * g] * (float)i0 + s[2 * g + 1] * (float)i1;
+        if (enc == Q2_K) r += mn[2 * g] * (float)x0 + mn[2 * g + 1] * (float)x1;
+        return xd * r;
     }
     int is = 0, xs = 0;
     for (int i = 0; i < 32; i++) {
@@ -2482,6 +2607,21 @@ static inline __attribute__((always_inline)) __m512i a8_w512(int enc, const uint
         __m512i w = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(a), _mm256_srli_epi16(a, 4), 1), m4);
         __m512i hv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi16(hq, j0)), _mm256_srli_epi16(hq, j0 + 1), 1);
         return _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(hv, _mm512_set1_epi8(1)), 4));
+    } else if (enc == Q2_K || enc == Q3_K) { /* groups 2v, 2v + 1 of a super-block (v = u & 3): bits 4 (v & 1) and
+                                              * 4 (v & 1) + 2 of qs[32 (v >> 1) ..]; q3_k with bits 2v, 2v + 1 of
+                                              * hmask as bit 2 (the offset -4 as a8_off's) */
+        long v = u & 3;
+        const uint8_t *bl = row + Q_TSIZE[enc] * (u >> 2);
+        __m256i q = _mm256_loadu_si256((const __m256i *)(bl + (enc == Q2_K ? 16 : 32) + 32 * (v >> 1)));
+        const int k0 = 4 * (int)(v & 1);
+        __m512i w = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi16(q, k0)), _mm256_srli_epi16(q, k0 + 2), 1),
+                                     _mm512_set1_epi8(3));
+        if (enc == Q3_K) {
+            __m256i hm = _mm256_loadu_si256((const __m256i *)bl);
+            __m512i hv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi16(hm, 2 * (int)v)), _mm256_srli_epi16(hm, 2 * (int)v + 1), 1);
+            w = _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(hv, _mm512_set1_epi8(1)), 2));
+        }
+        return w;
     } else { /* q6_k: groups 2j, 2j + 1 of a super-block (j = u & 3): ql's 64 bytes, qh's 32 twice */
         long j = u & 3, h = j >> 1, k = 2 * (j & 1);
         const uint8_t *bl = row + 210 * (u >> 2);
@@ -2504,7 +2644,7 @@ static inline __attribute__((always_inline)) void a8_tile(int enc, const uint8_t
     const __m512i nat = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m512i spl = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
     const __m512i six = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m512i xidx = a8_split(enc) ? spl : nat, sidx = enc == Q6_K ? six : xidx;
+    const __m512i xidx = a8_split(enc) ? spl : nat, sidx = q_s16(enc) ? six : xidx;
     for (long u = 0; u < X->nu; u++) {
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
@@ -2516,7 +2656,7 @@ static inline __attribute__((always_inline)) void a8_tile(int enc, const uint8_t
                 neg = _mm512_movepi8_mask(w);
                 w = _mm512_abs_epi8(w);
             }
-            __m512 sr = _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(_mm_loadu_ps(s + r * ns + (enc == Q6_K ? 4 : 2) * u)));
+            __m512 sr = _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(_mm_loadu_ps(s + r * ns + (q_s16(enc) ? 4 : 2) * u)));
 #pragma GCC unroll 4
             for (int b = 0; b < NB; b++) {
                 __m512i xv = _mm512_loadu_si512((const void *)(X->q + (b0 + b) * cols + 64 * u));
@@ -2580,6 +2720,16 @@ static inline __attribute__((always_inline)) __m256i a8_w256(int enc, const uint
         return _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(a, _mm_cvtsi32_si128(4 * (int)(g & 1))), m4),
                                _mm256_slli_epi16(_mm256_and_si256(hq, _mm256_set1_epi8(1)), 4));
     }
+    if (enc == Q2_K || enc == Q3_K) { /* 2 bits of qs; q3_k with its hmask bit as bit 2 */
+        long j = g & 7;
+        const uint8_t *bl = row + Q_TSIZE[enc] * (g >> 3);
+        __m256i q = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(bl + (enc == Q2_K ? 16 : 32) + 32 * (j >> 2))),
+                                                      _mm_cvtsi32_si128(2 * (int)(j & 3))), _mm256_set1_epi8(3));
+        if (enc == Q3_K)
+            q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)bl),
+                                                                                          _mm_cvtsi32_si128((int)j)), _mm256_set1_epi8(1)), 2));
+        return q;
+    }
     long j = g & 7, h = j >> 2, k = j & 3;
     const uint8_t *bl = row + 210 * (g >> 3);
     __m256i l = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(bl + 64 * h + 32 * (k & 1))),
@@ -2604,7 +2754,7 @@ static inline __attribute__((always_inline)) void a8_tile(int enc, const uint8_t
             if (R == 4) _mm_prefetch((const char *)(row + Q_PF_ROWS * rb + u * Q_TSIZE[enc] * 32 / Q_BLOCK[enc]), _MM_HINT_T0);
             __m256i w = a8_w256(enc, row, u), wsign = w;
             if (enc == Q8_0) w = _mm256_abs_epi8(w);
-            __m256 sr = enc == Q6_K ? _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s[r * ns + 2 * u])),
+            __m256 sr = q_s16(enc) ? _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s[r * ns + 2 * u])),
                                                            _mm_set1_ps(s[r * ns + 2 * u + 1]), 1)
                                     : _mm256_set1_ps(s[r * ns + u]);
 #pragma GCC unroll 2
@@ -2649,10 +2799,10 @@ static inline float a8_dot(const float *a, const float *b, long n) {
 static inline __attribute__((always_inline)) void a8_rows_tile(int enc, const uint8_t *W, const a8_x *X, float *y,
                                                                 long rows, long cols, long B, long r0, float *s,
                                                                 float *mn) {
-    long rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], ng = cols / 32, ns = enc == Q6_K ? cols / 16 : ng;
+    long rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], ng = cols / 32, ns = q_ns(enc, cols), nm = q_nm(enc, cols);
     long R = rows - r0 < 4 ? rows - r0 : 4;
     const uint8_t *Wt = W + r0 * rb;
-    for (long r = 0; r < R; r++) q_row_scales(enc, Wt + r * rb, cols / Q_BLOCK[enc], s + r * ns, mn + r * ng);
+    for (long r = 0; r < R; r++) q_row_scales(enc, Wt + r * rb, cols / Q_BLOCK[enc], s + r * ns, mn + r * nm);
 #if defined(A8_VECTOR)
     long gv = X->nu * A8_UNIT / 32; /* blocks of 32 the vector loop covers */
     for (long b0 = 0; b0 < B; b0 += A8_QG) {
@@ -2677,9 +2827,10 @@ static inline __attribute__((always_inline)) void a8_rows_tile(int enc, const ui
             for (int b = 0; b < nb; b++) {
                 long bb = b0 + b;
                 float v = out[r][b];
-                if (a8_has_min(enc)) v += a8_dot(mn + r * ng, X->xc + bb * ng, gv);
+                if (enc == Q2_K) v += a8_dot(mn + r * nm, X->xc16 + bb * 2 * ng, 2 * gv);
+                else if (a8_has_min(enc)) v += a8_dot(mn + r * nm, X->xc + bb * ng, gv);
                 for (long g = gv; g < ng; g++) /* the last block of an odd count */
-                    v += a8_group_scalar(enc, Wt + r * rb, g, X->q + bb * cols + 32 * g, X->d[bb * ng + g], s + r * ns, mn + r * ng);
+                    v += a8_group_scalar(enc, Wt + r * rb, g, X->q + bb * cols + 32 * g, X->d[bb * ng + g], s + r * ns, mn + r * nm);
                 y[bb * rows + r0 + r] = v;
             }
     }
@@ -2688,7 +2839,7 @@ static inline __attribute__((always_inline)) void a8_rows_tile(int enc, const ui
         for (long b = 0; b < B; b++) {
             float v = 0.0f;
             for (long g = 0; g < ng; g++)
-                v += a8_group_scalar(enc, Wt + r * rb, g, X->q + b * cols + 32 * g, X->d[b * ng + g], s + r * ns, mn + r * ng);
+                v += a8_group_scalar(enc, Wt + r * rb, g, X->q + b * cols + 32 * g, X->d[b * ng + g], s + r * ns, mn + r * nm);
             y[b * rows + r0 + r] = v;
         }
 #endif
@@ -2698,7 +2849,7 @@ static inline __attribute__((always_inline)) void a8_rows_tile(int enc, const ui
  * W [rows, cols] of encoding enc: as vxc_qgemv, with int8 activations. cols a multiple of the block. */
 void vxc_qgemv_a8(int enc, const void *W, const void *x, float *y, long rows, long cols, long B, int bf) {
     if (enc < 0 || enc >= Q_COUNT || rows <= 0 || B <= 0) return;
-    long ng = cols / 32, ns = enc == Q6_K ? cols / 16 : ng;
+    long ns = q_ns(enc, cols), nm = q_nm(enc, cols);
     float *xf = bf ? (float *)malloc((size_t)(B * cols) * sizeof(float)) : NULL;
     if (bf) load_row(x, 0, B * cols, 1, xf);
     a8_x X;
@@ -2706,7 +2857,7 @@ void vxc_qgemv_a8(int enc, const void *W, const void *x, float *y, long rows, lo
     free(xf);
 #pragma omp parallel
     {
-        float *s = (float *)malloc((size_t)(4 * (ns + ng) + 4) * sizeof(float)), *mn = s + 4 * ns;
+        float *s = (float *)malloc((size_t)(4 * (ns + nm) + 4) * sizeof(float)), *mn = s + 4 * ns;
         const uint8_t *Wb = (const uint8_t *)W;
 #pragma omp for schedule(static)
         for (long r0 = 0; r0 < rows; r0 += 4) {
@@ -2718,6 +2869,8 @@ void vxc_qgemv_a8(int enc, const void *W, const void *x, float *y, long rows, lo
             case Q5_0: a8_rows_tile(Q5_0, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             case Q5_K: a8_rows_tile(Q5_K, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             case Q5_1: a8_rows_tile(Q5_1, Wb, &X, y, rows, cols, B, r0, s, mn); break;
+            case Q2_K: a8_rows_tile(Q2_K, Wb, &X, y, rows, cols, B, r0, s, mn); break;
+            case Q3_K: a8_rows_tile(Q3_K, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             default: a8_rows_tile(Q6_K, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             }
         }
