@@ -14,7 +14,7 @@ sum_c W[r, c] x[b, c]`` is ``[B, rows]`` fp32.
   matrix up to summation order: at the floor of the reference, see the C source). From ``TILED_FROM`` bf16 / fp16
   rows of x (prefill) a tile of rows at a time is decoded (``vxc_qdequant``) into torch's GEMM instead. An
   encoding missing from ``NATIVE_ENCODINGS`` would raise ``NotCovered`` and run the twin.
-- triton (CUDA, or CPU under ``TRITON_INTERPRET=1``): q8_0, q4_0, q4_1, q4_k, q6_k, q5_k read straight from the blocks and
+- triton (CUDA, or CPU under ``TRITON_INTERPRET=1``): every encoding of the table read straight from the blocks and
   decoded in registers to the same fp32 values; a GEMV for few rows of x, a ``tl.dot`` GEMM on decoded tiles
   from ``TRITON_DOT_FROM`` rows (prefill); fp32 accumulation either way. Others raise ``NotCovered``.
 
@@ -272,7 +272,8 @@ import triton.language as tl  # noqa: E402
 
 from .triton_common import pow2  # noqa: E402
 
-TRITON_ENCODINGS = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q4_k": 3, "q6_k": 4, "q5_k": 5}
+TRITON_ENCODINGS = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q4_k": 3, "q6_k": 4, "q5_k": 5, "q2_k": 6, "q3_k": 7, "q5_0": 8,
+                    "q5_1": 9}
 TRITON_ENCODING = f"an encoding without a Triton decoder (Triton: {' '.join(TRITON_ENCODINGS)})"
 TRITON_DOT_FROM = 16  # rows of x from which the tl.dot GEMM runs (tl.dot needs tiles of at least 16)
 _BLOCK_N_GEMV, _BLOCK_B_GEMV = 32, 4
@@ -292,12 +293,21 @@ def _decode32(w_ptr, row0, nmask, g, ENC: tl.constexpr, TSIZE: tl.constexpr):
     """Values ``32 g .. 32 g + 31`` of the rows whose blocks start at byte ``row0`` ([BLOCK_N]): [BLOCK_N, 32]."""
     i = tl.arange(0, 32)
     m2 = nmask[:, None]
-    if ENC < 3:  # one block of 32
+    if ENC < 3 or ENC >= 8:  # one block of 32
         base = row0 + g * TSIZE
         d = _f16_at(w_ptr, base, nmask)[:, None]
         if ENC == 0:  # q8_0: d, 32 int8
             q = tl.load(w_ptr + base[:, None] + 2 + i[None, :], mask=m2, other=0).to(tl.int8, bitcast=True)
             w = q.to(tl.float32) * d
+        elif ENC >= 8:  # q5_0 (d, qh, qs) / q5_1 (d, m, qh, qs): q4_0's nibbles with bit i of the u32 qh as bit 4
+            hoff = 2 if ENC == 8 else 4
+            byte = tl.load(w_ptr + base[:, None] + hoff + 4 + (i % 16)[None, :], mask=m2, other=0).to(tl.int32)
+            qh = tl.load(w_ptr + base[:, None] + hoff + (i // 8)[None, :], mask=m2, other=0).to(tl.int32)
+            q = ((byte >> ((i // 16) * 4)[None, :]) & 15) | (((qh >> (i % 8)[None, :]) & 1) << 4)
+            if ENC == 8:
+                w = d * (q - 16).to(tl.float32)
+            else:
+                w = d * q.to(tl.float32) + _f16_at(w_ptr, base + 2, nmask)[:, None]
         else:  # q4_0 / q4_1: value i is nibble i % 16 of qs, low nibbles first
             qoff = 2 if ENC == 1 else 4
             byte = tl.load(w_ptr + base[:, None] + qoff + (i % 16)[None, :], mask=m2, other=0).to(tl.int32)
@@ -329,6 +339,26 @@ def _decode32(w_ptr, row0, nmask, g, ENC: tl.constexpr, TSIZE: tl.constexpr):
             dl = d * sc.to(tl.float32)
             ml = dmin * mn.to(tl.float32)
             w = dl[:, None] * q.to(tl.float32) - ml[:, None]
+        elif ENC == 6 or ENC == 7:  # q2_k: 16 scale / min bytes, 64 of 2-bit codes, d, dmin; q3_k: 32 hmask bytes
+            # (bit j of byte i: value i of chunk j's high bit, clear meaning -4), 64 of 2-bit codes, 12 of 6-bit scales, d
+            qoff = 16 if ENC == 6 else 32
+            byte = tl.load(w_ptr + base[:, None] + qoff + (j // 4) * 32 + i[None, :], mask=m2, other=0).to(tl.int32)
+            q = (byte >> ((j % 4) * 2)) & 3
+            sb = 2 * j + (i // 16)[None, :]  # the 16-value sub-block
+            if ENC == 6:
+                sm = tl.load(w_ptr + base[:, None] + sb, mask=m2, other=0).to(tl.int32)
+                dl = _f16_at(w_ptr, base + 80, nmask)[:, None] * (sm & 15).to(tl.float32)
+                ml = _f16_at(w_ptr, base + 82, nmask)[:, None] * (sm >> 4).to(tl.float32)
+                w = dl * q.to(tl.float32) - ml
+            else:
+                hm = tl.load(w_ptr + base[:, None] + i[None, :], mask=m2, other=0).to(tl.int32)
+                q = q - (((hm >> j) & 1) ^ 1) * 4
+                lo = tl.load(w_ptr + base[:, None] + 96 + (sb % 8), mask=m2, other=0).to(tl.int32)
+                lo = (lo >> ((sb // 8) * 4)) & 15
+                hi = tl.load(w_ptr + base[:, None] + 104 + (sb % 4), mask=m2, other=0).to(tl.int32)
+                hi = (hi >> ((sb // 4) * 2)) & 3
+                dl = _f16_at(w_ptr, base + 108, nmask)[:, None] * ((lo | (hi << 4)) - 32).to(tl.float32)
+                w = dl * q.to(tl.float32)
         else:  # q6_k: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, d
             h = j // 4
             r = j % 4

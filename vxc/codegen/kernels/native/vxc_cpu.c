@@ -2914,6 +2914,12 @@ void vxc_quantize_a8(const float *x, int8_t *q, float *d, long B, long cols) {
  *         stored, read front to back. (The three regions of a half had stood apart, 512 bytes each: the stream
  *         jumped between them and a one-row product read 24.8 GB/s where q4_0 reads 32 — Zen 4, 2 threads, the
  *         151936 x 1024 head, interleaved in one process: 5.14 -> 3.96 ms with the lines side by side.)
+ *   q2_k: d[16] f16 | dmin[16] f16 | sc[16][16] u8 (byte j of each row's scale / min bytes) | for chunks c = 0..7, two
+ *         64-byte lines side by side: row r's qs bytes 4c.. of half 0 (qs[4c..]), then of half 1 (qs[32 + 4c..]);
+ *         bits 2t..2t+1 of a half-h byte give value 4c + k of group 4h + t: 1344 bytes per 16 x 256, as stored
+ *   q3_k: d[16] f16 | k[12][16] u8 (byte k of each row's 12 bytes of 6-bit scales, as stored) | for chunks c = 0..7,
+ *         three lines side by side: row r's qs bytes 4c.. of half 0, of half 1, then its hmask bytes 4c.. (bit
+ *         4h + t the high bit of value 4c + k of group 4h + t): 1760 bytes per 16 x 256 values, as stored
  * The integers and scales are the stored ones, unchanged: the products are vxc_qgemv_a8's (same sums, in
  * another order). Builds without AVX-512 (and q8_0 without VNNI) keep the row layout (vxc_qgemv_a8). */
 
@@ -2926,7 +2932,7 @@ static inline long p5k_qs(int enc, int p, int c) {
 
 static inline long p_group_bytes(int enc) {
     return enc == Q4_0 ? 288 : enc == Q4_1 ? 320 : enc == Q8_0 ? 544 : enc == Q4_K ? 2304 : enc == Q5_0 ? 352
-         : enc == Q6_K ? 3360 : enc == Q5_K ? 2816 : enc == Q5_1 ? 384 : 0;
+         : enc == Q6_K ? 3360 : enc == Q5_K ? 2816 : enc == Q5_1 ? 384 : enc == Q2_K ? 1344 : enc == Q3_K ? 1760 : 0;
 }
 
 /* bytes of one tile of 16 rows (0: this encoding / build has no packed form) */
@@ -2957,7 +2963,24 @@ void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
             for (long g = 0; g < nb; g++) {
                 const uint8_t *b = row + g * Q_TSIZE[enc];
                 uint8_t *o = out + t * TB + g * GB;
-                if (enc == Q6_K) {
+                if (enc == Q2_K) {
+                    memcpy(o + 2 * r, b + 80, 2);
+                    memcpy(o + 32 + 2 * r, b + 82, 2);
+                    for (int j = 0; j < 16; j++) o[64 + 16 * j + r] = b[j];
+                    for (int c = 0; c < 8; c++)
+                        for (int h = 0; h < 2; h++)
+                            for (int k = 0; k < 4; k++) o[320 + 128 * c + 64 * h + 4 * r + k] = b[16 + 32 * h + 4 * c + k];
+                } else if (enc == Q3_K) {
+                    memcpy(o + 2 * r, b + 108, 2);
+                    for (int k = 0; k < 12; k++) o[32 + 16 * k + r] = b[96 + k];
+                    for (int c = 0; c < 8; c++)
+                        for (int k = 0; k < 4; k++) {
+                            uint8_t *oc = o + 224 + 192 * c + 4 * r + k;
+                            oc[0] = b[32 + 4 * c + k];
+                            oc[64] = b[64 + 4 * c + k];
+                            oc[128] = b[4 * c + k];
+                        }
+                } else if (enc == Q6_K) {
                     memcpy(o + 2 * r, b + 208, 2);
                     for (int j = 0; j < 16; j++) o[32 + 16 * j + r] = b[192 + j];
                     for (int h = 0; h < 2; h++)
@@ -3092,6 +3115,60 @@ static inline __attribute__((always_inline)) void q6_sub4(const uint8_t *oh, con
     }
 }
 
+/* q2_k / q3_k in p_tile: the sums of groups 4h + t0 .. 4h + t0 + NT - 1 of super-block sb over sub-half e (chunks
+ * 4e..4e+3: sub-block j = 8h + 2t + e) for NB rows of x from b0, scaled into acc (h, e, t0 and NT constants after
+ * inlining). Each chunk's line is read once for the NT groups; NT = 4 for one row of x (four sums), 1 from two
+ * rows on (NB x 4 sums would spill). q3_k's sums start at its -4 offset term; q2_k's mins come off through the
+ * x blocks' per-16 sums. o: the tile's super-block; d, dmin: its rows' f16 scales widened. */
+static inline __attribute__((always_inline)) void k23_sub(int enc, const uint8_t *o, long sb, int e, int h, int t0,
+                                                           int NT, const a8_x *X, long cols, long b0, int NB,
+                                                           __m512 d, __m512 dmin, __m512 acc[8]) {
+    const long ng = cols / 32, n16 = cols / 16;
+    const __m512i m3 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
+    __m512i p[4][8];
+    for (int t = 0; t < NT; t++)
+        for (int b = 0; b < NB; b++)
+            p[t][b] = enc == Q3_K ? _mm512_set1_epi32(-4 * X->x16[(b0 + b) * n16 + 16 * sb + 8 * h + 2 * (t0 + t) + e])
+                                  : _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        const int c = 4 * e + i;
+        __m512i v = _mm512_loadu_si512((const void *)(o + (enc == Q2_K ? 320 + 128 * c : 224 + 192 * c) + 64 * h));
+        __m512i hm = enc == Q3_K ? _mm512_loadu_si512((const void *)(o + 224 + 192 * c + 128)) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const int tt = t0 + t, hs = 4 * h + tt;
+            __m512i q = _mm512_and_si512(_mm512_srli_epi16(v, 2 * tt), m3);
+            if (enc == Q3_K) /* bit hs of the hmask byte to bit 2 */
+                q = _mm512_or_si512(q, _mm512_and_si512(hs >= 2 ? _mm512_srli_epi16(hm, hs - 2) : _mm512_slli_epi16(hm, 2 - hs), b2));
+            for (int b = 0; b < NB; b++)
+                p[t][b] = P_DOT(p[t][b], q, P_X4(X->q + (b0 + b) * cols + 256 * sb + 128 * h + 32 * tt + 4 * c));
+        }
+    }
+    for (int t = 0; t < NT; t++) {
+        const int tt = t0 + t, j = 8 * h + 2 * tt + e;
+        __m512 s, mn = _mm512_setzero_ps();
+        if (enc == Q2_K) {
+            __m128i pl = _mm_loadu_si128((const __m128i *)(o + 64 + 16 * j)), m15 = _mm_set1_epi8(15);
+            s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(pl, m15))));
+            mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(pl, 4), m15))));
+        } else { /* the 6-bit scale j of 16 rows from the 12 planes, as q3k_scale_words unpacks one row's */
+#define Q3K_PLANE(i) _mm_loadu_si128((const __m128i *)(o + 32 + 16 * (i)))
+            const __m128i m15 = _mm_set1_epi8(15), m3b = _mm_set1_epi8(3);
+            __m128i lo = j < 8 ? _mm_and_si128(Q3K_PLANE(j), m15) : _mm_and_si128(_mm_srli_epi16(Q3K_PLANE(j - 8), 4), m15);
+            __m128i hi = _mm_and_si128(_mm_srli_epi16(Q3K_PLANE(8 + (j & 3)), 2 * (j >> 2)), m3b);
+#undef Q3K_PLANE
+            __m512i v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_or_si128(lo, _mm_slli_epi16(hi, 4))), _mm512_set1_epi32(32));
+            s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(v));
+        }
+        for (int b = 0; b < NB; b++) {
+            long bb = b0 + b;
+            acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[t][b]), _mm512_mul_ps(s, _mm512_set1_ps(X->d[bb * ng + 8 * sb + 4 * h + tt])), acc[b]);
+            if (enc == Q2_K) acc[b] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(X->xc16[bb * n16 + 16 * sb + j]), acc[b]);
+        }
+    }
+}
+
 /* one tile of 16 rows against NB (1..8) rows of x from b0: out[b] = the 16 rows' results. With pf, each group /
  * super-block first fetches the same bytes of the next tile (one tile ahead): the hardware prefetcher alone leaves
  * the loop waiting on memory at each tile's start (a 0.35 GB q4_0 matrix, Intel Xeon, 2 threads: B = 1 22.7 ->
@@ -3129,6 +3206,25 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
                     q6_sub(oh, xh, s16, xd, scb, d, cols, ng, NB, 1, acc);
                     q6_sub(oh, xh, s16, xd, scb, d, cols, ng, NB, 2, acc);
                     q6_sub(oh, xh, s16, xd, scb, d, cols, ng, NB, 3, acc);
+                }
+        }
+    } else if (enc == Q2_K || enc == Q3_K) {
+        const long GB = p_group_bytes(enc);
+        for (long sb = 0; sb < cols / 256; sb++) {
+            const uint8_t *o = T + sb * GB;
+            if (pf) prefetch_bytes(o + cols / 256 * GB, GB);
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+            __m512 dmin = enc == Q2_K ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32))) : _mm512_setzero_ps();
+            for (int e = 0; e < 2; e++)
+                for (int h = 0; h < 2; h++) {
+                    if (NB == 1) {
+                        k23_sub(enc, o, sb, e, h, 0, 4, X, cols, b0, 1, d, dmin, acc);
+                        continue;
+                    }
+                    k23_sub(enc, o, sb, e, h, 0, 1, X, cols, b0, NB, d, dmin, acc);
+                    k23_sub(enc, o, sb, e, h, 1, 1, X, cols, b0, NB, d, dmin, acc);
+                    k23_sub(enc, o, sb, e, h, 2, 1, X, cols, b0, NB, d, dmin, acc);
+                    k23_sub(enc, o, sb, e, h, 3, 1, X, cols, b0, NB, d, dmin, acc);
                 }
         }
     } else if (enc == Q4_K || enc == Q5_K) {
@@ -3272,6 +3368,8 @@ static void p_rows_any(int enc, const uint8_t *P, const a8_x *X, float *yt, long
     case Q6_K: p_rows(Q6_K, P, X, yt, ys, rows, cols, B, t, TB); break;
     case Q5_K: p_rows(Q5_K, P, X, yt, ys, rows, cols, B, t, TB); break;
     case Q5_1: p_rows(Q5_1, P, X, yt, ys, rows, cols, B, t, TB); break;
+    case Q2_K: p_rows(Q2_K, P, X, yt, ys, rows, cols, B, t, TB); break;
+    case Q3_K: p_rows(Q3_K, P, X, yt, ys, rows, cols, B, t, TB); break;
     default: p_rows(Q4_K, P, X, yt, ys, rows, cols, B, t, TB); break;
     }
 }
