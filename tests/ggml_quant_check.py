@@ -1,5 +1,5 @@
-"""Check vxc's ggml block encoders (vxc.runtime.ggml_blocks.quantize) and ``vxc quantize --scheme q4_k_m / q5_k_m``
-against a llama.cpp build, byte by byte.
+"""Check vxc's ggml block encoders (vxc.runtime.ggml_blocks.quantize) and ``vxc quantize --scheme q4_k_m / q5_k_m /
+q3_k_m / q2_k`` against a llama.cpp build, byte by byte.
 
 Not a CI test (it needs a built llama.cpp tree: ``$VXC_LLAMA_CPP`` or tests/gguf_convert.DEFAULT_LLAMA_CPP, with
 ``build/bin/llama-quantize`` and ``build/bin/libggml-base.so``): run it where one is present, after a change to
@@ -7,19 +7,21 @@ an encoder or to a new llama.cpp::
 
     python -m tests.ggml_quant_check      # exit 0: identical everywhere; 1: the differences, listed; 2: no build
 
-gguf-py has no k-quant encoder, so for q4_k / q6_k this is the reference check (CI holds the bytes of one input
+gguf-py has no k-quant encoder, so for q2_k .. q6_k this is the reference check (CI holds the bytes of one input
 as a digest: tests/runtime/test_ggml_blocks.py). Three parts:
 
 1. encoders: ``ggml_quantize_chunk`` of libggml-base.so (ctypes; without an importance matrix, i.e.
-   quantize_row_q4_K_ref / quantize_row_q6_K_ref for the k-quants) against ``quantize`` on the inputs of
+   quantize_row_q2_K_ref .. quantize_row_q6_K_ref for the k-quants) against ``quantize`` on the inputs of
    tests/runtime/test_ggml_blocks.py (outliers, signed zeros, constants, ties, tiny and huge scales), its hashed
    input, and random tensors over magnitudes 1e-44 .. 1e25 (sparse, outliers, quarter-steps);
-2. ``llama-quantize --pure f32.gguf out.gguf TYPE`` (Q4_K, Q6_K, Q8_0, Q4_0, Q4_1) on an f32 llama GGUF: every
+2. ``llama-quantize --pure f32.gguf out.gguf TYPE`` (every type of FORMATS) on an f32 llama GGUF: every
    tensor it encodes against ``quantize`` of the same f32 values;
-3. ``llama-quantize f32.gguf out.gguf Q4_K_M`` (and ``Q5_K_M``) against ``vxc lower f32.gguf`` + ``vxc quantize
-   --scheme q4_k_m`` (``q5_k_m``) on three files (8 layers; a tied head; an FFN width of 288, whose down rows are not whole 256-value
-   blocks): for every tensor the format chosen, and the bytes (vxc's operand view of the tensor, e.g. the Q/K
-   rows un-permuted, applied to llama.cpp's blocks).
+3. ``llama-quantize f32.gguf out.gguf Q4_K_M`` (and ``Q5_K_M``, ``Q3_K_M``, ``Q2_K``) against ``vxc lower
+   f32.gguf`` + ``vxc quantize --scheme q4_k_m`` (``q5_k_m``, ``q3_k_m``, ``q2_k``) on four files (8 layers; a
+   tied head; an FFN width of 288, whose down rows are not whole 256-value blocks; 16 layers with 8 query heads
+   per 2 KV heads, so that Q3_K_M's ``i < n/16`` down layer and Q2_K's ``n_gqa() >= 4`` value rule are taken):
+   for every tensor the format chosen, and the bytes (vxc's operand view of the tensor, e.g. the Q/K rows
+   un-permuted, applied to llama.cpp's blocks).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-FORMATS = ("q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "q4_1")
+FORMATS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "q4_1")
+MIXES = ("q4_k_m", "q5_k_m", "q3_k_m", "q2_k")
 
 
 def _build() -> Path:
@@ -157,7 +160,7 @@ def check_pure(bin_dir: Path, f32: Path, tmp: Path) -> tuple[list[str], int]:
 
 
 def check_mix(bin_dir: Path, f32: Path, tmp: Path, scheme: str = "q4_k_m") -> tuple[list[str], int]:
-    """vxc's ``scheme`` mix (q4_k_m, q5_k_m) and bytes against llama-quantize's on the same f32 GGUF."""
+    """vxc's ``scheme`` mix (MIXES) and bytes against llama-quantize's on the same f32 GGUF."""
     from safetensors.torch import load_file
 
     from vxc.driver import load
@@ -220,13 +223,14 @@ def main() -> int:
             "f32_8layers": dict(MINI_LLAMA, layers=8),
             "f32_tied": dict(MINI_LLAMA, layers=3),
             "f32_ffn288": dict(MINI_LLAMA, layers=4, ffn=288),
+            "f32_16layers_gqa4": dict(MINI_LLAMA, layers=16, heads=8, kv_heads=2, head_dim=32),
         }
         paths = {k: write_llama_gguf(tmp / f"{k}.gguf", cfg, encodings={}, seed=7, tied=k.endswith("tied"))
                  for k, cfg in files.items()}
         p, n = check_pure(bin_dir, paths["f32_8layers"], tmp)
         print(f"llama-quantize --pure {'/'.join(f.upper() for f in FORMATS)}: {n} tensors, {len(p)} differ")
         problems += p
-        for scheme in ("q4_k_m", "q5_k_m"):
+        for scheme in MIXES:
             for k, path in paths.items():
                 p, n = check_mix(bin_dir, path, tmp, scheme)
                 print(f"llama-quantize {scheme.upper()} vs vxc quantize --scheme {scheme} ({k}): {n} encoded tensors, "

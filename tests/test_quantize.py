@@ -3,7 +3,7 @@ written with the IR that declares them; data preparation, checked before anythin
 
 The reference is built independently of vxc's code: transformers' own model with each projection / embedding /
 head parameter replaced by its ggml-decoded value under gguf-py (the format's reference decoder): for q8_0 /
-q4_0 / q4_1 ``gguf.quants.dequantize(gguf.quants.quantize(p))``; for q4_k_m (gguf-py has no k-quant encoder)
+q4_0 / q4_1 ``gguf.quants.dequantize(gguf.quants.quantize(p))``; for the k-quant mixes (gguf-py has no k-quant encoder)
 gguf-py's decode of the blocks vxc wrote (their bytes are ggml's: tests/runtime/test_ggml_blocks.py,
 tests/ggml_quant_check.py). Compared at the fp32 floor; greedy identical; decode == prefill."""
 
@@ -180,6 +180,61 @@ def test_q5_k_m_mix_and_parity(src, cli, capsys):
     _blocks_at_the_floor("quantized-q5_k_m", src, out, got, capsys)
 
 
+# q3_k_m / q2_k on hf_k (2 layers, 4 query heads per 2 KV heads: n_gqa 2), by hand from llama.cpp's
+# llama_tensor_get_type (tests/ggml_quant_check.py compares the tool's own choices and bytes on four files):
+#   q3_k_m: q6_k the head; q5_k V of layers 0 and 1 (the value rule i < 2); q4_k O (the attn_out class); down
+#           wants q4_k (no layer is below 2/16) and falls back to q5_0 (rows of 288); q3_k the rest (Q, K, gate,
+#           up, the embedding)
+#   q2_k:   q6_k the head; q3_k V (n_gqa 2 < 4) and O; down wants q3_k and falls back to q4_0; q2_k the rest
+LOW_MIX = {"q3_k_m": {"q3_k": 9, "q5_k": 2, "q4_k": 2, "q5_0": 2, "q6_k": 1},
+           "q2_k": {"q2_k": 9, "q3_k": 4, "q4_0": 2, "q6_k": 1}}
+LOW_FORMATS = {"q3_k_m": {"l0.AttnV": "q5_k", "l1.AttnV": "q5_k", "l0.AttnO": "q4_k", "l1.FfnDown": "q5_0",
+                          "LmHead": "q6_k", "Embedding": "q3_k", "l0.AttnQ": "q3_k"},
+               "q2_k": {"l0.AttnV": "q3_k", "l1.AttnO": "q3_k", "l0.FfnDown": "q4_0", "LmHead": "q6_k",
+                        "Embedding": "q2_k", "l1.FfnUp": "q2_k"}}
+
+
+def test_q3_k_m_and_q2_k_choices(src, tmp_path):
+    """The Q3_K_M and Q2_K mixes by the declared classes (by hand above), and the rules keyed on the layer count
+    and n_gqa on a 16-layer model with 4 query heads per KV head (widths of 64: every k-quant falls back, so
+    each fallback tells the format wanted: q5_k -> q5_1, q4_k -> q5_0, q3_k / q2_k -> q4_0, q6_k -> q8_0)."""
+    from vxc.driver import load, run
+    from vxc.quantize import choose_formats, n_gqa, quantisable_roles
+
+    m = run(load(src / "hf_k.vxir"), "verify,bind,closure", emit=lambda s: None).module
+    assert n_gqa(m) == 2
+    for scheme, mix in LOW_MIX.items():
+        formats, kept, fallbacks = choose_formats(m, scheme, quantisable_roles())
+        assert {f: list(formats.values()).count(f) for f in mix} == mix and len(formats) == sum(mix.values())
+        assert {s: formats[s] for s in LOW_FORMATS[scheme]} == LOW_FORMATS[scheme] and not kept
+        assert sorted(s for s, _ in fallbacks) == ["l0.FfnDown", "l1.FfnDown"]
+    mdir = B.build_hf(tmp_path / "hf16", "llama", dict(CFG, num_hidden_layers=16, num_key_value_heads=1), seed=5)
+    m = run(load(mdir), "verify,bind,closure", emit=lambda s: None).module
+    assert n_gqa(m) == 4
+    f3 = choose_formats(m, "q3_k_m", quantisable_roles())[0]
+    assert [f3[f"l{i}.FfnDown"] for i in (0, 1, 15)] == ["q5_1", "q5_0", "q5_0"]  # q5_k for i < 16/16 only
+    assert [f3[f"l{i}.AttnV"] for i in (0, 1, 2, 15)] == ["q5_1", "q5_1", "q5_0", "q5_0"]  # q5_k for i < 2
+    assert (f3["l3.AttnO"], f3["l3.AttnQ"], f3["LmHead"], f3["Embedding"]) == ("q5_0", "q4_0", "q8_0", "q4_0")
+    f2 = choose_formats(m, "q2_k", quantisable_roles())[0]
+    assert {f2[f"l{i}.AttnV"] for i in range(16)} == {"q5_0"}  # q4_k: n_gqa 4
+    assert (f2["l0.FfnDown"], f2["l7.AttnO"], f2["l7.AttnK"], f2["LmHead"]) == ("q4_0", "q4_0", "q4_0", "q8_0")
+
+
+def test_q2_k_quantize_and_parity(src, cli, capsys):
+    """vxc quantize --scheme q2_k writes the mix chosen above (the q2_k and q3_k encoders: ggml's bytes,
+    tests/runtime/test_ggml_blocks.py); at the floor of transformers on gguf-py's decode of the same blocks."""
+    out = src / "q2_k" / "q.vxir"
+    r = cli("quantize", src / "hf_k.vxir", "-o", out, "--scheme", "q2_k")
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    got = dict(re.findall(r"^  operand %(\S+) f32\[\d+,\d+\] = (q\d_\w+)\(blocks \$t\d+\)", text, re.M))
+    mix = LOW_MIX["q2_k"]
+    assert {f: list(got.values()).count(f) for f in mix} == mix and len(got) == sum(mix.values())
+    assert "fact quantized q2_k" in text and "quantize_row_q2_K_ref" in text
+    assert "more_bits class value: q4_k where n_head/n_head_kv >= 4, else q3_k" in text
+    _blocks_at_the_floor("quantized-q2_k", src, out, got, capsys)
+
+
 def test_more_bits_rule_and_tied_head():
     """use_more_bits by hand for 8 and 24 layers (half of V / down upgraded); a tied head's class is the
     embedding table's."""
@@ -190,7 +245,10 @@ def test_more_bits_rule_and_tied_head():
     classes = more_bits_classes()
     assert {r: classes[r] for r in ("AttnV", "FfnDown", "LmHead", "MlaKvBProj", "SharedExpertDown")} == \
         {"AttnV": "value", "FfnDown": "down", "LmHead": "head", "MlaKvBProj": "value", "SharedExpertDown": "down"}
-    assert not {"AttnQ", "AttnK", "AttnO", "FfnGate", "FfnUp", "Embedding", "Mamba2InProj"} & set(classes)
+    assert {r: classes[r] for r in ("AttnO", "MlaOutProj", "KdaOutProj")} == dict.fromkeys(
+        ("AttnO", "MlaOutProj", "KdaOutProj"), "attn_out")
+    assert not {"AttnQ", "AttnK", "FfnGate", "FfnUp", "Embedding", "Mamba2InProj", "Mamba2OutProj",
+                "LinearAttnOutProj"} & set(classes)
 
 
 def test_tied_embedding_takes_the_head_format(tmp_path, cli):
@@ -248,7 +306,7 @@ def test_blocks_are_gguf_quants_bytes_and_keep_keeps(src, cli):
 def test_refusals_leave_nothing_behind(src, cli, vxc_sub, tmp_path):
     out = tmp_path / "x.vxir"
     for args, msg in (
-        (("--scheme", "q3_k"), "unknown scheme 'q3_k'; known: q8_0, q4_0, q4_1, q4_k_m, q5_k_m"),
+        (("--scheme", "q3_k"), "unknown scheme 'q3_k'; known: q8_0, q4_0, q4_1, q4_k_m, q5_k_m, q3_k_m, q2_k"),
         (("--scheme", "q8_0", "--keep", "Attn"), "--keep Attn: not a role; roles: "),
     ):
         r = cli("quantize", src / "hf.vxir", "-o", out, *args)

@@ -1,5 +1,5 @@
-"""``vxc quantize MODEL -o OUT.vxir --scheme q8_0|q4_0|q4_1|q4_k_m|q5_k_m [--keep ROLE ...]``: data preparation, not
-execution.
+"""``vxc quantize MODEL -o OUT.vxir --scheme q8_0|q4_0|q4_1|q4_k_m|q5_k_m|q3_k_m|q2_k [--keep ROLE ...]``: data
+preparation, not execution.
 
 Every operand whose role the operator declarations mark ``quantise=True`` (a projection, the embedding / head
 table: ``vxc.ir.operators.decl.RoleSpec``) is encoded in a ggml block format, unless ``--keep`` names its role:
@@ -12,14 +12,29 @@ table: ``vxc.ir.operators.decl.RoleSpec``) is encoded in a ggml block format, un
   output projections; ``i`` the layer, ``n`` the layers) and the ``value`` class (attention value projections,
   fused QKV ones included; ``i`` the operand's place among the operands of ``value`` roles, ``n`` their
   count). Encoded with ggml's reference encoders (``vxc.runtime.ggml_blocks``: the bytes
-  ``quantize_row_q4_K_ref`` / ``quantize_row_q6_K_ref`` write). Not reproduced: the tool's choices keyed on
-  model facts other than the roles (8-expert models take q8_0 for K and V, 70B-class models q5_k for V).
+  ``quantize_row_q4_K_ref`` / ``quantize_row_q6_K_ref`` write).
 - ``q5_k_m``: the Q5_K_M mix, the same rule with q5_k where q4_k_m has q4_k (``quantize_row_q5_K_ref``).
+- ``q3_k_m``: the Q3_K_M mix: q3_k for most matrices; q6_k for ``head``; for ``down`` q5_k on the layers
+  ``i < n/16``, q4_k on the others; for ``value`` q5_k on the first two (``i < 2``), q4_k on the others; q4_k
+  for the ``attn_out`` class (attention output projections).
+- ``q2_k``: the Q2_K mix: q2_k for most matrices; q6_k for ``head``; q3_k for ``down`` and ``attn_out``; for
+  ``value`` q4_k when ``n_head / n_head_kv >= 4`` (llama.cpp's ``n_gqa()``, here the first layer's mixer
+  attributes ``heads // kv_heads``; 0 where it declares no ``kv_heads``), q3_k otherwise.
 
-A matrix whose rows are not whole blocks of its format falls back as the tool falls back (q4_k -> q5_0, q5_k ->
-q5_1, q6_k -> q8_0; reported); one whose rows are not whole 32-value blocks either is kept as stored (reported; the tool
-writes f16 there). Every other operand keeps its stored dtype. Expert banks are not declared quantisable (the
-runtime has no kernels reading encoded banks): they are copied as stored, one ``[experts, ...]`` tensor each.
+Not reproduced, the tool's choices keyed on model facts other than the roles (and that ratio): 8-expert models
+(q8_0 for K and V; q5_k for the attention output in q2_k / q3_k_m / q4_k_m); 70B-class models (q5_k for V where
+q3_k / q4_k would be); Falcon (q8_0 for the head; q3_k_m: q3_k for down off the ``use_more_bits`` layers, no
+upgrade of the attention output; q4_k_m: q6_k / q5_k for down); q2_k's value rule on MLA files (their GGUF
+``head_count_kv`` depends on the converter; vxc's MLA declares no ``kv_heads``, so q3_k). Where vxc lowers a
+family from GGUF, a role's class follows llama.cpp's tensor categories: ``attn_out`` is declared on the softmax,
+MLA and KDA attentions' output projections (GGUF ``attn_output``) and on the conv-QKV attention's; a gated-delta
+or Mamba2 layer's output projection (GGUF ``ssm_out``) has none.
+
+A matrix whose rows are not whole blocks of its format falls back as the tool falls back (q2_k, q3_k -> q4_0,
+q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0; reported); one whose rows are not whole 32-value blocks either is kept
+as stored (reported; the tool writes f16 there). Every other operand keeps its stored dtype. Expert banks are not
+declared quantisable (the runtime has no kernels reading encoded banks): they are copied as stored, one
+``[experts, ...]`` tensor each.
 
 The output is self-contained: one safetensors file beside OUT.vxir (``OUT.safetensors``) holding each operand's
 logical tensor (views applied; encoded ones as uint8 ``[rows, row_bytes]`` blocks), the IR declaring them
@@ -47,22 +62,49 @@ from .ir.module import Fact, FileEntry, Module, Operand, Tensor
 from .ir.operators import OPERATORS
 
 
+MORE_BITS_RULE = "i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2"
+ALWAYS = "always"
+GQA4 = "n_head/n_head_kv >= 4"
+# a mixed scheme's rules: which operands of a ``more_bits`` class they pick, from ``(i, n, gqa)``: for "down" the
+# operand's layer and the layers, for "value" its place among the value operands and their count (None, None for
+# the other classes; a rule on ``i`` then never holds), and the model's n_head / n_head_kv
+RULES = {
+    ALWAYS: lambda i, n, gqa: True,
+    MORE_BITS_RULE: lambda i, n, gqa: i is not None and use_more_bits(i, n),
+    "i < n/16": lambda i, n, gqa: i is not None and i < n // 16,
+    "i < 2": lambda i, n, gqa: i is not None and i < 2,
+    GQA4: lambda i, n, gqa: gqa >= 4,
+}
+
+
 @dataclass(frozen=True)
 class Scheme:
     name: str
     base: str  # the ggml format of every quantised operand ...
-    more: str | None = None  # ... but those a role's ``more_bits`` class upgrades (a mixed scheme)
+    # ... but those a (more_bits class, rule, format) picks: of an operand's class, the first whose rule holds
+    more: tuple[tuple[str, str, str], ...] = ()
     reference: str = "gguf.quants.quantize"
+
+
+def _k_m(name: str, base: str) -> Scheme:
+    rule = MORE_BITS_RULE
+    return Scheme(name, base, (("head", ALWAYS, "q6_k"), ("down", rule, "q6_k"), ("value", rule, "q6_k")),
+                  f"ggml's quantize_row_{base[:2]}_K_ref / quantize_row_q6_K_ref")
 
 
 SCHEMES = {s.name: s for s in (
     Scheme("q8_0", "q8_0"), Scheme("q4_0", "q4_0"), Scheme("q4_1", "q4_1"),
-    Scheme("q4_k_m", "q4_k", "q6_k", "ggml's quantize_row_q4_K_ref / quantize_row_q6_K_ref"),
-    Scheme("q5_k_m", "q5_k", "q6_k", "ggml's quantize_row_q5_K_ref / quantize_row_q6_K_ref"),
+    _k_m("q4_k_m", "q4_k"), _k_m("q5_k_m", "q5_k"),
+    Scheme("q3_k_m", "q3_k", (("head", ALWAYS, "q6_k"), ("down", "i < n/16", "q5_k"), ("down", ALWAYS, "q4_k"),
+                              ("value", "i < 2", "q5_k"), ("value", ALWAYS, "q4_k"), ("attn_out", ALWAYS, "q4_k")),
+           "ggml's quantize_row_q3_K_ref / q4_K_ref / q5_K_ref / q6_K_ref"),
+    Scheme("q2_k", "q2_k", (("head", ALWAYS, "q6_k"), ("down", ALWAYS, "q3_k"), ("value", GQA4, "q4_k"),
+                            ("value", ALWAYS, "q3_k"), ("attn_out", ALWAYS, "q3_k")),
+           "ggml's quantize_row_q2_K_ref / q3_K_ref / q4_K_ref / q6_K_ref"),
 )}
+assert all(r in RULES for s in SCHEMES.values() for _, r, _ in s.more)
 # a format whose block does not divide a row: the 32-value format the quantize tool falls back to
-FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
-MORE_BITS_RULE = "i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2"
+FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
 
 
 class QuantizeError(VxcError):
@@ -137,6 +179,15 @@ def _classes(m: Module) -> dict[str, str]:
     return out
 
 
+def n_gqa(m: Module) -> int:
+    """llama.cpp's ``n_gqa()``: the first layer's ``heads // kv_heads`` as its mixer declares them; 0 where it
+    declares no (or zero) ``kv_heads`` (a layer without KV heads, as llama.cpp takes it)."""
+    mixer = m.layers[0].mixer if m.layers else None
+    attrs = mixer.attrs if mixer is not None else {}
+    heads, kv = attrs.get("heads"), attrs.get("kv_heads")
+    return heads // kv if isinstance(heads, int) and isinstance(kv, int) and kv > 0 else 0
+
+
 def choose_formats(m: Module, scheme: str, roles: set[str]) -> tuple[dict[str, str], list[tuple[str, str]], list[tuple[str, str]]]:
     """The format of every operand to encode (sym -> format), the quantisable operands kept as stored and the
     fallbacks taken, each with why."""
@@ -146,12 +197,12 @@ def choose_formats(m: Module, scheme: str, roles: set[str]) -> tuple[dict[str, s
     place = {layer.index: i for i, layer in enumerate(m.layers)}  # the layer's place, whatever the index base
     values = sorted((o for o in m.operands if classes.get(o.sym) == "value"), key=lambda o: place.get(o.layer, 0))
     value_at = {o.sym: i for i, o in enumerate(values)}
+    gqa = n_gqa(m)
 
-    def more_bits(o: Operand) -> bool:
+    def chosen(o: Operand) -> str:
         c = classes.get(o.sym)
-        if c == "down":
-            return o.layer in place and use_more_bits(place[o.layer], len(m.layers))
-        return c == "head" or (c == "value" and use_more_bits(value_at[o.sym], len(values)))
+        i, n = {"down": (place.get(o.layer), len(m.layers)), "value": (value_at.get(o.sym), len(values))}.get(c, (None, None))
+        return next((f for cls, rule, f in s.more if cls == c and RULES[rule](i, n, gqa)), s.base)
 
     formats: dict[str, str] = {}
     kept: list[tuple[str, str]] = []
@@ -165,7 +216,7 @@ def choose_formats(m: Module, scheme: str, roles: set[str]) -> tuple[dict[str, s
         if len(o.shape) != 2:
             kept.append((o.sym, f"not a matrix ({list(o.shape)})"))
             continue
-        fmt = s.more if s.more is not None and more_bits(o) else s.base
+        fmt = chosen(o)
         cols, block = o.shape[-1], encoding(fmt).block_size
         if cols % block and fmt in FALLBACK and cols % encoding(FALLBACK[fmt]).block_size == 0:
             fallbacks.append((o.sym, f"rows of {cols} values are not whole {block}-value blocks: {FALLBACK[fmt]}, "
@@ -238,9 +289,11 @@ def _evidence(s: Scheme, rep: Report, keep: list[str]) -> str:
     mix = ", ".join(f"{counts[f]} {f}" for f in sorted(counts))
     text = (f"vxc quantize --scheme {s.name}: {len(rep.encoded)} operands of roles declared quantise=True encoded "
             f"({mix}; bytes of {s.reference})")
-    if s.more is not None:
-        text += (f"; {s.more} for the more_bits class head, and for the classes value and down where "
-                 f"{MORE_BITS_RULE}")
+    for cls in dict.fromkeys(c for c, _, _ in s.more):
+        alts = [(r, f) for c, r, f in s.more if c == cls]
+        text += f"; more_bits class {cls}: " + ", else ".join(f if r == ALWAYS else f"{f} where {r}" for r, f in alts)
+        if alts[-1][0] != ALWAYS:
+            text += f", else {s.base}"
     if rep.fallbacks:
         text += f"; {len(rep.fallbacks)} fell back to a 32-value format (rows not whole blocks)"
     if rep.kept:

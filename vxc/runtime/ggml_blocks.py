@@ -1,4 +1,4 @@
-"""ggml block formats decoded (and, for the 32-value formats, q4_k and q6_k, encoded) with vectorised torch ops.
+"""ggml block formats decoded and encoded with vectorised torch ops.
 
 Bit-compatible with ggml and with the ``gguf`` package's reference (``gguf.quants``): decoding computes in
 fp32 in the reference's operation order (``d * q``, ``dl = d * sc``, ``ml = dmin * m``, ``dl * q - ml``), so
@@ -275,9 +275,10 @@ def _q_q5_1(x: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- k-quant encoders
-# ggml's reference encoders (ggml-quants.c: quantize_row_q4_K_ref with make_qkx2_quants, quantize_row_q6_K_ref
-# with make_qx_quants), what the ggml quantize tool runs without an importance matrix. They search each group's
-# scale (and min) over fixed candidate steps, so the bytes depend on every fp32 rounding of that search: sums are
+# ggml's reference encoders (ggml-quants.c: quantize_row_q2_K_ref / q4_K_ref / q5_K_ref with make_qkx2_quants,
+# quantize_row_q3_K_ref with make_q3_quants, quantize_row_q6_K_ref with make_qx_quants), what the ggml quantize
+# tool runs without an importance matrix. They search each group's scale (and min) over fixed candidate steps
+# (q3_k: value-by-value refinement passes), so the bytes depend on every fp32 rounding of that search: sums are
 # accumulated one element after another as the C loops do (``_seq_sum``), candidates are taken in the reference's
 # order with its strict comparisons (in q4_k a step that wins moves the min the later steps start from, so the
 # steps run one after another, each over all groups), ``sqrtf`` is correctly rounded (``_sqrtf``) and
@@ -324,10 +325,12 @@ def _first_max(v: Tensor) -> Tensor:
     return torch.where(torch.isnan(v), torch.zeros_like(v), v).argmax(dim=-1, keepdim=True)
 
 
-def _make_qkx2_quants(x: Tensor, w: Tensor, nmax: int, rmin: float, rdelta: float, nstep: int) -> tuple[Tensor, Tensor, Tensor]:
-    """make_qkx2_quants (``use_mad = false``) on groups ``x [M, n]`` with weights ``w``: codes ``L`` (int32
-    ``[M, n]``), the scale and ``the_min`` (``[M]``; the stored min is ``-the_min``). The candidate steps run
-    one after another: a step that lowers the error replaces the min the later steps offset and scale by."""
+def _make_qkx2_quants(x: Tensor, w: Tensor, nmax: int, rmin: float, rdelta: float, nstep: int,
+                      use_mad: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """make_qkx2_quants on groups ``x [M, n]`` with weights ``w``: codes ``L`` (int32 ``[M, n]``), the scale and
+    ``the_min`` (``[M]``; the stored min is ``-the_min``). The error is ``sum w * diff^2`` or, with ``use_mad``
+    (q2_k), ``sum w * |diff|``. The candidate steps run one after another: a step that lowers the error
+    replaces the min the later steps offset and scale by."""
     mn = x.gather(1, x.argmin(dim=1, keepdim=True)).squeeze(1)  # first occurrence, as ``if (x < min)``
     mx = x.gather(1, x.argmax(dim=1, keepdim=True)).squeeze(1)
     mn = torch.where(mn > 0, torch.zeros_like(mn), mn)
@@ -341,7 +344,7 @@ def _make_qkx2_quants(x: Tensor, w: Tensor, nmax: int, rmin: float, rdelta: floa
 
     def error(scale: Tensor, mn: Tensor, L: Tensor) -> Tensor:
         diff = (scale[:, None] * L.to(torch.float32) + mn[:, None]) - x
-        return _seq_sum(w * (diff * diff))
+        return _seq_sum(w * (diff.abs() if use_mad else diff * diff))
 
     L = codes(torch.full_like(mx, float(nmax)), mn)
     scale = torch.ones_like(mx) / (torch.full_like(mx, float(nmax)) / torch.where(flat, torch.ones_like(mx), mx - mn))
@@ -485,18 +488,125 @@ def _q_q6_k(x: Tensor) -> Tensor:
     return torch.where(zero, torch.zeros_like(out), out)
 
 
+def _make_q3_quants(x: Tensor, nmax: int) -> tuple[Tensor, Tensor]:
+    """make_q3_quants with ``do_rmse = true`` on groups ``x [M, n]``: codes ``L = l + nmax`` (int32 ``[M, n]``; 0
+    for a group below GROUP_MAX_EPS) and the scale ``[M]``. After the first guess (``l = nearest_int(-nmax / max
+    * x)``), up to five passes revisit each value in turn, taking its re-rounded code where that raises
+    ``sumlx^2 / suml2`` (weights ``x^2``): a pass changes the sums the later values of the same pass see, so the
+    values are visited one after another, each over all groups. A pass that changes nothing leaves the state
+    as it was (the reference's early ``break`` is then immaterial): the passes stop once one changes no group."""
+    at = _first_max(x.abs())
+    mx = x.gather(1, at).squeeze(1)
+    zero = mx.abs() < _f32c(x, _GROUP_MAX_EPS)
+    safe = torch.where(zero, torch.ones_like(mx), mx)
+    iscale = torch.full_like(safe, float(-nmax)) / safe
+    L = _nearest_int(iscale[:, None] * x).clamp(-nmax, nmax - 1)
+    w = x * x
+    wx = w * x
+    lf = L.to(torch.float32)
+    sumlx = _seq_sum(wx * lf)
+    suml2 = _seq_sum((w * lf) * lf)
+    L = [L[:, i] for i in range(x.shape[1])]
+    for _ in range(5):
+        changed = torch.zeros_like(zero)
+        for i in range(x.shape[1]):
+            li = L[i].to(torch.float32)
+            slx = sumlx - wx[:, i] * li
+            sl2 = suml2 - (w[:, i] * li) * li
+            pos = slx > 0
+            new_l = _nearest_int((x[:, i] * sl2) / torch.where(pos, slx, torch.ones_like(slx))).clamp(-nmax, nmax - 1)
+            nf = new_l.to(torch.float32)
+            slx = slx + wx[:, i] * nf
+            sl2 = sl2 + (w[:, i] * nf) * nf
+            take = pos & (new_l != L[i]) & (sl2 > 0) & ((slx * slx) * suml2 > (sumlx * sumlx) * sl2)
+            L[i] = torch.where(take, new_l, L[i])
+            sumlx = torch.where(take, slx, sumlx)
+            suml2 = torch.where(take, sl2, suml2)
+            changed |= take
+        if not bool(changed.any()):
+            break
+    L = torch.stack(L, dim=1) + nmax
+    scale = torch.where(suml2 > 0, sumlx / torch.where(suml2 > 0, suml2, torch.ones_like(suml2)), torch.zeros_like(suml2))
+    return torch.where(zero[:, None], torch.zeros_like(L), L), torch.where(zero, torch.zeros_like(scale), scale)
+
+
+def _pack_2bit(L: Tensor) -> Tensor:
+    """256 codes ``[n, 256]`` (0..3) -> 64 bytes: per 128-value half, byte ``l`` holds codes ``l``, ``l + 32``,
+    ``l + 64``, ``l + 96`` in bits 0-1, 2-3, 4-5, 6-7."""
+    q = L.view(L.shape[0], 2, 4, 32)
+    return (q[:, :, 0] | (q[:, :, 1] << 2) | (q[:, :, 2] << 4) | (q[:, :, 3] << 6)).reshape(L.shape[0], 64)
+
+
+@_chunked
+def _q_q2_k(x: Tensor) -> Tensor:
+    """quantize_row_q2_K_ref: each 16-value group's scale and min searched (make_qkx2_quants, weights ``|x|``,
+    the absolute error), both quantised to 4 bits against the block's largest (``nearest_int(15 / max * v)``,
+    stored modulo 256 as C stores an int into a byte), then the codes 0..3 under the stored scales."""
+    n = x.shape[0]
+    xs = x.reshape(n * 16, 16)
+    L, sc, mins = _make_qkx2_quants(xs, xs.abs(), 3, -0.5, 0.1, 15, use_mad=True)
+    sc, mins, L = sc.view(n, 16), mins.view(n, 16), L.view(n, 16, 16)
+    zero = torch.zeros_like(sc)
+    max_scale = torch.where(sc > 0, sc, zero).amax(dim=1, keepdim=True)  # ``if (scale > max_scale)`` from 0
+    max_min = torch.where(mins > 0, mins, zero).amax(dim=1, keepdim=True)
+
+    def four_bits(v: Tensor, top: Tensor) -> tuple[Tensor, Tensor]:  # (codes as int32, the f16 step's bytes)
+        live = top > 0
+        inv = torch.full_like(top, 15.0) / torch.where(live, top, torch.ones_like(top))
+        codes = torch.where(live, _nearest_int(inv * v), torch.zeros_like(v, dtype=torch.int32))
+        return codes, _f16_bytes(torch.where(live, _div(top, 15.0), torch.zeros_like(top)))
+
+    ls, d16 = four_bits(sc, max_scale)
+    lm, dmin16 = four_bits(mins, max_min)
+    scales = _as_u8(ls) | _as_u8(lm << 4)
+    d = (_f16(d16) * _f32(scales & 15))[:, :, None]
+    dm = (_f16(dmin16) * _f32(scales >> 4))[:, :, None]
+    q = _nearest_int((x.view(n, 16, 16) + dm) / torch.where(d != 0, d, torch.ones_like(d))).clamp(0, 3)
+    L = torch.where(d != 0, q, L).to(torch.uint8).view(n, 256)  # ``if (!d) continue``: the search's codes stay
+    return torch.cat((scales, _pack_2bit(L), d16, dmin16), dim=1)
+
+
+@_chunked
+def _q_q3_k(x: Tensor) -> Tensor:
+    """quantize_row_q3_K_ref: each 16-value group's scale from make_q3_quants, the sixteen quantised to 6 bits
+    against the one of largest magnitude (``nearest_int(-32 / max * s)``, clipped to -32..31, stored + 32),
+    ``d = 1 / iscale``; then the codes -4..3 under the stored scales, their third bit in ``hmask``."""
+    n = x.shape[0]
+    L, sc = _make_q3_quants(x.reshape(n * 16, 16), 4)
+    L, sc = L.view(n, 16, 16), sc.view(n, 16)
+    at = _first_max(sc.abs())
+    max_scale = sc.gather(1, at)
+    live = (max_scale != 0) & ~torch.isnan(max_scale)  # ``if (max_scale)``, a NaN never chosen
+    iscale = torch.full_like(max_scale, -32.0) / torch.where(live, max_scale, torch.ones_like(max_scale))
+    ls = (_nearest_int(iscale * sc).to(torch.int8).to(torch.int32).clamp(-32, 31) + 32)  # ``int8_t l``
+    ls = torch.where(live, ls, torch.zeros_like(ls)).to(torch.uint8)
+    d16 = _f16_bytes(torch.where(live, torch.ones_like(iscale) / iscale, torch.zeros_like(iscale)))
+    hi = ls >> 4  # scale j's top 2 bits: bits 2*(j//4) of byte 8 + j%4
+    scales = torch.cat((
+        (ls[:, :8] & 15) | ((ls[:, 8:] & 15) << 4),
+        hi[:, 0:4] | (hi[:, 4:8] << 2) | (hi[:, 8:12] << 4) | (hi[:, 12:16] << 6),
+    ), dim=1)
+    d = (_f16(d16) * (_f32(ls) - 32))[:, :, None]
+    q = _nearest_int(x.view(n, 16, 16) / torch.where(d != 0, d, torch.ones_like(d))).clamp(-4, 3) + 4
+    L = torch.where(d != 0, q, L).to(torch.uint8).view(n, 256)  # ``if (!d) continue``: the search's codes stay
+    hb = ((L >> 2) & 1).view(n, 8, 32).to(torch.int32)  # value j's third bit: bit j // 32 of hmask[j % 32]
+    hmask = (hb << torch.arange(8, device=x.device, dtype=torch.int32)[None, :, None]).sum(dim=1).to(torch.uint8)
+    return torch.cat((hmask, _pack_2bit(L & 3), scales, d16), dim=1)
+
+
 QUANTIZE: dict[str, Callable[[Tensor], Tensor]] = {
     "q8_0": _q_q8_0, "q4_0": _q_q4_0, "q4_1": _q_q4_1, "q5_0": _q_q5_0, "q5_1": _q_q5_1,
-    "q4_k": _q_q4_k, "q5_k": _q_q5_k, "q6_k": _q_q6_k,
+    "q2_k": _q_q2_k, "q3_k": _q_q3_k, "q4_k": _q_q4_k, "q5_k": _q_q5_k, "q6_k": _q_q6_k,
 }
 
 
 def quantize(encoding_name: str, x: Tensor) -> Tensor:
     """Encode ``x`` (floating ``[..., rows, cols]``, finite, taken as fp32; ``cols`` a whole number of blocks)
     to uint8 blocks ``[..., rows, row_bytes]`` on the input's device. The 32-value formats (q8_0, q4_0, q4_1,
-    q5_0, q5_1) byte-for-byte what ``gguf.quants.quantize`` gives; q4_k, q5_k and q6_k what ggml's reference
-    encoders (``quantize_row_q4_K_ref`` / ``q5_K_ref`` / ``q6_K_ref``, the ggml quantize tool without an importance matrix) write
-    (gguf-py has no k-quant encoder; ``tests/ggml_quant_check.py`` compares with a ggml build)."""
+    q5_0, q5_1) byte-for-byte what ``gguf.quants.quantize`` gives; q2_k, q3_k, q4_k, q5_k and q6_k what ggml's
+    reference encoders (``quantize_row_q2_K_ref`` / ``q3_K_ref`` / ``q4_K_ref`` / ``q5_K_ref`` / ``q6_K_ref``, the
+    ggml quantize tool without an importance matrix) write (gguf-py has no k-quant encoder;
+    ``tests/ggml_quant_check.py`` compares with a ggml build)."""
     enc = encoding(encoding_name)
     if enc.name not in QUANTIZE:
         raise GGMLError(f"{enc.name}: vxc does not encode this format (it encodes {', '.join(QUANTIZE)})")

@@ -51,7 +51,8 @@ CONV_QKV = OperatorDecl(
         RoleSpec("ConvQkvInProjBias", lambda a: (_qkv_rows(a),), when="qkv_bias", shard="out", segments=_qkv),
         RoleSpec("ConvQkvConv1d", lambda a: (_qkv_rows(a), a["conv_kernel"]), shard="out", segments=_qkv),
         RoleSpec("ConvQkvConv1dBias", lambda a: (_qkv_rows(a),), when="conv_bias", shard="out", segments=_qkv),
-        RoleSpec("ConvQkvOutProj", lambda a: (a["d_model"], _q_dim(a)), quantise=True, shard="in"),
+        RoleSpec("ConvQkvOutProj", lambda a: (a["d_model"], _q_dim(a)), quantise=True, more_bits="attn_out",
+                 shard="in"),
         RoleSpec("ConvQkvOutProjBias", lambda a: (a["d_model"],), when="out_bias", shard="once"),
     ),
     regions=(

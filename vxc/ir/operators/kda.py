@@ -74,7 +74,7 @@ KDA = OperatorDecl(
         RoleSpec("KdaALog", lambda a: (a["heads"],), shard="out"),
         RoleSpec("KdaDtBias", lambda a: (_hd(a),), shard="out"),
         RoleSpec("KdaONorm", lambda a: (a["head_dim"],)),
-        RoleSpec("KdaOutProj", lambda a: (a["d_model"], _hd(a)), quantise=True, shard="in"),
+        RoleSpec("KdaOutProj", lambda a: (a["d_model"], _hd(a)), quantise=True, more_bits="attn_out", shard="in"),
     ),
     regions=(
         RegionSpec("delta", "recurrent", lambda a: (a["heads"], a["head_dim"], a["head_dim"]), "f32", "fixed"),

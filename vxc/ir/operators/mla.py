@@ -98,7 +98,7 @@ MLA = OperatorDecl(
         RoleSpec("MlaKvANorm", lambda a: (a["kv_lora_rank"],)),
         RoleSpec("MlaKvBProj", lambda a: (a["heads"] * (a["qk_nope_head_dim"] + a["v_head_dim"]), a["kv_lora_rank"]), quantise=True,
                  more_bits="value", shard="out"),
-        RoleSpec("MlaOutProj", lambda a: (a["d_model"], _o_dim(a)), quantise=True, shard="in"),
+        RoleSpec("MlaOutProj", lambda a: (a["d_model"], _o_dim(a)), quantise=True, more_bits="attn_out", shard="in"),
     ),
     regions=(
         RegionSpec("latent", "latent_rows", lambda a: (a["kv_lora_rank"] + a["qk_rope_head_dim"],), "compute", "per_token"),

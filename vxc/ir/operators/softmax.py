@@ -48,7 +48,7 @@ SOFTMAX = OperatorDecl(
         RoleSpec("AttnQ", lambda a: (_q_dim(a), a["d_model"]), quantise=True, shard="out"),
         RoleSpec("AttnK", lambda a: (_kv_dim(a), a["d_model"]), quantise=True, shard="out"),
         RoleSpec("AttnV", lambda a: (_kv_dim(a), a["d_model"]), quantise=True, more_bits="value", shard="out"),
-        RoleSpec("AttnO", lambda a: (a["d_model"], _q_dim(a)), quantise=True, shard="in"),
+        RoleSpec("AttnO", lambda a: (a["d_model"], _q_dim(a)), quantise=True, more_bits="attn_out", shard="in"),
         RoleSpec("AttnQBias", lambda a: (_q_dim(a),), when="q_bias", shard="out"),
         RoleSpec("AttnKBias", lambda a: (_kv_dim(a),), when="k_bias", shard="out"),
         RoleSpec("AttnVBias", lambda a: (_kv_dim(a),), when="v_bias", shard="out"),
