@@ -2476,8 +2476,7 @@ typedef struct {
     int32_t *ox; /* [B, nu * A8_LANES]: offset times the sum of each lane's four x bytes (formats with an offset) */
     float *xc;   /* [B, cols / 32]: d_g times the sum of block g (formats with a min) */
     int32_t *xs; /* [B, cols / 32]: the packed kernel's offset (p_off) times the sum of block g */
-    int32_t *xs16; /* [B, cols / 16]: -32 times the sum of each 16 values (q6_k's offset term per scale block) */
-    int32_t *x16;  /* [B, cols / 16]: the sum of each 16 values */
+    int32_t *xs16; /* [B, cols / 16]: -32 (q3_k: -4) times the sum of each 16 values (q6_k's, q3_k's offset term per scale block) */
     float *xc16;   /* [B, cols / 16]: d_g times the sum of each 16 values (q2_k's mins, one per 16) */
     float *d;    /* [B, cols / 32] */
     long nu, nl, ng;
@@ -2495,9 +2494,8 @@ static void a8_prepare(int enc, const float *x, long cols, long B, a8_x *X, int 
     X->xc = (float *)malloc((size_t)(B * ng + 1) * sizeof(float));
     X->xs = (int32_t *)malloc((size_t)(B * ng + 1) * sizeof(int32_t));
     X->xs16 = (int32_t *)malloc((size_t)(2 * B * ng + 1) * sizeof(int32_t));
-    X->x16 = (int32_t *)malloc((size_t)(2 * B * ng + 1) * sizeof(int32_t));
     X->xc16 = (float *)malloc((size_t)(2 * B * ng + 1) * sizeof(float));
-    int off = a8_off(enc);
+    int off = a8_off(enc), o16 = enc == Q3_K ? -4 : -32; /* the per-16 formats' offsets: q3_k's, else q6_k's */
 #pragma omp parallel for schedule(static) if (B * cols >= 65536)
     for (long b = 0; b < B; b++) {
         int8_t *q = X->q + b * cols;
@@ -2510,10 +2508,8 @@ static void a8_prepare(int enc, const float *x, long cols, long B, a8_x *X, int 
             X->xs[b * ng + g] = p_off(enc) * s;
             int s16 = 0;
             for (int i = 0; i < 16; i++) s16 += q[32 * g + i];
-            X->xs16[2 * (b * ng + g)] = -32 * s16;
-            X->xs16[2 * (b * ng + g) + 1] = -32 * (s - s16);
-            X->x16[2 * (b * ng + g)] = s16;
-            X->x16[2 * (b * ng + g) + 1] = s - s16;
+            X->xs16[2 * (b * ng + g)] = o16 * s16;
+            X->xs16[2 * (b * ng + g) + 1] = o16 * (s - s16);
             X->xc16[2 * (b * ng + g)] = d[g] * (float)s16;
             X->xc16[2 * (b * ng + g) + 1] = d[g] * (float)(s - s16);
         }
@@ -2539,7 +2535,6 @@ static void a8_free(a8_x *X) {
     free(X->xc);
     free(X->xs);
     free(X->xs16);
-    free(X->x16);
     free(X->xc16);
 }
 
@@ -3115,24 +3110,26 @@ static inline __attribute__((always_inline)) void q6_sub4(const uint8_t *oh, con
     }
 }
 
-/* q2_k / q3_k in p_tile: the sums of groups 4h + t0 .. 4h + t0 + NT - 1 of super-block sb over sub-half e (chunks
- * 4e..4e+3: sub-block j = 8h + 2t + e) for NB rows of x from b0, scaled into acc (h, e, t0 and NT constants after
- * inlining). Each chunk's line is read once for the NT groups; NT = 4 for one row of x (four sums), 1 from two
- * rows on (NB x 4 sums would spill). q3_k's sums start at its -4 offset term; q2_k's mins come off through the
- * x blocks' per-16 sums. o: the tile's super-block; d, dmin: its rows' f16 scales widened. */
-static inline __attribute__((always_inline)) void k23_sub(int enc, const uint8_t *o, long sb, int e, int h, int t0,
-                                                           int NT, const a8_x *X, long cols, long b0, int NB,
-                                                           __m512 d, __m512 dmin, __m512 acc[8]) {
+/* q2_k / q3_k in p_tile: groups 4h + t0 .. 4h + t0 + NT - 1 of super-block sb (each two sub-blocks of 16: j = 8h +
+ * 2t + e, e = 0 for chunks 0..3, 1 for 4..7) for NB rows of x from b0, scaled into acc (h, t0 and NT constants
+ * after inlining). Each chunk's lines are read once for the NT groups; NT = 4 for one row of x (eight sums), 1
+ * from two rows on (NB x 8 sums would spill). A group's two sums share its x block's scale: each is scaled by its
+ * sub-block's scale and the pair by the x scale once (acc += xd (s0 p0 + s1 p1)); q3_k's sums start at its -4
+ * offset term; q2_k's mins come off through the x blocks' per-16 sums. o: the tile's super-block; d, dmin: its
+ * rows' f16 scales widened. The order acc is added in (group by group) does not depend on NT. */
+static inline __attribute__((always_inline)) void k23_group(int enc, const uint8_t *o, long sb, int h, int t0, int NT,
+                                                             const a8_x *X, long cols, long b0, int NB, __m512 d,
+                                                             __m512 dmin, __m512 acc[8]) {
     const long ng = cols / 32, n16 = cols / 16;
     const __m512i m3 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
-    __m512i p[4][8];
-    for (int t = 0; t < NT; t++)
-        for (int b = 0; b < NB; b++)
-            p[t][b] = enc == Q3_K ? _mm512_set1_epi32(-4 * X->x16[(b0 + b) * n16 + 16 * sb + 8 * h + 2 * (t0 + t) + e])
-                                  : _mm512_setzero_si512();
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        const int c = 4 * e + i;
+    __m512i p[2][4][8];
+    for (int e = 0; e < 2; e++)
+        for (int t = 0; t < NT; t++)
+            for (int b = 0; b < NB; b++)
+                p[e][t][b] = enc == Q3_K ? _mm512_set1_epi32(X->xs16[(b0 + b) * n16 + 16 * sb + 8 * h + 2 * (t0 + t) + e])
+                                         : _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) {
         __m512i v = _mm512_loadu_si512((const void *)(o + (enc == Q2_K ? 320 + 128 * c : 224 + 192 * c) + 64 * h));
         __m512i hm = enc == Q3_K ? _mm512_loadu_si512((const void *)(o + 224 + 192 * c + 128)) : _mm512_setzero_si512();
 #pragma GCC unroll 4
@@ -3142,29 +3139,36 @@ static inline __attribute__((always_inline)) void k23_sub(int enc, const uint8_t
             if (enc == Q3_K) /* bit hs of the hmask byte to bit 2 */
                 q = _mm512_or_si512(q, _mm512_and_si512(hs >= 2 ? _mm512_srli_epi16(hm, hs - 2) : _mm512_slli_epi16(hm, 2 - hs), b2));
             for (int b = 0; b < NB; b++)
-                p[t][b] = P_DOT(p[t][b], q, P_X4(X->q + (b0 + b) * cols + 256 * sb + 128 * h + 32 * tt + 4 * c));
+                p[c >> 2][t][b] = P_DOT(p[c >> 2][t][b], q, P_X4(X->q + (b0 + b) * cols + 256 * sb + 128 * h + 32 * tt + 4 * c));
         }
     }
     for (int t = 0; t < NT; t++) {
-        const int tt = t0 + t, j = 8 * h + 2 * tt + e;
-        __m512 s, mn = _mm512_setzero_ps();
-        if (enc == Q2_K) {
-            __m128i pl = _mm_loadu_si128((const __m128i *)(o + 64 + 16 * j)), m15 = _mm_set1_epi8(15);
-            s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(pl, m15))));
-            mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(pl, 4), m15))));
-        } else { /* the 6-bit scale j of 16 rows from the 12 planes, as q3k_scale_words unpacks one row's */
+        const int tt = t0 + t, j0 = 8 * h + 2 * tt;
+        __m512 s[2], mn[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int e = 0; e < 2; e++) {
+            const int j = j0 + e;
+            if (enc == Q2_K) {
+                __m128i pl = _mm_loadu_si128((const __m128i *)(o + 64 + 16 * j)), m15 = _mm_set1_epi8(15);
+                s[e] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(pl, m15))));
+                mn[e] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(pl, 4), m15))));
+            } else { /* the 6-bit scale j of 16 rows from the 12 planes, as q3k_scale_words unpacks one row's */
 #define Q3K_PLANE(i) _mm_loadu_si128((const __m128i *)(o + 32 + 16 * (i)))
-            const __m128i m15 = _mm_set1_epi8(15), m3b = _mm_set1_epi8(3);
-            __m128i lo = j < 8 ? _mm_and_si128(Q3K_PLANE(j), m15) : _mm_and_si128(_mm_srli_epi16(Q3K_PLANE(j - 8), 4), m15);
-            __m128i hi = _mm_and_si128(_mm_srli_epi16(Q3K_PLANE(8 + (j & 3)), 2 * (j >> 2)), m3b);
+                const __m128i m15 = _mm_set1_epi8(15), m3b = _mm_set1_epi8(3);
+                __m128i lo = j < 8 ? _mm_and_si128(Q3K_PLANE(j), m15) : _mm_and_si128(_mm_srli_epi16(Q3K_PLANE(j - 8), 4), m15);
+                __m128i hi = _mm_and_si128(_mm_srli_epi16(Q3K_PLANE(8 + (j & 3)), 2 * (j >> 2)), m3b);
 #undef Q3K_PLANE
-            __m512i v = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_or_si128(lo, _mm_slli_epi16(hi, 4))), _mm512_set1_epi32(32));
-            s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(v));
+                __m512i sv = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_or_si128(lo, _mm_slli_epi16(hi, 4))), _mm512_set1_epi32(32));
+                s[e] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sv));
+            }
         }
         for (int b = 0; b < NB; b++) {
             long bb = b0 + b;
-            acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[t][b]), _mm512_mul_ps(s, _mm512_set1_ps(X->d[bb * ng + 8 * sb + 4 * h + tt])), acc[b]);
-            if (enc == Q2_K) acc[b] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(X->xc16[bb * n16 + 16 * sb + j]), acc[b]);
+            __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[1][t][b]), s[1], _mm512_mul_ps(_mm512_cvtepi32_ps(p[0][t][b]), s[0]));
+            acc[b] = _mm512_fmadd_ps(f, _mm512_set1_ps(X->d[bb * ng + 8 * sb + 4 * h + tt]), acc[b]);
+            if (enc == Q2_K) {
+                acc[b] = _mm512_fnmadd_ps(mn[0], _mm512_set1_ps(X->xc16[bb * n16 + 16 * sb + j0]), acc[b]);
+                acc[b] = _mm512_fnmadd_ps(mn[1], _mm512_set1_ps(X->xc16[bb * n16 + 16 * sb + j0 + 1]), acc[b]);
+            }
         }
     }
 }
@@ -3215,17 +3219,16 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
             if (pf) prefetch_bytes(o + cols / 256 * GB, GB);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             __m512 dmin = enc == Q2_K ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32))) : _mm512_setzero_ps();
-            for (int e = 0; e < 2; e++)
-                for (int h = 0; h < 2; h++) {
-                    if (NB == 1) {
-                        k23_sub(enc, o, sb, e, h, 0, 4, X, cols, b0, 1, d, dmin, acc);
-                        continue;
-                    }
-                    k23_sub(enc, o, sb, e, h, 0, 1, X, cols, b0, NB, d, dmin, acc);
-                    k23_sub(enc, o, sb, e, h, 1, 1, X, cols, b0, NB, d, dmin, acc);
-                    k23_sub(enc, o, sb, e, h, 2, 1, X, cols, b0, NB, d, dmin, acc);
-                    k23_sub(enc, o, sb, e, h, 3, 1, X, cols, b0, NB, d, dmin, acc);
+            for (int h = 0; h < 2; h++) {
+                if (NB == 1) {
+                    k23_group(enc, o, sb, h, 0, 4, X, cols, b0, 1, d, dmin, acc);
+                    continue;
                 }
+                k23_group(enc, o, sb, h, 0, 1, X, cols, b0, NB, d, dmin, acc);
+                k23_group(enc, o, sb, h, 1, 1, X, cols, b0, NB, d, dmin, acc);
+                k23_group(enc, o, sb, h, 2, 1, X, cols, b0, NB, d, dmin, acc);
+                k23_group(enc, o, sb, h, 3, 1, X, cols, b0, NB, d, dmin, acc);
+            }
         }
     } else if (enc == Q4_K || enc == Q5_K) {
         const long GB = p_group_bytes(enc);
