@@ -2913,8 +2913,8 @@ void vxc_quantize_a8(const float *x, int8_t *q, float *d, long B, long cols) {
  *         64-byte lines side by side: row r's qs bytes 4c.. of half 0 (qs[4c..]), then of half 1 (qs[32 + 4c..]);
  *         bits 2t..2t+1 of a half-h byte give value 4c + k of group 4h + t: 1344 bytes per 16 x 256, as stored
  *   q3_k: d[16] f16 | k[12][16] u8 (byte k of each row's 12 bytes of 6-bit scales, as stored) | for chunks c = 0..7,
- *         three lines side by side: row r's qs bytes 4c.. of half 0, of half 1, then its hmask bytes 4c.. (bit
- *         4h + t the high bit of value 4c + k of group 4h + t): 1760 bytes per 16 x 256 values, as stored
+ *         three lines side by side: row r's hmask bytes 4c.. (bit 4h + t the high bit of value 4c + k of group
+ *         4h + t), then its qs bytes 4c.. of half 0, of half 1: 1760 bytes per 16 x 256 values, as stored
  * The integers and scales are the stored ones, unchanged: the products are vxc_qgemv_a8's (same sums, in
  * another order). Builds without AVX-512 (and q8_0 without VNNI) keep the row layout (vxc_qgemv_a8). */
 
@@ -2971,9 +2971,9 @@ void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
                     for (int c = 0; c < 8; c++)
                         for (int k = 0; k < 4; k++) {
                             uint8_t *oc = o + 224 + 192 * c + 4 * r + k;
-                            oc[0] = b[32 + 4 * c + k];
-                            oc[64] = b[64 + 4 * c + k];
-                            oc[128] = b[4 * c + k];
+                            oc[0] = b[4 * c + k];
+                            oc[64] = b[32 + 4 * c + k];
+                            oc[128] = b[64 + 4 * c + k];
                         }
                 } else if (enc == Q6_K) {
                     memcpy(o + 2 * r, b + 208, 2);
@@ -3117,33 +3117,39 @@ static inline __attribute__((always_inline)) void q6_sub4(const uint8_t *oh, con
  * sub-block's scale and the pair by the x scale once (acc += xd (s0 p0 + s1 p1)); q3_k's sums start at its -4
  * offset term; q2_k's mins come off through the x blocks' per-16 sums. o: the tile's super-block; d, dmin: its
  * rows' f16 scales widened. The order acc is added in (group by group) does not depend on NT. */
-static inline __attribute__((always_inline)) void k23_group(int enc, const uint8_t *o, long sb, int h, int t0, int NT,
-                                                             const a8_x *X, long cols, long b0, int NB, __m512 d,
-                                                             __m512 dmin, __m512 acc[8]) {
+static inline __attribute__((always_inline)) void k23_group(int enc, const uint8_t *o, long sb, int h0, int NH, int t0,
+                                                             int NT, const a8_x *X, long cols, long b0, int NB,
+                                                             __m512 d, __m512 dmin, __m512 acc[8]) {
     const long ng = cols / 32, n16 = cols / 16;
     const __m512i m3 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
-    __m512i p[2][4][8];
-    for (int e = 0; e < 2; e++)
-        for (int t = 0; t < NT; t++)
-            for (int b = 0; b < NB; b++)
-                p[e][t][b] = enc == Q3_K ? _mm512_set1_epi32(X->xs16[(b0 + b) * n16 + 16 * sb + 8 * h + 2 * (t0 + t) + e])
-                                         : _mm512_setzero_si512();
+    __m512i p[2][2][4][8]; /* [half][e][t][row of x] */
+    for (int hh = 0; hh < NH; hh++)
+        for (int e = 0; e < 2; e++)
+            for (int t = 0; t < NT; t++)
+                for (int b = 0; b < NB; b++)
+                    p[hh][e][t][b] = enc == Q3_K ? _mm512_set1_epi32(X->xs16[(b0 + b) * n16 + 16 * sb + 8 * (h0 + hh) + 2 * (t0 + t) + e])
+                                                 : _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) {
-        __m512i v = _mm512_loadu_si512((const void *)(o + (enc == Q2_K ? 320 + 128 * c : 224 + 192 * c) + 64 * h));
-        __m512i hm = enc == Q3_K ? _mm512_loadu_si512((const void *)(o + 224 + 192 * c + 128)) : _mm512_setzero_si512();
+        __m512i hm = enc == Q3_K ? _mm512_loadu_si512((const void *)(o + 224 + 192 * c)) : _mm512_setzero_si512();
+#pragma GCC unroll 2
+        for (int hh = 0; hh < NH; hh++) {
+            const int h = h0 + hh;
+            __m512i v = _mm512_loadu_si512((const void *)(o + (enc == Q2_K ? 320 + 128 * c : 288 + 192 * c) + 64 * h));
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; t++) {
-            const int tt = t0 + t, hs = 4 * h + tt;
-            __m512i q = _mm512_and_si512(_mm512_srli_epi16(v, 2 * tt), m3);
-            if (enc == Q3_K) /* bit hs of the hmask byte to bit 2 */
-                q = _mm512_or_si512(q, _mm512_and_si512(hs >= 2 ? _mm512_srli_epi16(hm, hs - 2) : _mm512_slli_epi16(hm, 2 - hs), b2));
-            for (int b = 0; b < NB; b++)
-                p[c >> 2][t][b] = P_DOT(p[c >> 2][t][b], q, P_X4(X->q + (b0 + b) * cols + 256 * sb + 128 * h + 32 * tt + 4 * c));
+            for (int t = 0; t < NT; t++) {
+                const int tt = t0 + t, hs = 4 * h + tt;
+                __m512i q = _mm512_and_si512(_mm512_srli_epi16(v, 2 * tt), m3);
+                if (enc == Q3_K) /* bit hs of the hmask byte to bit 2 */
+                    q = _mm512_or_si512(q, _mm512_and_si512(hs >= 2 ? _mm512_srli_epi16(hm, hs - 2) : _mm512_slli_epi16(hm, 2 - hs), b2));
+                for (int b = 0; b < NB; b++)
+                    p[hh][c >> 2][t][b] = P_DOT(p[hh][c >> 2][t][b], q, P_X4(X->q + (b0 + b) * cols + 256 * sb + 128 * h + 32 * tt + 4 * c));
+            }
         }
     }
+    for (int hh = 0; hh < NH; hh++)
     for (int t = 0; t < NT; t++) {
-        const int tt = t0 + t, j0 = 8 * h + 2 * tt;
+        const int h = h0 + hh, tt = t0 + t, j0 = 8 * h + 2 * tt;
         __m512 s[2], mn[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
         for (int e = 0; e < 2; e++) {
             const int j = j0 + e;
@@ -3163,7 +3169,7 @@ static inline __attribute__((always_inline)) void k23_group(int enc, const uint8
         }
         for (int b = 0; b < NB; b++) {
             long bb = b0 + b;
-            __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[1][t][b]), s[1], _mm512_mul_ps(_mm512_cvtepi32_ps(p[0][t][b]), s[0]));
+            __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[hh][1][t][b]), s[1], _mm512_mul_ps(_mm512_cvtepi32_ps(p[hh][0][t][b]), s[0]));
             acc[b] = _mm512_fmadd_ps(f, _mm512_set1_ps(X->d[bb * ng + 8 * sb + 4 * h + tt]), acc[b]);
             if (enc == Q2_K) {
                 acc[b] = _mm512_fnmadd_ps(mn[0], _mm512_set1_ps(X->xc16[bb * n16 + 16 * sb + j0]), acc[b]);
@@ -3219,15 +3225,15 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
             if (pf) prefetch_bytes(o + cols / 256 * GB, GB);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             __m512 dmin = enc == Q2_K ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32))) : _mm512_setzero_ps();
+            if (NB == 1) { /* both halves at once: each chunk's lines read front to back */
+                k23_group(enc, o, sb, 0, 2, 0, 4, X, cols, b0, 1, d, dmin, acc);
+                continue;
+            }
             for (int h = 0; h < 2; h++) {
-                if (NB == 1) {
-                    k23_group(enc, o, sb, h, 0, 4, X, cols, b0, 1, d, dmin, acc);
-                    continue;
-                }
-                k23_group(enc, o, sb, h, 0, 1, X, cols, b0, NB, d, dmin, acc);
-                k23_group(enc, o, sb, h, 1, 1, X, cols, b0, NB, d, dmin, acc);
-                k23_group(enc, o, sb, h, 2, 1, X, cols, b0, NB, d, dmin, acc);
-                k23_group(enc, o, sb, h, 3, 1, X, cols, b0, NB, d, dmin, acc);
+                k23_group(enc, o, sb, h, 1, 0, 1, X, cols, b0, NB, d, dmin, acc);
+                k23_group(enc, o, sb, h, 1, 1, 1, X, cols, b0, NB, d, dmin, acc);
+                k23_group(enc, o, sb, h, 1, 2, 1, X, cols, b0, NB, d, dmin, acc);
+                k23_group(enc, o, sb, h, 1, 3, 1, X, cols, b0, NB, d, dmin, acc);
             }
         }
     } else if (enc == Q4_K || enc == Q5_K) {
