@@ -128,6 +128,23 @@ def test_native_at_the_floor(name, rows, nblk, B):
 
 
 @pytest.mark.native
+@pytest.mark.parametrize("name", ["q2_k", "q3_k"])
+def test_low_bit_k_quants_from_many_rows_equal_their_rows_alone(name):
+    """From 16 (q3_k) / 32 (q2_k) rows of x an AVX-512 VNNI + VBMI build expands a packed q3_k / q2_k tile into its
+    values times their sub-block scales before the products (a prefill's path): at the floor of the twin, and every
+    row bit for bit the row computed alone (the one-row path, which combines the sub-blocks' sums in integers the
+    same way)."""
+    rng = np.random.default_rng(zlib.crc32(f"expand {name}".encode()))
+    b = make_blocks(name, 37, 4, rng)
+    blocks = torch.from_numpy(b)
+    x = torch.from_numpy(rng.standard_normal((41, 1024)).astype(np.float32))
+    got = run_native(name, blocks, x)
+    R.assert_kernel_at_floor(got, quant.qgemv_twin(name, blocks, x, A8), oracle(name, b, x), f"{name} 41 rows")
+    for i in (0, 7, 8, 31, 32, 40):
+        assert torch.equal(run_native(name, blocks, x[i:i + 1].contiguous())[0], got[i]), (name, i)
+
+
+@pytest.mark.native
 @pytest.mark.parametrize("name", NATIVE)
 def test_bf16_x_is_quantised_from_its_exact_fp32_values(name):
     rng = np.random.default_rng(5)

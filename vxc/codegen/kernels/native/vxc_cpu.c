@@ -2435,7 +2435,7 @@ void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, 
 /* the offset taken off the stored integer (the bias the unsigned bytes carry) */
 static inline int a8_off(int enc) { return enc == Q4_0 ? -8 : enc == Q5_0 ? -16 : enc == Q6_K ? -32 : enc == Q3_K ? -4 : 0; }
 /* the packed layout's offset per integer (vxc_qpack stores q8_0 biased by 128: unsigned for vpdpbusd) */
-static inline int p_off(int enc) { return enc == Q4_0 ? -8 : enc == Q8_0 ? -128 : enc == Q5_0 ? -16 : 0; }
+static inline int p_off(int enc) { return enc == Q4_0 ? -8 : enc == Q8_0 || enc == Q3_K ? -128 : enc == Q5_0 ? -16 : 0; }
 static inline int a8_has_min(int enc) { return q_has_min(enc); }
 /* the 4-bit 32-value formats whose unit of 64 puts both blocks' low nibbles before their high ones */
 static inline int a8_split(int enc) { return A8_UNIT == 64 && (enc == Q4_0 || enc == Q4_1 || enc == Q5_0 || enc == Q5_1); }
@@ -3110,11 +3110,36 @@ static inline __attribute__((always_inline)) void q6_sub4(const uint8_t *oh, con
     }
 }
 
+/* q2_k / q3_k: sub-blocks j0, j0 + 1 of a packed super-block o, for its 16 rows: the integer scales (q3_k: the
+ * 6-bit value less 32; q2_k: the low nibble) as int16 pairs (j0 low, j0 + 1 high: vpmaddwd's operand), and q2_k's
+ * mins dmin m as fp32 */
+static inline __attribute__((always_inline)) void k23_scales(int enc, const uint8_t *o, int j0, __m512 dmin,
+                                                              __m512i *sc01, __m512 mn[2]) {
+    __m512i sc[2];
+    for (int e = 0; e < 2; e++) {
+        const int j = j0 + e;
+        if (enc == Q2_K) {
+            __m128i pl = _mm_loadu_si128((const __m128i *)(o + 64 + 16 * j)), m15 = _mm_set1_epi8(15);
+            sc[e] = _mm512_cvtepu8_epi32(_mm_and_si128(pl, m15));
+            mn[e] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(pl, 4), m15))));
+        } else { /* the 6-bit scale j of 16 rows from the 12 planes, as q3k_scale_words unpacks one row's */
+#define Q3K_PLANE(i) _mm_loadu_si128((const __m128i *)(o + 32 + 16 * (i)))
+            const __m128i m15 = _mm_set1_epi8(15), m3b = _mm_set1_epi8(3);
+            __m128i lo = j < 8 ? _mm_and_si128(Q3K_PLANE(j), m15) : _mm_and_si128(_mm_srli_epi16(Q3K_PLANE(j - 8), 4), m15);
+            __m128i hi = _mm_and_si128(_mm_srli_epi16(Q3K_PLANE(8 + (j & 3)), 2 * (j >> 2)), m3b);
+#undef Q3K_PLANE
+            sc[e] = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_or_si128(lo, _mm_slli_epi16(hi, 4))), _mm512_set1_epi32(32));
+        }
+    }
+    *sc01 = _mm512_or_si512(_mm512_and_si512(sc[0], _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(sc[1], 16));
+}
+
 /* q2_k / q3_k in p_tile: groups 4h + t0 .. 4h + t0 + NT - 1 of super-block sb (each two sub-blocks of 16: j = 8h +
  * 2t + e, e = 0 for chunks 0..3, 1 for 4..7) for NB rows of x from b0, scaled into acc (h, t0 and NT constants
  * after inlining). Each chunk's lines are read once for the NT groups; NT = 4 for one row of x (eight sums), 1
- * from two rows on (NB x 8 sums would spill). A group's two sums share its x block's scale: each is scaled by its
- * sub-block's scale and the pair by the x scale once (acc += xd (s0 p0 + s1 p1)); q3_k's sums start at its -4
+ * from two rows on (NB x 8 sums would spill). A group's two sums share its x block's scale: they are combined in
+ * integers with the sub-blocks' integer scales (P = sc0 p0 + sc1 p1, exact) and scaled once by d xd (acc += P d
+ * xd: the value k23x_tile gives, bit for bit, from its expanded weights); q3_k's sums start at its -4
  * offset term; q2_k's mins come off through the x blocks' per-16 sums. o: the tile's super-block; d, dmin: its
  * rows' f16 scales widened. The order acc is added in (group by group) does not depend on NT. */
 static inline __attribute__((always_inline)) void k23_group(int enc, const uint8_t *o, long sb, int h0, int NH, int t0,
@@ -3147,30 +3172,22 @@ static inline __attribute__((always_inline)) void k23_group(int enc, const uint8
             }
         }
     }
+    /* lane i's 16-bit halves: p0's low half, p1's (both sums fit: |sum| <= 16 x 4 x 127) */
+    const __m512i pair = _mm512_setr_epi32(0x00200000, 0x00220002, 0x00240004, 0x00260006, 0x00280008, 0x002a000a,
+                                           0x002c000c, 0x002e000e, 0x00300010, 0x00320012, 0x00340014, 0x00360016,
+                                           0x00380018, 0x003a001a, 0x003c001c, 0x003e001e);
     for (int hh = 0; hh < NH; hh++)
     for (int t = 0; t < NT; t++) {
         const int h = h0 + hh, tt = t0 + t, j0 = 8 * h + 2 * tt;
-        __m512 s[2], mn[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-        for (int e = 0; e < 2; e++) {
-            const int j = j0 + e;
-            if (enc == Q2_K) {
-                __m128i pl = _mm_loadu_si128((const __m128i *)(o + 64 + 16 * j)), m15 = _mm_set1_epi8(15);
-                s[e] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(pl, m15))));
-                mn[e] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(pl, 4), m15))));
-            } else { /* the 6-bit scale j of 16 rows from the 12 planes, as q3k_scale_words unpacks one row's */
-#define Q3K_PLANE(i) _mm_loadu_si128((const __m128i *)(o + 32 + 16 * (i)))
-                const __m128i m15 = _mm_set1_epi8(15), m3b = _mm_set1_epi8(3);
-                __m128i lo = j < 8 ? _mm_and_si128(Q3K_PLANE(j), m15) : _mm_and_si128(_mm_srli_epi16(Q3K_PLANE(j - 8), 4), m15);
-                __m128i hi = _mm_and_si128(_mm_srli_epi16(Q3K_PLANE(8 + (j & 3)), 2 * (j >> 2)), m3b);
-#undef Q3K_PLANE
-                __m512i sv = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_or_si128(lo, _mm_slli_epi16(hi, 4))), _mm512_set1_epi32(32));
-                s[e] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sv));
-            }
-        }
+        __m512i sc01; /* the two sub-blocks' integer scales of 16 rows as int16 pairs */
+        __m512 mn[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        k23_scales(enc, o, j0, dmin, &sc01, mn);
+        __m512 dx[8];
+        for (int b = 0; b < NB; b++) dx[b] = _mm512_mul_ps(d, _mm512_set1_ps(X->d[(b0 + b) * ng + 8 * sb + 4 * h + tt]));
         for (int b = 0; b < NB; b++) {
             long bb = b0 + b;
-            __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[hh][1][t][b]), s[1], _mm512_mul_ps(_mm512_cvtepi32_ps(p[hh][0][t][b]), s[0]));
-            acc[b] = _mm512_fmadd_ps(f, _mm512_set1_ps(X->d[bb * ng + 8 * sb + 4 * h + tt]), acc[b]);
+            __m512i P = _mm512_madd_epi16(_mm512_permutex2var_epi16(p[hh][0][t][b], pair, p[hh][1][t][b]), sc01);
+            acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P), dx[b], acc[b]);
             if (enc == Q2_K) {
                 acc[b] = _mm512_fnmadd_ps(mn[0], _mm512_set1_ps(X->xc16[bb * n16 + 16 * sb + j0]), acc[b]);
                 acc[b] = _mm512_fnmadd_ps(mn[1], _mm512_set1_ps(X->xc16[bb * n16 + 16 * sb + j0 + 1]), acc[b]);
@@ -3178,6 +3195,116 @@ static inline __attribute__((always_inline)) void k23_group(int enc, const uint8
         }
     }
 }
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+/* q2_k / q3_k from K23X_FROM rows of x (a prefill): the tile is first expanded, once for all its passes, into bytes
+ * holding each value times its sub-block's integer scale, as vpdpbusd's unsigned operand — q3_k 128 - q sc (q in
+ * -4..3, sc in -32..31: 0..252; the 128 comes off through x's block sums, p_off), q2_k q sc (0..45) — so a group of
+ * 32 values is one run of products scaled once, like q8_0's, with no per-row decode and no per-16 epilogue. The
+ * sums are k23_group's (P = sc0 p0 + sc1 p1, exact; negated for q3_k, whose product with d xd is then taken off):
+ * every value equals the one-row path's bit for bit. AVX-512 VNNI (vpdpbusd does not saturate where maddubs
+ * would) and VBMI (vpermt2b: a 128-entry table of 16 rows x 8 codes) builds. */
+#define K23X 1
+/* from 16 rows for q3_k, 32 for q2_k, whose per-16 mins keep an epilogue per group (3072 x 1024, 2 threads, Zen 4,
+ * interleaved in one process, row path / expanded: q3_k 16 rows 343 / 277 us, 64 rows 1083 / 764, 128 rows 2104 /
+ * 1380; q2_k 16 rows 274 / 289, 32 rows 510 / 490, 64 rows 959 / 903, 128 rows 1906 / 1720) */
+static inline int k23x_from(int enc) { return enc == Q2_K ? 32 : 16; }
+static __thread uint8_t *k23x_buf;
+static __thread long k23x_cap;
+
+/* super-block o of a packed tile (16 rows) expanded to E: group g = 0..7, chunk c = 0..7: 64 bytes, row r's bytes
+ * 4r..4r+3 its values 4c..4c+3 of group g (times their scale, as above) */
+static inline __attribute__((always_inline)) void k23_expand(int enc, const uint8_t *o, uint8_t *E) {
+    const __m512i m3 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
+    /* byte i of a line belongs to row i / 4: its table entries start at 8 (i / 4) */
+    const __m512i rowc = _mm512_setr_epi32(0, 0x08080808, 0x10101010, 0x18181818, 0x20202020, 0x28282828, 0x30303030,
+                                           0x38383838, 0x40404040, 0x48484848, 0x50505050, 0x58585858, 0x60606060,
+                                           0x68686868, 0x70707070, 0x78787878);
+    /* table byte i (of 64): row (i / 8) (+ 8 for the high table), code i % 8 */
+    const __m512i bc_lo = _mm512_setr_epi32(0, 0, 0x01010101, 0x01010101, 0x02020202, 0x02020202, 0x03030303, 0x03030303,
+                                            0x04040404, 0x04040404, 0x05050505, 0x05050505, 0x06060606, 0x06060606,
+                                            0x07070707, 0x07070707);
+    const __m512i bc_hi = _mm512_add_epi8(bc_lo, _mm512_set1_epi8(8));
+    const __mmask64 k1 = 0xaaaaaaaaaaaaaaaaULL, k2 = 0xccccccccccccccccULL, k4 = 0xf0f0f0f0f0f0f0f0ULL; /* code bits */
+    __m512i tl[16], th[16];
+    for (int j = 0; j < 16; j += 2) {
+        __m512i sc01;
+        __m512 mn[2];
+        k23_scales(enc, o, j, _mm512_setzero_ps(), &sc01, mn);
+        for (int e = 0; e < 2; e++) {
+            /* the 16 rows' scales as bytes (sc01's 16-bit halves: low for j, high for j + 1) */
+            __m128i sb = _mm512_cvtepi32_epi8(e ? _mm512_srai_epi32(sc01, 16) : _mm512_srai_epi32(_mm512_slli_epi32(sc01, 16), 16));
+            __m512i sv = _mm512_castsi128_si512(sb);
+            for (int half = 0; half < 2; half++) {
+                __m512i S = _mm512_permutexvar_epi8(half ? bc_hi : bc_lo, sv), S2 = _mm512_add_epi8(S, S), S4 = _mm512_add_epi8(S2, S2);
+                __m512i prod = _mm512_maskz_mov_epi8(k1, S);
+                prod = _mm512_mask_add_epi8(prod, k2, prod, S2);
+                prod = _mm512_mask_add_epi8(prod, k4, prod, S4);
+                /* q3_k: 128 - (code - 4) sc = (128 + 4 sc) - code sc (bytes wrap; the result is 0..252) */
+                __m512i t = enc == Q3_K ? _mm512_sub_epi8(_mm512_add_epi8(_mm512_set1_epi8((char)0x80), S4), prod) : prod;
+                if (half) th[j + e] = t;
+                else tl[j + e] = t;
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) {
+        __m512i hm = enc == Q3_K ? _mm512_loadu_si512((const void *)(o + 224 + 192 * c)) : _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m512i v = _mm512_loadu_si512((const void *)(o + (enc == Q2_K ? 320 + 128 * c : 288 + 192 * c) + 64 * h));
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) {
+                const int hs = 4 * h + t, j = 8 * h + 2 * t + (c >> 2);
+                __m512i q = _mm512_and_si512(_mm512_srli_epi16(v, 2 * t), m3);
+                if (enc == Q3_K)
+                    q = _mm512_or_si512(q, _mm512_and_si512(hs >= 2 ? _mm512_srli_epi16(hm, hs - 2) : _mm512_slli_epi16(hm, 2 - hs), b2));
+                _mm512_storeu_si512((void *)(E + 64 * (8 * hs + c)), _mm512_permutex2var_epi8(tl[j], _mm512_or_si512(q, rowc), th[j]));
+            }
+        }
+    }
+}
+
+/* the expanded tile (E: cols / 256 super-blocks of 4096 bytes; T: the packed tile, for d, dmin and q2_k's mins)
+ * against NB rows of x from b0 */
+static inline __attribute__((always_inline)) void k23x_tile(int enc, const uint8_t *T, const uint8_t *E, const a8_x *X,
+                                                             long cols, long b0, int NB, __m512 out[8]) {
+    const long ng = cols / 32, n16 = cols / 16, GB = p_group_bytes(enc);
+    __m512 acc[8];
+    for (int b = 0; b < NB; b++) acc[b] = _mm512_setzero_ps();
+    for (long sb = 0; sb < cols / 256; sb++) {
+        const uint8_t *o = T + sb * GB, *e = E + 4096 * sb;
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+        __m512 dmin = enc == Q2_K ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32))) : _mm512_setzero_ps();
+        for (int g = 0; g < 8; g++) {
+            __m512i p[8];
+            for (int b = 0; b < NB; b++)
+                p[b] = enc == Q3_K ? _mm512_set1_epi32(X->xs[(b0 + b) * ng + 8 * sb + g]) : _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                __m512i w = _mm512_loadu_si512((const void *)(e + 64 * (8 * g + c)));
+                for (int b = 0; b < NB; b++) p[b] = _mm512_dpbusd_epi32(p[b], w, P_X4(X->q + (b0 + b) * cols + 256 * sb + 32 * g + 4 * c));
+            }
+            __m512 mn[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+            if (enc == Q2_K) {
+                __m512i unused;
+                k23_scales(enc, o, 2 * g, dmin, &unused, mn);
+            }
+            for (int b = 0; b < NB; b++) {
+                long bb = b0 + b;
+                __m512 dx = _mm512_mul_ps(d, _mm512_set1_ps(X->d[bb * ng + 8 * sb + g]));
+                if (enc == Q3_K) {
+                    acc[b] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(p[b]), dx, acc[b]);
+                } else {
+                    acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[b]), dx, acc[b]);
+                    acc[b] = _mm512_fnmadd_ps(mn[0], _mm512_set1_ps(X->xc16[bb * n16 + 16 * sb + 2 * g]), acc[b]);
+                    acc[b] = _mm512_fnmadd_ps(mn[1], _mm512_set1_ps(X->xc16[bb * n16 + 16 * sb + 2 * g + 1]), acc[b]);
+                }
+            }
+        }
+    }
+    for (int b = 0; b < NB; b++) out[b] = acc[b];
+}
+#endif
 
 /* one tile of 16 rows against NB (1..8) rows of x from b0: out[b] = the 16 rows' results. With pf, each group /
  * super-block first fetches the same bytes of the next tile (one tile ahead): the hardware prefetcher alone leaves
@@ -3349,6 +3476,33 @@ static inline __attribute__((always_inline)) void p_rows(int enc, const uint8_t 
      * 0.409 / 0.434 against 0.485 / 0.520 / 0.543) while q4_k and q8_0 lose (4 rows 0.348 / 0.484 against 0.293 /
      * 0.407, 8 rows 0.688 / 0.698 against 0.612 / 0.672); level at 64. It changes no value. */
     const int pf_on = row_prefetch || (B >= 4 && (enc == Q4_0 || enc == Q4_1 || enc == Q5_0 || enc == Q5_1));
+#if defined(K23X)
+    if ((enc == Q2_K || enc == Q3_K) && B >= k23x_from(enc)) {
+        long need = 4096 * (cols / 256);
+        if (k23x_cap < need) {
+            free(k23x_buf);
+            k23x_buf = (uint8_t *)aligned_alloc(64, (size_t)need);
+            k23x_cap = need;
+        }
+        for (long sb = 0; sb < cols / 256; sb++) k23_expand(enc, T + sb * p_group_bytes(enc), k23x_buf + 4096 * sb);
+        for (long b0 = 0; b0 < B; b0 += 8) {
+            int nb = (int)(B - b0 < 8 ? B - b0 : 8);
+            __m512 out[8];
+            switch (nb) {
+            case 1: k23x_tile(enc, T, k23x_buf, X, cols, b0, 1, out); break;
+            case 2: k23x_tile(enc, T, k23x_buf, X, cols, b0, 2, out); break;
+            case 3: k23x_tile(enc, T, k23x_buf, X, cols, b0, 3, out); break;
+            case 4: k23x_tile(enc, T, k23x_buf, X, cols, b0, 4, out); break;
+            case 5: k23x_tile(enc, T, k23x_buf, X, cols, b0, 5, out); break;
+            case 6: k23x_tile(enc, T, k23x_buf, X, cols, b0, 6, out); break;
+            case 7: k23x_tile(enc, T, k23x_buf, X, cols, b0, 7, out); break;
+            default: k23x_tile(enc, T, k23x_buf, X, cols, b0, 8, out); break;
+            }
+            for (int b = 0; b < nb; b++) _mm512_mask_storeu_ps(yt + (b0 + b) * ys, m, out[b]);
+        }
+        return;
+    }
+#endif
     for (long b0 = 0; b0 < B; b0 += W) {
         int nb = (int)(B - b0 < W ? B - b0 : W), pf = pf_on && b0 + W >= B;
         __m512 out[8];
