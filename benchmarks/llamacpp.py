@@ -53,8 +53,8 @@ from benchlib import REPO  # noqa: E402
 from benchlib.lcpp_engines import (build_llama_cpp, llama_bench, llama_completion, llama_perplexity,  # noqa: E402
                                    llama_version, run_child, start_background_load, stop_background_load,
                                    vxc_agree_child, vxc_lower, vxc_time_child)
-from benchlib.lcpp_models import (ALL_MODELS, PRECISIONS, RANDOM_MODELS, REAL_MODELS, binary, gguf_facts,  # noqa: E402
-                                  log, random_gguf, real_gguf)
+from benchlib.lcpp_models import (ALL_MODELS, PRECISIONS, QUANT_TYPES, RANDOM_MODELS, REAL_MODELS, binary,  # noqa: E402
+                                  gguf_facts, log, random_gguf, real_gguf, requantized_real_gguf)
 from benchlib.lcpp_report import agreement_table, best_of_rounds, geometry_lines, header, timing_table  # noqa: E402
 from benchlib.lcpp_text import PROMPT, TEXT  # noqa: E402
 
@@ -114,6 +114,12 @@ def parse_args() -> argparse.Namespace:
                          "keeps its default f16 cache")
     ap.add_argument("--small", action="store_true", help="tiny geometries (smoke run, < 3 minutes)")
     ap.add_argument("--agreement", action="store_true", help="the agreement mode (perplexity, top-1, greedy)")
+    ap.add_argument("--requantize-real", default=None, choices=tuple(QUANT_TYPES),
+                    help="run the real models on their files requantised to this mix (llama-quantize "
+                         "--allow-requantize; e.g. q3_k_m, q2_k: mixes no registry package ships)")
+    ap.add_argument("--requantize-pure", action="store_true",
+                    help="with --requantize-real: llama-quantize --pure, the mix's base type (q3_k_m: Q3_K) on every "
+                         "matrix whose rows allow it")
     ap.add_argument("--ppl-ctx", type=int, default=256, help="--agreement: llama-perplexity -c (halved until it fits)")
     ap.add_argument("--workdir", default=os.environ.get("VXC_BENCH_LLAMACPP_DIR",
                                                         str(Path(tempfile.gettempdir()) / "vxc-bench-llamacpp")))
@@ -195,7 +201,12 @@ def files_for(args, models: list[str], precisions: list[str], workdir: Path, lla
     entries = []
     for m in models:
         if m in REAL_MODELS:
-            entries.append({"model": m, "precision": REAL_MODELS[m]["precision"], "gguf": real_gguf(m, workdir)})
+            if args.requantize_real:
+                entries.append({"model": m, "precision": args.requantize_real,
+                                "gguf": requantized_real_gguf(m, args.requantize_real, workdir, llama, args.threads,
+                                                              args.requantize_pure)})
+            else:
+                entries.append({"model": m, "precision": REAL_MODELS[m]["precision"], "gguf": real_gguf(m, workdir)})
             continue
         for p in precisions:
             entries.append({"model": m, "precision": p,

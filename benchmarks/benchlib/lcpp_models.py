@@ -119,13 +119,15 @@ def random_gguf(model: str, precision: str, small: bool, workdir: Path, llama_cp
     return out
 
 
-def quantize(llama_cpp: Path, src: Path, out: Path, qtype: str, threads: int) -> Path:
+def quantize(llama_cpp: Path, src: Path, out: Path, qtype: str, threads: int, requantize: bool = False,
+             pure: bool = False) -> Path:
     exe = binary(llama_cpp, "llama-quantize")
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:
-        log(f"llama-quantize {src.name} -> {qtype}")
-        p = subprocess.run([str(exe), str(src), tmp, qtype, str(threads)], capture_output=True, text=True)
+        flags = (["--allow-requantize"] if requantize else []) + (["--pure"] if pure else [])
+        log(f"llama-quantize {' '.join(flags)} {src.name} -> {qtype}")
+        p = subprocess.run([str(exe), *flags, str(src), tmp, qtype, str(threads)], capture_output=True, text=True)
         if p.returncode != 0:
             raise RuntimeError(f"llama-quantize {src} {qtype} failed (exit {p.returncode}):\n"
                                + "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:]))
@@ -168,6 +170,21 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def requantized_real_gguf(model: str, precision: str, workdir: Path, llama_cpp: Path, threads: int,
+                          pure: bool = False) -> Path:
+    """The real model's file requantised by ``llama-quantize --allow-requantize`` to ``precision`` (one of
+    QUANT_TYPES; ``pure``: every matrix in that mix's base type where its rows allow, ``--pure``): real weights in a
+    mix no registry package ships (its values carry the source file's rounding too, so its text is not that
+    mix's quality from the original weights); built once, then reused. The two real models' widths (576, 640) are
+    not whole 256-value blocks, so most of their matrices fall back to 32-value formats in the k-quant mixes."""
+    src = real_gguf(model, workdir)
+    out = src.with_name(f"{src.stem}.requantized-{precision}{'-pure' if pure else ''}.gguf")
+    if not out.is_file():
+        qtype = QUANT_TYPES[precision].removesuffix("_M") if pure else QUANT_TYPES[precision]
+        quantize(llama_cpp, src, out, qtype, threads, requantize=True, pure=pure)
+    return out
 
 
 def real_gguf(model: str, workdir: Path) -> Path:
