@@ -42,6 +42,8 @@ def _quantized(w: np.ndarray, qtype, rng: np.random.Generator) -> np.ndarray:
         elif qtype.name == "Q2_K":  # d, dmin the last 4 bytes (16 4-bit scale / min pairs first)
             raw[..., -4:-2] = (scales.view(np.float16) * 8).view(np.uint8)
             raw[..., -2:] = (rng.standard_normal((rows, cols // block, 1)) * 2e-4).astype(np.float16).view(np.uint8)
+        elif qtype.name in ("IQ4_NL", "IQ4_XS"):  # d first (codes reach +-127, iq4_xs's scales +-32 on top)
+            raw[..., 0:2] = (scales.view(np.float16) / (4 if qtype.name == "IQ4_NL" else 64)).view(np.uint8)
         else:  # Q4_K / Q5_K: d, dmin first
             raw[..., 0:2] = scales
             raw[..., 2:4] = (rng.standard_normal((rows, cols // block, 1)) * 2e-4).astype(np.float16).view(np.uint8)

@@ -35,9 +35,9 @@ REAL_MODELS = {
     "gemma3-270m": {"precision": "q4_k_m", "label": "Gemma 3 270M (real)"},
 }
 ALL_MODELS = RANDOM_MODELS + tuple(REAL_MODELS)
-PRECISIONS = ("f32", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k")
+PRECISIONS = ("f32", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "iq4_xs", "iq4_nl")
 QUANT_TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q3_k_m": "Q3_K_M",
-               "q2_k": "Q2_K"}  # llama-quantize's names
+               "q2_k": "Q2_K", "iq4_xs": "IQ4_XS", "iq4_nl": "IQ4_NL"}  # llama-quantize's names
 CONVERTER_TYPES = ("f32", "bf16")
 
 

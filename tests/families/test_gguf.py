@@ -139,14 +139,14 @@ def test_unknown_architecture_and_tensor_types_are_refused(tmp_path, vxc_sub):
     w = gguf.GGUFWriter(str(p), "llama")
     w.add_block_count(1)
     for name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight"):
-        qt = gguf.GGMLQuantizationType.IQ4_NL
+        qt = gguf.GGMLQuantizationType.IQ2_XXS
         block, size = gguf.GGML_QUANT_SIZES[qt]
         w.add_tensor(name, np.zeros((8, 256 // block * size), np.uint8), raw_shape=(8, 256 // block * size), raw_dtype=qt)
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     r = vxc_sub("lower", p, "-o", tmp_path / "x.vxir")
     assert r.exit_code != 0 and "Traceback" not in r.stderr
     assert "2 tensor(s) of a type vxc does not decode" in r.stderr
-    assert "blk.0.attn_q.weight: ggml type IQ4_NL" in r.stderr and "blk.0.attn_k.weight: ggml type IQ4_NL" in r.stderr
+    assert "blk.0.attn_q.weight: ggml type IQ2_XXS" in r.stderr and "blk.0.attn_k.weight: ggml type IQ2_XXS" in r.stderr
     assert not (tmp_path / "x.vxir").exists()
 
 
@@ -483,8 +483,13 @@ Q2_Q3 = {"token_embd": "Q3_K", "attn_q": "Q2_K", "attn_k": "Q3_K", "attn_v": "Q3
          "ffn_gate": "Q2_K", "ffn_up": "Q3_K", "ffn_down": "Q3_K", "output": "Q6_K"}
 # mix -> (encodings, the operands of each checked format, the file's seed: random weights whose greedy text does
 # not loop on a few tokens)
+# llama.cpp's IQ4 files: iq4_xs (256-value super-blocks), iq4_nl (its 32-value form, the fallback of rows that are
+# not whole super-blocks)
+IQ4 = {"token_embd": "IQ4_XS", "attn_q": "IQ4_NL", "attn_k": "IQ4_XS", "attn_v": "IQ4_XS", "attn_output": "IQ4_NL",
+       "ffn_gate": "IQ4_NL", "ffn_up": "IQ4_XS", "ffn_down": "IQ4_XS", "output": "Q6_K"}
 MIXES = {"q5_k_m": (Q5_K_M, {"q5_k": 1 + 5 * MINI_LLAMA["layers"]}, 29),
-         "q2_k+q3_k": (Q2_Q3, {"q3_k": 1 + 4 * MINI_LLAMA["layers"], "q2_k": 3 * MINI_LLAMA["layers"]}, 7)}
+         "q2_k+q3_k": (Q2_Q3, {"q3_k": 1 + 4 * MINI_LLAMA["layers"], "q2_k": 3 * MINI_LLAMA["layers"]}, 7),
+         "iq4_nl+iq4_xs": (IQ4, {"iq4_xs": 1 + 4 * MINI_LLAMA["layers"], "iq4_nl": 3 * MINI_LLAMA["layers"]}, 3)}
 
 
 @pytest.mark.parametrize("activations", ["fp32", "int8_block32"])

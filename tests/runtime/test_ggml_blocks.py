@@ -57,7 +57,10 @@ def test_table_matches_gguf_constants():
         assert t.name.lower() == name == e.name
         assert GGML_QUANT_SIZES[t] == (e.block_size, e.type_size), name
         assert sum(w for _, w in e.fields) == e.type_size
-    assert set(DEQUANTIZE) == set(ENCODINGS) == set(QUANTIZE)
+    assert set(DEQUANTIZE) == set(ENCODINGS)
+    # every format but the iq4 ones, whose ggml encoders search per block against an importance weighting (gguf-py
+    # has none either): they are read, not written
+    assert set(QUANTIZE) == set(ENCODINGS) - {"iq4_nl", "iq4_xs"}
 
 
 def test_ir_table_imports_neither_torch_nor_numpy():
@@ -447,9 +450,10 @@ def test_k_quant_round_trip_picks_the_nearest_code(name):
                 b2 = dequantize(baseline, quantize(baseline, torch.from_numpy(x))).double().numpy().reshape(-1, gs)
                 assert e < np.sqrt(np.mean((b2 - xs) ** 2)), (name, kind)
             assert e < 0.06 * (xs.max() - xs.min()), (name, kind)
-    z = torch.zeros(2, 512)
-    assert torch.equal(dequantize(name, quantize(name, z)), z)
-    assert quantize(name, z).count_nonzero() == 0
+    if name in QUANTIZE:
+        z = torch.zeros(2, 512)
+        assert torch.equal(dequantize(name, quantize(name, z)), z)
+        assert quantize(name, z).count_nonzero() == 0
 
 
 # ---------------------------------------------------------------------------------------------- devices

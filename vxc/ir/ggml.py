@@ -19,6 +19,9 @@ Decoded value of element ``i`` (all arithmetic in fp32, in the order written):
 ``q4_k``  ``(d * sc_j) * q - (dmin * m_j)``                (8 groups of 32; 6-bit ``sc_j``, ``m_j``)
 ``q5_k``  ``(d * sc_j) * q - (dmin * m_j)``                (as q4_k with a fifth bit from ``qh``)
 ``q6_k``  ``(d * s_j) * (q - 32)``                         (16 groups of 16; int8 ``s_j``, 6-bit ``q``)
+``iq4_nl`` ``d * kv[nib[i]]``                               (as q4_0's nibbles; ``kv``: ggml's 16 non-linear int8 levels)
+``iq4_xs`` ``(d * (s_j - 32)) * kv[nib[i]]``                (8 groups of 32, each as an iq4_nl block; 6-bit ``s_j``:
+                                                            4 low bits from ``scales_l``, 2 high from ``scales_h``)
 """
 
 from __future__ import annotations
@@ -69,7 +72,11 @@ ENCODINGS: dict[str, BlockEncoding] = {e.name: e for e in (
     _enc("q4_k", 12, QK_K, ("d:f16", 2), ("dmin:f16", 2), ("scales", 12), ("qs", QK_K // 2)),
     _enc("q5_k", 13, QK_K, ("d:f16", 2), ("dmin:f16", 2), ("scales", 12), ("qh", QK_K // 8), ("qs", QK_K // 2)),
     _enc("q6_k", 14, QK_K, ("ql", QK_K // 2), ("qh", QK_K // 4), ("scales:i8", QK_K // 16), ("d:f16", 2)),
+    _enc("iq4_nl", 20, 32, ("d:f16", 2), ("qs", 16)),
+    _enc("iq4_xs", 23, QK_K, ("d:f16", 2), ("scales_h", 2), ("scales_l", QK_K // 64), ("qs", QK_K // 2)),
 )}
+# iq4_nl / iq4_xs: the value of each 4-bit code (ggml-common.h kvalues_iq4nl)
+IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
 def is_block_encoded(name: str | None) -> bool:

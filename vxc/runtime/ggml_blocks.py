@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from ..ir.ggml import ENCODINGS, GGMLError, encoding, logical_cols, row_bytes
+from ..ir.ggml import ENCODINGS, IQ4_LEVELS, GGMLError, encoding, logical_cols, row_bytes
 
 __all__ = ["DEQUANTIZE", "QUANTIZE", "GGMLError", "dequantize", "quantize"]
 
@@ -156,10 +156,31 @@ def _dq_q6_k(b: Tensor) -> Tensor:
     return (dl * q.view(n, 16, 16)).view(n, 256)
 
 
+def _iq4(qs: Tensor) -> Tensor:
+    """Nibbles (q4_0's order) -> their iq4 levels as fp32."""
+    levels = torch.tensor(IQ4_LEVELS, dtype=torch.float32, device=qs.device)
+    return levels[_planes(qs, qs.shape[1] // 16, 4).long()]
+
+
+def _dq_iq4_nl(b: Tensor) -> Tensor:
+    d, qs = _fields(b, 2, 16)
+    return _f16(d) * _iq4(qs)
+
+
+def _dq_iq4_xs(b: Tensor) -> Tensor:
+    n = b.shape[0]
+    d, sh, sl, qs = _fields(b, 2, 2, 4, 128)
+    lo = _planes(sl, 4, 4)  # scale j's low 4 bits: nibble j % 2 of byte j // 2
+    hi = (sh[:, 0:1].to(torch.int32) | (sh[:, 1:2].to(torch.int32) << 8)) >> torch.arange(0, 16, 2, device=b.device)
+    sc = (lo.to(torch.int32) | ((hi & 3) << 4)) - 32
+    dl = (_f16(d) * _f32(sc)).view(n, 8, 1)
+    return (dl * _iq4(qs).view(n, 8, 32)).view(n, 256)
+
+
 DEQUANTIZE: dict[str, Callable[[Tensor], Tensor]] = {
     "q8_0": _dq_q8_0, "q4_0": _dq_q4_0, "q4_1": _dq_q4_1, "q5_0": _dq_q5_0, "q5_1": _dq_q5_1,
     "q2_k": _dq_q2_k, "q3_k": _dq_q3_k, "q4_k": lambda b: _dq_k45(b, False), "q5_k": lambda b: _dq_k45(b, True),
-    "q6_k": _dq_q6_k,
+    "q6_k": _dq_q6_k, "iq4_nl": _dq_iq4_nl, "iq4_xs": _dq_iq4_xs,
 }
 assert set(DEQUANTIZE) == set(ENCODINGS)
 

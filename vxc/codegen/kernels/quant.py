@@ -8,13 +8,14 @@ sum_c W[r, c] x[b, c]`` is ``[B, rows]`` fp32.
 - torch twin: the blocks decoded with :func:`vxc.runtime.ggml_blocks.dequantize` (fp32, bit-exact with
   ``gguf.quants``; every encoding of the table), then an fp32 matmul. It materialises the decoded weight:
   the oracle and the fallback, not the fast path.
-- native (``vxc_qgemv``): every encoding of the table (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k)
+- native (``vxc_qgemv``): every encoding of the table (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k,
+  iq4_nl, iq4_xs; the int8_block32 packed tiles for all but the two iq4 formats, which run the row kernel)
   decoded in registers, never copied out, each weight
   to the fp32 value ``dequantize`` gives it, accumulated in fp32 (the fp32 product with the dequantised
   matrix up to summation order: at the floor of the reference, see the C source). From ``TILED_FROM`` bf16 / fp16
   rows of x (prefill) a tile of rows at a time is decoded (``vxc_qdequant``) into torch's GEMM instead. An
   encoding missing from ``NATIVE_ENCODINGS`` would raise ``NotCovered`` and run the twin.
-- triton (CUDA, or CPU under ``TRITON_INTERPRET=1``): every encoding of the table read straight from the blocks and
+- triton (CUDA, or CPU under ``TRITON_INTERPRET=1``): every encoding of the table but iq4_nl / iq4_xs read straight from the blocks and
   decoded in registers to the same fp32 values; a GEMV for few rows of x, a ``tl.dot`` GEMM on decoded tiles
   from ``TRITON_DOT_FROM`` rows (prefill); fp32 accumulation either way. Others raise ``NotCovered``.
 
@@ -36,7 +37,8 @@ from .native import I, L, P
 from .registry import NotCovered, kernel
 
 # the C library's encoding codes (vxc_cpu.c, the quant section)
-NATIVE_ENCODINGS = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q4_k": 3, "q6_k": 4, "q5_0": 5, "q5_k": 6, "q5_1": 7, "q2_k": 8, "q3_k": 9}
+NATIVE_ENCODINGS = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q4_k": 3, "q6_k": 4, "q5_0": 5, "q5_k": 6, "q5_1": 7, "q2_k": 8, "q3_k": 9,
+                    "iq4_nl": 10, "iq4_xs": 11}
 
 # the reason the native implementation gives for an encoding it does not decode
 ENCODING = f"an encoding without a native decoder (native: {' '.join(NATIVE_ENCODINGS)})"

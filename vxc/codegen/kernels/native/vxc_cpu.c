@@ -178,7 +178,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 54
+#define VXC_ABI_VERSION 55
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -1701,9 +1701,21 @@ void vxc_scale_segments(const void *x, void *out, long rows, long w, int nseg, c
  * (in groups of QG: the accumulators stay in registers). vxc_qdequant decodes a range of rows to fp32 the same
  * way (the prefill path: a few rows at a time into a fast GEMM). */
 
-enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_K = 6, Q5_1 = 7, Q2_K = 8, Q3_K = 9, Q_COUNT = 10 };
-static const long Q_BLOCK[Q_COUNT] = {32, 32, 32, 256, 256, 32, 256, 32, 256, 256};  /* values per block */
-static const long Q_TSIZE[Q_COUNT] = {34, 18, 20, 144, 210, 22, 176, 24, 84, 110};  /* bytes per block */
+enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_K = 6, Q5_1 = 7, Q2_K = 8, Q3_K = 9, IQ4_NL = 10,
+       IQ4_XS = 11, Q_COUNT = 12 };
+static const long Q_BLOCK[Q_COUNT] = {32, 32, 32, 256, 256, 32, 256, 32, 256, 256, 32, 256};  /* values per block */
+static const long Q_TSIZE[Q_COUNT] = {34, 18, 20, 144, 210, 22, 176, 24, 84, 110, 18, 136};  /* bytes per block */
+/* iq4_nl / iq4_xs: the value of each 4-bit code (ggml's kvalues_iq4nl) */
+static const int8_t IQ4_KV[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static inline int q_iq4(int enc) { return enc == IQ4_NL || enc == IQ4_XS; }
+/* where group g's 16 code bytes (q4_0's nibble order) start in an iq4 row */
+static inline long iq4_qs(int enc, long g) { return enc == IQ4_NL ? 18 * g + 2 : 136 * (g >> 3) + 8 + 16 * (g & 7); }
+/* iq4_xs: the 6-bit scale of group j (0..7) of a super-block b */
+static inline int iq4xs_scale(const uint8_t *b, int j) {
+    uint16_t sh;
+    memcpy(&sh, b + 2, 2);
+    return (int)(((b[4 + j / 2] >> (4 * (j & 1))) & 15) | (((sh >> (2 * j)) & 3) << 4));
+}
 /* the formats whose value is s q + mn (a min per group) */
 static inline int q_has_min(int enc) { return enc == Q4_1 || enc == Q4_K || enc == Q5_K || enc == Q5_1 || enc == Q2_K; }
 /* the formats with a scale per 16 values (q6_k, q3_k; q2_k a scale and a min per 16): every other one has one per 32 */
@@ -1752,7 +1764,7 @@ static inline void q3k_scale_words(const uint8_t *q, uint64_t *lo, uint64_t *hi)
 static inline __attribute__((always_inline)) void q_row_scales(int enc, const uint8_t *row, long nblk, float *s, float *mn) {
     long i = 0;
 #if defined(__F16C__) && defined(__AVX2__)
-    if (enc == Q8_0 || enc == Q4_0 || enc == Q4_1 || enc == Q5_0 || enc == Q5_1) {
+    if (enc == Q8_0 || enc == Q4_0 || enc == Q4_1 || enc == Q5_0 || enc == Q5_1 || enc == IQ4_NL) {
         const long T = Q_TSIZE[enc];
         for (; i + 8 <= nblk; i += 8) {
             uint64_t d0 = 0, d1 = 0, m0 = 0, m1 = 0; /* blocks i..i+3, i+4..i+7: their d (and q4_1's m) */
@@ -1800,7 +1812,7 @@ static inline __attribute__((always_inline)) void q_row_scales(int enc, const ui
             _mm256_storeu_ps(s + 16 * i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)lo)), o))));
             _mm256_storeu_ps(s + 16 * i + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)hi)), o))));
         }
-    } else {
+    } else if (enc == Q6_K) {
         for (; i < nblk; i++) {
             const uint8_t *b = row + i * 210;
             __m256 d = _mm256_set1_ps(h2f(b + 208));
@@ -1812,8 +1824,11 @@ static inline __attribute__((always_inline)) void q_row_scales(int enc, const ui
 #endif
     for (; i < nblk; i++) {
         const uint8_t *b = row + i * Q_TSIZE[enc];
-        if (enc == Q8_0 || enc == Q4_0 || enc == Q5_0) {
+        if (enc == Q8_0 || enc == Q4_0 || enc == Q5_0 || enc == IQ4_NL) {
             s[i] = h2f(b);
+        } else if (enc == IQ4_XS) {
+            float d = h2f(b);
+            for (int j = 0; j < 8; j++) s[8 * i + j] = d * (float)(iq4xs_scale(b, j) - 32);
         } else if (enc == Q4_1 || enc == Q5_1) {
             s[i] = h2f(b);
             mn[i] = h2f(b + 2);
@@ -1868,6 +1883,12 @@ static inline void q_group_ints(int enc, const uint8_t *row, long g, int8_t q[32
         const uint8_t *b = row + 176 * (g >> 3), *p = b + 48 + 32 * (j >> 1), *qh = b + 16;
         int sh = 4 * (int)(j & 1);
         for (int i = 0; i < 32; i++) q[i] = (int8_t)(((p[i] >> sh) & 15) | (((qh[i] >> j) & 1) << 4));
+    } else if (q_iq4(enc)) {
+        const uint8_t *p = row + iq4_qs(enc, g);
+        for (int i = 0; i < 16; i++) {
+            q[i] = IQ4_KV[p[i] & 15];
+            q[i + 16] = IQ4_KV[p[i] >> 4];
+        }
     } else if (enc == Q2_K || enc == Q3_K) { /* group j of a super-block: bits 2 (j & 3) of qs[32 (j >> 2) ..]; q3_k:
                                               * less 4 where bit j of hmask[..] is clear */
         long j = g & 7;
@@ -1913,12 +1934,14 @@ static inline __attribute__((always_inline)) void q_w512(int enc, const uint8_t 
         __m512 sv = _mm512_set1_ps(s[u]);
         w[0] = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))));
         w[1] = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)))));
-    } else if (enc == Q4_0 || enc == Q4_1) {
+    } else if (enc == Q4_0 || enc == Q4_1 || q_iq4(enc)) { /* (iq4: the table of its levels, s kv: exact products) */
         const __m512 k = enc == Q4_0 ? _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
-                                     : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        __m512 lut = enc == Q4_0 ? _mm512_mul_ps(_mm512_set1_ps(s[u]), k)
+                       : enc == Q4_1 ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                                     : _mm512_setr_ps(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+        __m512 lut = enc != Q4_1 ? _mm512_mul_ps(_mm512_set1_ps(s[u]), k)
                                  : _mm512_fmadd_ps(_mm512_set1_ps(s[u]), k, _mm512_set1_ps(mn[u]));
-        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(enc == Q4_0 ? row + 18 * u + 2 : row + 20 * u + 4)));
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q_iq4(enc) ? row + iq4_qs(enc, u)
+                                                                           : enc == Q4_0 ? row + 18 * u + 2 : row + 20 * u + 4)));
         w[0] = _mm512_permutexvar_ps(v, lut);
         w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
     } else if (enc == Q5_0 || enc == Q5_1) { /* the nibbles, each with its fifth bit from qh (a masked 16); q5_0
@@ -2063,6 +2086,11 @@ static inline __attribute__((always_inline)) void q_w256(int enc, const uint8_t 
             a = _mm_sub_epi8(a, _mm_set1_epi8(8));
             b = _mm_sub_epi8(b, _mm_set1_epi8(8));
         }
+    } else if (q_iq4(enc)) { /* the nibbles' levels, looked up 16 at a time */
+        const __m128i kv = _mm_loadu_si128((const __m128i *)IQ4_KV);
+        __m128i v = _mm_loadu_si128((const __m128i *)(row + iq4_qs(enc, g)));
+        a = _mm_shuffle_epi8(kv, _mm_and_si128(v, m4));
+        b = _mm_shuffle_epi8(kv, _mm_and_si128(_mm_srli_epi16(v, 4), m4));
     } else if (enc == Q5_0 || enc == Q5_1) { /* as q4_0, each byte's fifth bit spread from qh (bit i -> byte i: 16 or
                                               * 0); q5_0 less 16 */
         const uint8_t *p = row + Q_TSIZE[enc] * g;
@@ -2278,6 +2306,8 @@ void vxc_qgemv(int enc, const void *W, const void *x, float *y, long rows, long 
             case Q5_1: q_rows_tile(Q5_1, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             case Q2_K: q_rows_tile(Q2_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             case Q3_K: q_rows_tile(Q3_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
+            case IQ4_NL: q_rows_tile(IQ4_NL, Wb, xx, y, rows, cols, B, r0, s, mn); break;
+            case IQ4_XS: q_rows_tile(IQ4_XS, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             default: q_rows_tile(Q6_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             }
         }
@@ -2315,6 +2345,8 @@ void vxc_qdequant(int enc, const void *W, float *out, long r0, long r1, long col
             case Q5_1: q_dequant_row(Q5_1, row, cols, o, s, mn); break;
             case Q2_K: q_dequant_row(Q2_K, row, cols, o, s, mn); break;
             case Q3_K: q_dequant_row(Q3_K, row, cols, o, s, mn); break;
+            case IQ4_NL: q_dequant_row(IQ4_NL, row, cols, o, s, mn); break;
+            case IQ4_XS: q_dequant_row(IQ4_XS, row, cols, o, s, mn); break;
             default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
             }
         }
@@ -2399,6 +2431,8 @@ void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, 
             case Q5_1: q_dequant_row(Q5_1, row, cols, o, s, mn); break;
             case Q2_K: q_dequant_row(Q2_K, row, cols, o, s, mn); break;
             case Q3_K: q_dequant_row(Q3_K, row, cols, o, s, mn); break;
+            case IQ4_NL: q_dequant_row(IQ4_NL, row, cols, o, s, mn); break;
+            case IQ4_XS: q_dequant_row(IQ4_XS, row, cols, o, s, mn); break;
             default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
             }
         }
@@ -2437,6 +2471,8 @@ static inline int a8_off(int enc) { return enc == Q4_0 ? -8 : enc == Q5_0 ? -16 
 /* the packed layout's offset per integer (vxc_qpack stores q8_0 biased by 128: unsigned for vpdpbusd) */
 static inline int p_off(int enc) { return enc == Q4_0 ? -8 : enc == Q8_0 || enc == Q3_K ? -128 : enc == Q5_0 ? -16 : 0; }
 static inline int a8_has_min(int enc) { return q_has_min(enc); }
+/* the formats whose integers are signed bytes (vpdpbusd takes |w| against x with w's sign) */
+static inline int a8_s8(int enc) { return enc == Q8_0 || q_iq4(enc); }
 /* the 4-bit 32-value formats whose unit of 64 puts both blocks' low nibbles before their high ones */
 static inline int a8_split(int enc) { return A8_UNIT == 64 && (enc == Q4_0 || enc == Q4_1 || enc == Q5_0 || enc == Q5_1); }
 
@@ -2576,6 +2612,13 @@ static inline __attribute__((always_inline)) __m512i a8_w512(int enc, const uint
         __m256i a = _mm256_loadu_si256((const __m256i *)(row + 68 * u + 2));
         __m256i b = _mm256_loadu_si256((const __m256i *)(row + 68 * u + 36));
         return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+    } else if (q_iq4(enc)) { /* groups 2u, 2u + 1: each group's low then high nibbles' levels (signed bytes) */
+        const __m512i kv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_KV));
+        __m128i a = _mm_loadu_si128((const __m128i *)(row + iq4_qs(enc, 2 * u)));
+        __m128i b = _mm_loadu_si128((const __m128i *)(row + iq4_qs(enc, 2 * u + 1)));
+        __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(a), _mm_srli_epi16(a, 4), 1)),
+                                       _mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1), 1);
+        return _mm512_shuffle_epi8(kv, _mm512_and_si512(v, m4));
     } else if (enc == Q4_0 || enc == Q4_1 || enc == Q5_0 || enc == Q5_1) {
         long T = Q_TSIZE[enc], o = enc == Q4_0 ? 2 : enc == Q4_1 ? 4 : q5_qs(enc);
         const uint8_t *p = row + 2 * u * T;
@@ -2647,7 +2690,7 @@ static inline __attribute__((always_inline)) void a8_tile(int enc, const uint8_t
             if (R == 4) _mm_prefetch((const char *)(row + Q_PF_ROWS * rb + u * Q_TSIZE[enc] * 64 / Q_BLOCK[enc]), _MM_HINT_T0);
             __m512i w = a8_w512(enc, row, u);
             __mmask64 neg = 0;
-            if (enc == Q8_0) {
+            if (a8_s8(enc)) {
                 neg = _mm512_movepi8_mask(w);
                 w = _mm512_abs_epi8(w);
             }
@@ -2655,7 +2698,7 @@ static inline __attribute__((always_inline)) void a8_tile(int enc, const uint8_t
 #pragma GCC unroll 4
             for (int b = 0; b < NB; b++) {
                 __m512i xv = _mm512_loadu_si512((const void *)(X->q + (b0 + b) * cols + 64 * u));
-                if (enc == Q8_0) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+                if (a8_s8(enc)) xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
                 __m512i p0 = off ? _mm512_loadu_si512((const void *)(X->ox + (b0 + b) * X->nl + 16 * u)) : _mm512_setzero_si512();
 #if defined(__AVX512VNNI__)
                 __m512i p = _mm512_dpbusd_epi32(p0, w, xv);
@@ -2687,6 +2730,11 @@ static inline float a8_dot(const float *a, const float *b, long n) {
 static inline __attribute__((always_inline)) __m256i a8_w256(int enc, const uint8_t *row, long g) {
     const __m256i m4 = _mm256_set1_epi8(15);
     if (enc == Q8_0) return _mm256_loadu_si256((const __m256i *)(row + 34 * g + 2));
+    if (q_iq4(enc)) { /* the nibbles' levels (signed bytes), natural order */
+        __m128i a = _mm_loadu_si128((const __m128i *)(row + iq4_qs(enc, g)));
+        __m256i v = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(a), _mm_srli_epi16(a, 4), 1), m4);
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_KV)), v);
+    }
     if (enc == Q4_0 || enc == Q4_1 || enc == Q5_0 || enc == Q5_1) {
         long T = Q_TSIZE[enc], o = enc == Q4_0 ? 2 : enc == Q4_1 ? 4 : q5_qs(enc);
         const uint8_t *p = row + g * T;
@@ -2748,14 +2796,14 @@ static inline __attribute__((always_inline)) void a8_tile(int enc, const uint8_t
             const uint8_t *row = W + r * rb;
             if (R == 4) _mm_prefetch((const char *)(row + Q_PF_ROWS * rb + u * Q_TSIZE[enc] * 32 / Q_BLOCK[enc]), _MM_HINT_T0);
             __m256i w = a8_w256(enc, row, u), wsign = w;
-            if (enc == Q8_0) w = _mm256_abs_epi8(w);
+            if (a8_s8(enc)) w = _mm256_abs_epi8(w);
             __m256 sr = q_s16(enc) ? _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s[r * ns + 2 * u])),
                                                            _mm_set1_ps(s[r * ns + 2 * u + 1]), 1)
                                     : _mm256_set1_ps(s[r * ns + u]);
 #pragma GCC unroll 2
             for (int b = 0; b < NB; b++) {
                 __m256i xv = _mm256_loadu_si256((const __m256i *)(X->q + (b0 + b) * cols + 32 * u));
-                if (enc == Q8_0) xv = _mm256_sign_epi8(xv, wsign);
+                if (a8_s8(enc)) xv = _mm256_sign_epi8(xv, wsign);
                 __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), ones);
                 if (off) p = _mm256_add_epi32(p, _mm256_loadu_si256((const __m256i *)(X->ox + (b0 + b) * X->nl + 8 * u)));
                 __m256 xs = _mm256_set1_ps(X->d[(b0 + b) * X->ng + u]);
@@ -2866,6 +2914,8 @@ void vxc_qgemv_a8(int enc, const void *W, const void *x, float *y, long rows, lo
             case Q5_1: a8_rows_tile(Q5_1, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             case Q2_K: a8_rows_tile(Q2_K, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             case Q3_K: a8_rows_tile(Q3_K, Wb, &X, y, rows, cols, B, r0, s, mn); break;
+            case IQ4_NL: a8_rows_tile(IQ4_NL, Wb, &X, y, rows, cols, B, r0, s, mn); break;
+            case IQ4_XS: a8_rows_tile(IQ4_XS, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             default: a8_rows_tile(Q6_K, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             }
         }
