@@ -2469,7 +2469,7 @@ void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, 
 /* the offset taken off the stored integer (the bias the unsigned bytes carry) */
 static inline int a8_off(int enc) { return enc == Q4_0 ? -8 : enc == Q5_0 ? -16 : enc == Q6_K ? -32 : enc == Q3_K ? -4 : 0; }
 /* the packed layout's offset per integer (vxc_qpack stores q8_0 biased by 128: unsigned for vpdpbusd) */
-static inline int p_off(int enc) { return enc == Q4_0 ? -8 : enc == Q8_0 || enc == Q3_K ? -128 : enc == Q5_0 ? -16 : 0; }
+static inline int p_off(int enc) { return enc == Q4_0 ? -8 : enc == Q8_0 || enc == Q3_K || q_iq4(enc) ? -128 : enc == Q5_0 ? -16 : 0; }
 static inline int a8_has_min(int enc) { return q_has_min(enc); }
 /* the formats whose integers are signed bytes (vpdpbusd takes |w| against x with w's sign) */
 static inline int a8_s8(int enc) { return enc == Q8_0 || q_iq4(enc); }
@@ -2965,6 +2965,9 @@ void vxc_quantize_a8(const float *x, int8_t *q, float *d, long B, long cols) {
  *   q3_k: d[16] f16 | k[12][16] u8 (byte k of each row's 12 bytes of 6-bit scales, as stored) | for chunks c = 0..7,
  *         three lines side by side: row r's hmask bytes 4c.. (bit 4h + t the high bit of value 4c + k of group
  *         4h + t), then its qs bytes 4c.. of half 0, of half 1: 1760 bytes per 16 x 256 values, as stored
+ *   iq4_nl: as q4_0 (the kernel looks each nibble's level up, biased by 128 as q8_0's bytes)
+ *   iq4_xs: d[16] f16 | scales_h[16] u16 | scales_l planes k = 0..3 [16] u8 | groups j = 0..7, chunks c = 0..3: row
+ *         r's qs bytes 16j + 4c..: 2176 bytes per 16 x 256 values, as stored
  * The integers and scales are the stored ones, unchanged: the products are vxc_qgemv_a8's (same sums, in
  * another order). Builds without AVX-512 (and q8_0 without VNNI) keep the row layout (vxc_qgemv_a8). */
 
@@ -2977,7 +2980,8 @@ static inline long p5k_qs(int enc, int p, int c) {
 
 static inline long p_group_bytes(int enc) {
     return enc == Q4_0 ? 288 : enc == Q4_1 ? 320 : enc == Q8_0 ? 544 : enc == Q4_K ? 2304 : enc == Q5_0 ? 352
-         : enc == Q6_K ? 3360 : enc == Q5_K ? 2816 : enc == Q5_1 ? 384 : enc == Q2_K ? 1344 : enc == Q3_K ? 1760 : 0;
+         : enc == Q6_K ? 3360 : enc == Q5_K ? 2816 : enc == Q5_1 ? 384 : enc == Q2_K ? 1344 : enc == Q3_K ? 1760
+         : enc == IQ4_NL ? 288 : enc == IQ4_XS ? 2176 : 0;
 }
 
 /* bytes of one tile of 16 rows (0: this encoding / build has no packed form) */
@@ -2985,7 +2989,7 @@ long vxc_qpack_tile_bytes(int enc, long cols) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     long gb = p_group_bytes(enc);
 #if !defined(__AVX512VNNI__)
-    if (enc == Q8_0) return 0; /* maddubs would saturate on q8_0's biased bytes (up to 255 x 127 x 2) */
+    if (enc == Q8_0 || q_iq4(enc)) return 0; /* maddubs would saturate on their biased bytes (up to 255 x 127 x 2) */
 #endif
     return gb ? gb * (cols / (Q_BLOCK[enc] == 256 ? 256 : 32)) : 0;
 #else
@@ -3050,7 +3054,14 @@ void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
                     }
                     for (int c = 0; c < 4; c++)
                         for (int k = 0; k < 4; k++) o[hbo + 64 + 64 * c + 4 * r + k] = b[q5_qs(enc) + 4 * c + k];
-                } else if (enc == Q4_0 || enc == Q4_1 || enc == Q8_0) {
+                } else if (enc == IQ4_XS) {
+                    memcpy(o + 2 * r, b, 2);
+                    memcpy(o + 32 + 2 * r, b + 2, 2);
+                    for (int k = 0; k < 4; k++) o[64 + 16 * k + r] = b[4 + k];
+                    for (int j = 0; j < 8; j++)
+                        for (int c = 0; c < 4; c++)
+                            for (int k = 0; k < 4; k++) o[128 + 256 * j + 64 * c + 4 * r + k] = b[8 + 16 * j + 4 * c + k];
+                } else if (enc == Q4_0 || enc == Q4_1 || enc == Q8_0 || enc == IQ4_NL) {
                     memcpy(o + 2 * r, b, 2);
                     if (enc == Q4_1) memcpy(o + 32 + 2 * r, b + 2, 2);
                     const uint8_t *q = b + (enc == Q4_1 ? 4 : 2);
@@ -3082,6 +3093,11 @@ void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
 #define P_DOT(acc, u, s) _mm512_add_epi32((acc), _mm512_madd_epi16(_mm512_maddubs_epi16((u), (s)), _mm512_set1_epi16(1)))
 #endif
 #define P_X4(p) _mm512_set1_epi32(*(const int32_t *)(const void *)(p)) /* 4 x bytes in every lane */
+
+/* iq4: the 16 levels + 128 (unsigned bytes), in each 128-bit lane (vpshufb's table) */
+static inline __m512i iq4_levels_u8(void) {
+    return _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_KV)), _mm512_set1_epi8((char)0x80));
+}
 
 /* q4_k in p_tile: the 6-bit scale and min of sub-block j (0..7) of 16 rows, unpacked from the tile's 12 byte
  * planes k (plane k: byte k of each row's scale field) as ggml's get_scale_min_k4 unpacks one row's */
@@ -3395,6 +3411,37 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
                     q6_sub(oh, xh, s16, xd, scb, d, cols, ng, NB, 3, acc);
                 }
         }
+    } else if (enc == IQ4_XS) { /* group j of each super-block as an iq4_nl group, its scale d (s_j - 32) */
+        const __m512i kv = iq4_levels_u8();
+        for (long sb = 0; sb < cols / 256; sb++) {
+            const uint8_t *o = T + sb * 2176;
+            if (pf) prefetch_bytes(o + cols / 256 * 2176, 2176);
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+            __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(o + 32)));
+#pragma GCC unroll 2
+            for (int j = 0; j < 8; j++) {
+                long g = 8 * sb + j;
+                __m512i p[8];
+                for (int b = 0; b < NB; b++) p[b] = _mm512_set1_epi32(X->xs[(b0 + b) * ng + g]);
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    __m512i v = _mm512_loadu_si512((const void *)(o + 128 + 256 * j + 64 * c));
+                    __m512i lo = _mm512_shuffle_epi8(kv, _mm512_and_si512(v, m4));
+                    __m512i hi = _mm512_shuffle_epi8(kv, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+                    for (int b = 0; b < NB; b++) {
+                        const int8_t *xg = X->q + (b0 + b) * cols + 32 * g + 4 * c;
+                        p[b] = P_DOT(p[b], lo, P_X4(xg));
+                        p[b] = P_DOT(p[b], hi, P_X4(xg + 16));
+                    }
+                }
+                __m512i sl = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + 64 + 16 * (j >> 1))));
+                __m512i sc = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(sl, 4 * (j & 1)), _mm512_set1_epi32(15)),
+                                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * j), _mm512_set1_epi32(3)), 4));
+                __m512 s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(sc, _mm512_set1_epi32(32))));
+                for (int b = 0; b < NB; b++)
+                    acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[b]), _mm512_mul_ps(s, _mm512_set1_ps(X->d[(b0 + b) * ng + g])), acc[b]);
+            }
+        }
     } else if (enc == Q2_K || enc == Q3_K) {
         const long GB = p_group_bytes(enc);
         for (long sb = 0; sb < cols / 256; sb++) {
@@ -3480,6 +3527,11 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
                 for (int c = 0; c < 4; c++) {
                     __m512i v = _mm512_loadu_si512((const void *)(o + qoff + 64 * c));
                     __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    if (enc == IQ4_NL) { /* the nibbles' levels + 128 (unsigned) */
+                        const __m512i kv = iq4_levels_u8();
+                        lo = _mm512_shuffle_epi8(kv, lo);
+                        hi = _mm512_shuffle_epi8(kv, hi);
+                    }
                     if (enc == Q5_0 || enc == Q5_1) { /* bit 2c (2c + 1) of each hb byte to bit 4 of the low (high) value's byte */
                         const __m512i b4 = _mm512_set1_epi8(16);
                         __m512i hb = _mm512_loadu_si512((const void *)(o + (enc == Q5_1 ? 64 : 32)));
@@ -3583,6 +3635,8 @@ static void p_rows_any(int enc, const uint8_t *P, const a8_x *X, float *yt, long
     case Q5_1: p_rows(Q5_1, P, X, yt, ys, rows, cols, B, t, TB); break;
     case Q2_K: p_rows(Q2_K, P, X, yt, ys, rows, cols, B, t, TB); break;
     case Q3_K: p_rows(Q3_K, P, X, yt, ys, rows, cols, B, t, TB); break;
+    case IQ4_NL: p_rows(IQ4_NL, P, X, yt, ys, rows, cols, B, t, TB); break;
+    case IQ4_XS: p_rows(IQ4_XS, P, X, yt, ys, rows, cols, B, t, TB); break;
     default: p_rows(Q4_K, P, X, yt, ys, rows, cols, B, t, TB); break;
     }
 }
