@@ -104,7 +104,7 @@ GGUF_MINIS = {
     "gguf/llama-mixed": dict(arch="llama"),
     "gguf/qwen3-other-blocks": dict(arch="qwen3", tied=True, encodings={
         "token_embd": "Q5_0", "attn_q": "Q5_1", "attn_k": "Q2_K", "attn_v": "Q3_K", "attn_output": "Q5_K",
-        "ffn_gate": "F16", "ffn_up": "Q8_0", "ffn_down": "Q4_0"}),
+        "ffn_gate": "F16", "ffn_up": "IQ4_NL", "ffn_down": "IQ4_XS"}),
     "gguf/qwen2-f32": dict(arch="qwen2", encodings={}),
 }
 
@@ -184,7 +184,8 @@ ATTR_NAMES = ("state", "layer", "role", "mixer", "true", "nan", "inf", "x", "_",
 WORDS = ("true", "false", "nan", "inf", "fp32", "compute", "bf16", "f32", "f16", "i64", "bool", "u8", "PreOnly",
          "PrePost", "PreMixer", "PreFfn", "fixed", "per_token", "recurrent", "kv_rows", "latent_rows", "conv_history",
          "silu", "gelu", "mxfp4", "layer", "state", "role", "bank", "experts", "slice", "gather", "none", "x",
-         "q4_0", "q4_1", "q5_0", "q8_0", "q2_k", "q4_k", "q6_k", "blocks", "scales", "format", "gguf", "safetensors")
+         "q4_0", "q4_1", "q5_0", "q8_0", "q2_k", "q4_k", "q6_k", "iq4_xs", "blocks", "scales", "format", "gguf",
+         "safetensors")
 
 
 def _short(s, n: int = 40) -> str:
