@@ -128,12 +128,12 @@ def test_native_at_the_floor(name, rows, nblk, B):
 
 
 @pytest.mark.native
-@pytest.mark.parametrize("name", ["q2_k", "q3_k"])
-def test_low_bit_k_quants_from_many_rows_equal_their_rows_alone(name):
-    """From 16 (q3_k) / 32 (q2_k) rows of x an AVX-512 VNNI + VBMI build expands a packed q3_k / q2_k tile into its
-    values times their sub-block scales before the products (a prefill's path): at the floor of the twin, and every
-    row bit for bit the row computed alone (the one-row path, which combines the sub-blocks' sums in integers the
-    same way)."""
+@pytest.mark.parametrize("name", ["q2_k", "q3_k", "iq4_xs"])
+def test_expanded_tiles_from_many_rows_equal_their_rows_alone(name):
+    """From 16 (q3_k, iq4_xs) / 32 (q2_k) rows of x an AVX-512 VNNI + VBMI build expands a packed tile before the
+    products (a prefill's path): q3_k / q2_k into their values times their sub-block scales, iq4_xs into its levels
+    and group scales. At the floor of the twin, and every row bit for bit the row computed alone (the one-row path,
+    which combines q3_k / q2_k sub-block sums in integers the same way)."""
     rng = np.random.default_rng(zlib.crc32(f"expand {name}".encode()))
     b = make_blocks(name, 37, 4, rng)
     blocks = torch.from_numpy(b)

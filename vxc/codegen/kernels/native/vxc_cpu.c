@@ -3370,6 +3370,57 @@ static inline __attribute__((always_inline)) void k23x_tile(int enc, const uint8
     }
     for (int b = 0; b < NB; b++) out[b] = acc[b];
 }
+
+/* iq4_xs from 16 rows of x: a packed super-block's levels (+ 128) and its groups' scales d (s_j - 32) expanded once
+ * for all the tile's passes (group j, chunk c: the low nibbles' 64 bytes, then the high ones'; then 8 scale vectors):
+ * each pass then only loads and multiplies — the values p_tile's iq4_xs branch gives, bit for bit (3072 x 1024, 2
+ * threads, Zen 4, interleaved in one process: 16 rows 290 -> 252 us, 64 rows 969 -> 747, 128 rows 1852 -> 1372) */
+#define IQ4X_BYTES (4096 + 512)
+static inline __attribute__((always_inline)) void iq4xs_expand(const uint8_t *o, uint8_t *E) {
+    const __m512i kv = iq4_levels_u8(), m4 = _mm512_set1_epi8(15);
+    __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+    __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(o + 32)));
+    for (int j = 0; j < 8; j++) {
+        for (int c = 0; c < 4; c++) {
+            __m512i v = _mm512_loadu_si512((const void *)(o + 128 + 256 * j + 64 * c));
+            _mm512_storeu_si512((void *)(E + 128 * (4 * j + c)), _mm512_shuffle_epi8(kv, _mm512_and_si512(v, m4)));
+            _mm512_storeu_si512((void *)(E + 128 * (4 * j + c) + 64), _mm512_shuffle_epi8(kv, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4)));
+        }
+        __m512i sl = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(o + 64 + 16 * (j >> 1))));
+        __m512i sc = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(sl, 4 * (j & 1)), _mm512_set1_epi32(15)),
+                                     _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * j), _mm512_set1_epi32(3)), 4));
+        _mm512_storeu_ps((float *)(E + 4096 + 64 * j), _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(sc, _mm512_set1_epi32(32)))));
+    }
+}
+
+static inline __attribute__((always_inline)) void iq4x_tile(const uint8_t *E, const a8_x *X, long cols, long b0, int NB,
+                                                             __m512 out[8]) {
+    const long ng = cols / 32;
+    __m512 acc[8];
+    for (int b = 0; b < NB; b++) acc[b] = _mm512_setzero_ps();
+    for (long sb = 0; sb < cols / 256; sb++) {
+        const uint8_t *e = E + IQ4X_BYTES * sb;
+        for (int j = 0; j < 8; j++) {
+            long g = 8 * sb + j;
+            __m512i p[8];
+            for (int b = 0; b < NB; b++) p[b] = _mm512_set1_epi32(X->xs[(b0 + b) * ng + g]);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                __m512i lo = _mm512_loadu_si512((const void *)(e + 128 * (4 * j + c)));
+                __m512i hi = _mm512_loadu_si512((const void *)(e + 128 * (4 * j + c) + 64));
+                for (int b = 0; b < NB; b++) {
+                    const int8_t *xg = X->q + (b0 + b) * cols + 32 * g + 4 * c;
+                    p[b] = _mm512_dpbusd_epi32(p[b], lo, P_X4(xg));
+                    p[b] = _mm512_dpbusd_epi32(p[b], hi, P_X4(xg + 16));
+                }
+            }
+            __m512 sv = _mm512_loadu_ps((const float *)(e + 4096 + 64 * j));
+            for (int b = 0; b < NB; b++)
+                acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[b]), _mm512_mul_ps(sv, _mm512_set1_ps(X->d[(b0 + b) * ng + g])), acc[b]);
+        }
+    }
+    for (int b = 0; b < NB; b++) out[b] = acc[b];
+}
 #endif
 
 /* one tile of 16 rows against NB (1..8) rows of x from b0: out[b] = the 16 rows' results. With pf, each group /
@@ -3579,6 +3630,31 @@ static inline __attribute__((always_inline)) void p_rows(int enc, const uint8_t 
      * 0.407, 8 rows 0.688 / 0.698 against 0.612 / 0.672); level at 64. It changes no value. */
     const int pf_on = row_prefetch || (B >= 4 && (enc == Q4_0 || enc == Q4_1 || enc == Q5_0 || enc == Q5_1));
 #if defined(K23X)
+    if (enc == IQ4_XS && B >= 16) {
+        long need = IQ4X_BYTES * (cols / 256);
+        if (k23x_cap < need) {
+            free(k23x_buf);
+            k23x_buf = (uint8_t *)aligned_alloc(64, (size_t)need);
+            k23x_cap = need;
+        }
+        for (long sb = 0; sb < cols / 256; sb++) iq4xs_expand(T + 2176 * sb, k23x_buf + IQ4X_BYTES * sb);
+        for (long b0 = 0; b0 < B; b0 += 8) {
+            int nb = (int)(B - b0 < 8 ? B - b0 : 8);
+            __m512 out[8];
+            switch (nb) {
+            case 1: iq4x_tile(k23x_buf, X, cols, b0, 1, out); break;
+            case 2: iq4x_tile(k23x_buf, X, cols, b0, 2, out); break;
+            case 3: iq4x_tile(k23x_buf, X, cols, b0, 3, out); break;
+            case 4: iq4x_tile(k23x_buf, X, cols, b0, 4, out); break;
+            case 5: iq4x_tile(k23x_buf, X, cols, b0, 5, out); break;
+            case 6: iq4x_tile(k23x_buf, X, cols, b0, 6, out); break;
+            case 7: iq4x_tile(k23x_buf, X, cols, b0, 7, out); break;
+            default: iq4x_tile(k23x_buf, X, cols, b0, 8, out); break;
+            }
+            for (int b = 0; b < nb; b++) _mm512_mask_storeu_ps(yt + (b0 + b) * ys, m, out[b]);
+        }
+        return;
+    }
     if ((enc == Q2_K || enc == Q3_K) && B >= k23x_from(enc)) {
         long need = 4096 * (cols / 256);
         if (k23x_cap < need) {
