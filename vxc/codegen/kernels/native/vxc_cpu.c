@@ -2325,6 +2325,24 @@ static inline __attribute__((always_inline)) void q_dequant_row(int enc, const u
     for (long u = 0; u < nu; u++) q_wunit(enc, row, u, s, mn, o + 32 * QU(enc) * u);
 }
 
+/* q_dequant_row of any encoding (one instance per encoding; vxc_qdequant's and vxc_qembedding's rows) */
+static void q_dequant_row_any(int enc, const uint8_t *row, long cols, float *o, float *s, float *mn) {
+    switch (enc) {
+    case Q8_0: q_dequant_row(Q8_0, row, cols, o, s, mn); break;
+    case Q4_0: q_dequant_row(Q4_0, row, cols, o, s, mn); break;
+    case Q4_1: q_dequant_row(Q4_1, row, cols, o, s, mn); break;
+    case Q4_K: q_dequant_row(Q4_K, row, cols, o, s, mn); break;
+    case Q5_0: q_dequant_row(Q5_0, row, cols, o, s, mn); break;
+    case Q5_K: q_dequant_row(Q5_K, row, cols, o, s, mn); break;
+    case Q5_1: q_dequant_row(Q5_1, row, cols, o, s, mn); break;
+    case Q2_K: q_dequant_row(Q2_K, row, cols, o, s, mn); break;
+    case Q3_K: q_dequant_row(Q3_K, row, cols, o, s, mn); break;
+    case IQ4_NL: q_dequant_row(IQ4_NL, row, cols, o, s, mn); break;
+    case IQ4_XS: q_dequant_row(IQ4_XS, row, cols, o, s, mn); break;
+    default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
+    }
+}
+
 void vxc_qdequant(int enc, const void *W, float *out, long r0, long r1, long cols) {
     if (enc < 0 || enc >= Q_COUNT || r1 <= r0) return;
     long rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], ns = q_ns(enc, cols), nm = q_nm(enc, cols);
@@ -2335,20 +2353,7 @@ void vxc_qdequant(int enc, const void *W, float *out, long r0, long r1, long col
         for (long r = r0; r < r1; r++) {
             const uint8_t *row = (const uint8_t *)W + r * rb;
             float *o = out + (r - r0) * cols;
-            switch (enc) {
-            case Q8_0: q_dequant_row(Q8_0, row, cols, o, s, mn); break;
-            case Q4_0: q_dequant_row(Q4_0, row, cols, o, s, mn); break;
-            case Q4_1: q_dequant_row(Q4_1, row, cols, o, s, mn); break;
-            case Q4_K: q_dequant_row(Q4_K, row, cols, o, s, mn); break;
-            case Q5_0: q_dequant_row(Q5_0, row, cols, o, s, mn); break;
-            case Q5_K: q_dequant_row(Q5_K, row, cols, o, s, mn); break;
-            case Q5_1: q_dequant_row(Q5_1, row, cols, o, s, mn); break;
-            case Q2_K: q_dequant_row(Q2_K, row, cols, o, s, mn); break;
-            case Q3_K: q_dequant_row(Q3_K, row, cols, o, s, mn); break;
-            case IQ4_NL: q_dequant_row(IQ4_NL, row, cols, o, s, mn); break;
-            case IQ4_XS: q_dequant_row(IQ4_XS, row, cols, o, s, mn); break;
-            default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
-            }
+            q_dequant_row_any(enc, row, cols, o, s, mn);
         }
         free(s);
     }
@@ -2421,20 +2426,7 @@ void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, 
         for (long t = t0; t < t1; t++) {
             const uint8_t *row = (const uint8_t *)table + ids[t] * rb;
             float *o = out + t * cols;
-            switch (enc) {
-            case Q8_0: q_dequant_row(Q8_0, row, cols, o, s, mn); break;
-            case Q4_0: q_dequant_row(Q4_0, row, cols, o, s, mn); break;
-            case Q4_1: q_dequant_row(Q4_1, row, cols, o, s, mn); break;
-            case Q4_K: q_dequant_row(Q4_K, row, cols, o, s, mn); break;
-            case Q5_0: q_dequant_row(Q5_0, row, cols, o, s, mn); break;
-            case Q5_K: q_dequant_row(Q5_K, row, cols, o, s, mn); break;
-            case Q5_1: q_dequant_row(Q5_1, row, cols, o, s, mn); break;
-            case Q2_K: q_dequant_row(Q2_K, row, cols, o, s, mn); break;
-            case Q3_K: q_dequant_row(Q3_K, row, cols, o, s, mn); break;
-            case IQ4_NL: q_dequant_row(IQ4_NL, row, cols, o, s, mn); break;
-            case IQ4_XS: q_dequant_row(IQ4_XS, row, cols, o, s, mn); break;
-            default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
-            }
+            q_dequant_row_any(enc, row, cols, o, s, mn);
         }
         if (drop_bytes > 0) qembedding_drop(table, ids, t0, t1, rb, drop_bytes);
     }
@@ -3277,6 +3269,13 @@ static inline __attribute__((always_inline)) void k23_group(int enc, const uint8
 static inline int k23x_from(int enc) { return enc == Q2_K ? 32 : 16; }
 static __thread uint8_t *k23x_buf;
 static __thread long k23x_cap;
+/* this thread's expansion buffer, at least need bytes (kept for the thread's later tiles) */
+static void k23x_reserve(long need) {
+    if (k23x_cap >= need) return;
+    free(k23x_buf);
+    k23x_buf = (uint8_t *)aligned_alloc(64, (size_t)need);
+    k23x_cap = need;
+}
 
 /* super-block o of a packed tile (16 rows) expanded to E: group g = 0..7, chunk c = 0..7: 64 bytes, row r's bytes
  * 4r..4r+3 its values 4c..4c+3 of group g (times their scale, as above) */
@@ -3631,12 +3630,7 @@ static inline __attribute__((always_inline)) void p_rows(int enc, const uint8_t 
     const int pf_on = row_prefetch || (B >= 4 && (enc == Q4_0 || enc == Q4_1 || enc == Q5_0 || enc == Q5_1));
 #if defined(K23X)
     if (enc == IQ4_XS && B >= 16) {
-        long need = IQ4X_BYTES * (cols / 256);
-        if (k23x_cap < need) {
-            free(k23x_buf);
-            k23x_buf = (uint8_t *)aligned_alloc(64, (size_t)need);
-            k23x_cap = need;
-        }
+        k23x_reserve(IQ4X_BYTES * (cols / 256));
         for (long sb = 0; sb < cols / 256; sb++) iq4xs_expand(T + 2176 * sb, k23x_buf + IQ4X_BYTES * sb);
         for (long b0 = 0; b0 < B; b0 += 8) {
             int nb = (int)(B - b0 < 8 ? B - b0 : 8);
@@ -3656,12 +3650,7 @@ static inline __attribute__((always_inline)) void p_rows(int enc, const uint8_t 
         return;
     }
     if ((enc == Q2_K || enc == Q3_K) && B >= k23x_from(enc)) {
-        long need = 4096 * (cols / 256);
-        if (k23x_cap < need) {
-            free(k23x_buf);
-            k23x_buf = (uint8_t *)aligned_alloc(64, (size_t)need);
-            k23x_cap = need;
-        }
+        k23x_reserve(4096 * (cols / 256));
         for (long sb = 0; sb < cols / 256; sb++) k23_expand(enc, T + sb * p_group_bytes(enc), k23x_buf + 4096 * sb);
         for (long b0 = 0; b0 < B; b0 += 8) {
             int nb = (int)(B - b0 < 8 ? B - b0 : 8);
