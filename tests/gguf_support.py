@@ -22,6 +22,31 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# the grid formats: the largest |w| / |d| their codes reach (grid value times the largest sub-block scale factor)
+GRID_REACH = {"iq2_xxs": 43 * 15.5 * 0.25, "iq2_xs": 43 * 15.5 * 0.25, "iq2_s": 43 * 15.5 * 0.25,
+              "iq3_xxs": 62 * 15.5 * 0.5, "iq3_s": 15 * 31, "iq1_s": 1.125 * 15, "iq1_m": 1.125 * 15}
+
+
+def put_f16_scales(name: str, blocks: np.ndarray, draw, pick: np.ndarray | None = None) -> None:
+    """Set the f16 scale fields of ``blocks`` (u8 ``[N, type_size]`` of encoding ``name``, in place) of the blocks
+    ``pick`` selects (a bool mask; all by default) to ``draw(n)`` (n float16 values per field) — iq1_m's ``d``,
+    spread over the top nibbles of its four u16 scale words, included."""
+    from vxc.ir.ggml import ENCODINGS
+
+    sel = np.arange(blocks.shape[0]) if pick is None else np.flatnonzero(pick)
+    at = 0
+    for field, width in ENCODINGS[name].fields:
+        if field.endswith(":f16"):
+            blocks[sel, at:at + 2] = np.asarray(draw(len(sel)), dtype=np.float16).reshape(-1, 1).view(np.uint8)
+        at += width
+    if name == "iq1_m":
+        bits = np.asarray(draw(len(sel)), dtype=np.float16).view(np.uint16)
+        words = blocks[sel, 48:56].copy().view(np.uint16)  # [n, 4]
+        for k in range(4):
+            words[:, k] = (words[:, k] & 0x0FFF) | (((bits >> (4 * k)) & 15) << 12)
+        blocks[sel, 48:56] = words.view(np.uint8)
+
+
 def _quantized(w: np.ndarray, qtype, rng: np.random.Generator) -> np.ndarray:
     import gguf
 
@@ -42,6 +67,9 @@ def _quantized(w: np.ndarray, qtype, rng: np.random.Generator) -> np.ndarray:
         elif qtype.name == "Q2_K":  # d, dmin the last 4 bytes (16 4-bit scale / min pairs first)
             raw[..., -4:-2] = (scales.view(np.float16) * 8).view(np.uint8)
             raw[..., -2:] = (rng.standard_normal((rows, cols // block, 1)) * 2e-4).astype(np.float16).view(np.uint8)
+        elif qtype.name.lower() in GRID_REACH:  # d (iq1_m: spread over its scale words) for |w| up to ~0.1
+            flat = raw.reshape(-1, type_size)
+            put_f16_scales(qtype.name.lower(), flat, lambda n: rng.standard_normal(n) * (0.05 / GRID_REACH[qtype.name.lower()]))
         elif qtype.name in ("IQ4_NL", "IQ4_XS"):  # d first (codes reach +-127, iq4_xs's scales +-32 on top)
             raw[..., 0:2] = (scales.view(np.float16) / (4 if qtype.name == "IQ4_NL" else 64)).view(np.uint8)
         else:  # Q4_K / Q5_K: d, dmin first

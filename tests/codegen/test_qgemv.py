@@ -26,6 +26,7 @@ from gguf import GGMLQuantizationType
 from gguf import quants as gq
 
 from tests import references as R
+from tests.gguf_support import put_f16_scales
 from vxc.codegen import kernels
 from vxc.codegen.kernels import native as N
 from vxc.codegen.kernels import quant
@@ -47,12 +48,7 @@ def make_blocks(name: str, rows: int, nblk: int, rng: np.random.Generator) -> np
         w = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
         return np.ascontiguousarray(gq.quantize(w, qtype(name)))
     b = rng.integers(0, 256, size=(rows * nblk, e.type_size), dtype=np.uint8)
-    at = 0
-    for field, width in e.fields:
-        if field.endswith(":f16"):
-            d = (rng.standard_normal(rows * nblk) * 2e-3).astype(np.float16)
-            b[:, at:at + 2] = d.reshape(-1, 1).view(np.uint8)
-        at += width
+    put_f16_scales(name, b, lambda n: rng.standard_normal(n) * 2e-3)
     return b.reshape(rows, nblk * e.type_size)
 
 
@@ -126,11 +122,7 @@ def test_extreme_scales():
     for name in NATIVE:
         e = ENCODINGS[name]
         b = make_blocks(name, 37, 3, rng).reshape(-1, e.type_size).copy()
-        at = 0
-        for field, width in e.fields:
-            if field.endswith(":f16"):
-                b[:, at:at + 2] = rng.choice(extremes, b.shape[0]).astype(np.float16).reshape(-1, 1).view(np.uint8)
-            at += width
+        put_f16_scales(name, b, lambda n: rng.choice(extremes, n))
         b = b.reshape(37, 3 * e.type_size)
         blocks = torch.from_numpy(b)
         x = torch.randn(2, 3 * e.block_size)
@@ -166,12 +158,7 @@ def test_an_encoding_without_a_native_decoder_runs_the_twin_visibly(name, monkey
     rng = np.random.default_rng(5)
     e = ENCODINGS[name]
     b = rng.integers(0, 256, size=(6, 2 * e.type_size), dtype=np.uint8)
-    for row in b.reshape(-1, e.type_size):  # finite f16 fields
-        at = 0
-        for field, width in e.fields:
-            if field.endswith(":f16"):
-                row[at:at + 2] = np.array([1e-3], dtype=np.float16).view(np.uint8)
-            at += width
+    put_f16_scales(name, b.reshape(-1, e.type_size), lambda n: np.full(n, 1e-3))  # finite f16 fields
     blocks, x = torch.from_numpy(b), torch.randn(2, 2 * e.block_size)
     with pytest.raises(kernels.NotCovered, match="native decoder"):
         quant.qgemv_native(name, blocks, x)
@@ -284,12 +271,7 @@ def test_native_decode_bit_exact(name, rows, nblk):
     e = ENCODINGS[name]
     b = make_blocks(name, rows, nblk, rng).reshape(-1, e.type_size).copy()
     extremes = np.array([2.0 ** -24, -(2.0 ** -24), 6.1e-5, 65504.0, -65504.0, -0.0, 1e-3, -7.5], dtype=np.float16)
-    at = 0
-    for field, width in e.fields:
-        if field.endswith(":f16"):
-            pick = rng.random(b.shape[0]) < 0.3
-            b[pick, at:at + 2] = rng.choice(extremes, int(pick.sum())).astype(np.float16).reshape(-1, 1).view(np.uint8)
-        at += width
+    put_f16_scales(name, b, lambda n: rng.choice(extremes, n), rng.random(b.shape[0]) < 0.3)
     b = b.reshape(rows, nblk * e.type_size)
     want = np.ascontiguousarray(gq.dequantize(b, qtype(name))).astype(np.float32)
     got = quant.dequantize_native(name, torch.from_numpy(b)).numpy()
@@ -308,6 +290,30 @@ def test_fp32_rows_at_the_floor_past_one_register_pass(name):
     x = torch.from_numpy(rng.standard_normal((quant.TILED_FROM + 7, 2 * ENCODINGS[name].block_size)).astype(np.float32))
     got = run_native(name, blocks, x)
     R.assert_kernel_at_floor(got, quant.qgemv_twin(name, blocks, x), oracle(name, b, x), f"{name} fp32 prefill")
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("name", ["iq2_xs", "iq3_s", "iq1_m"])
+@pytest.mark.parametrize("activations", ["fp32", "int8_block32"])
+def test_grid_formats_prefill_in_decoded_tiles(name, activations):
+    """The grid formats (no register GEMM) run TILED_FROM rows of x and more as decoded fp32 tiles into torch's
+    fp32 GEMM (x first rounded to its int8 blocks under int8_block32), at the floor of the twin and the fp64
+    oracle; below TILED_FROM rows, the row kernel."""
+    assert N.available(), N.status()
+    rng = np.random.default_rng(17)
+    b = make_blocks(name, 21, 2, rng)
+    blocks = torch.from_numpy(b)
+    cols = 2 * ENCODINGS[name].block_size
+    for B, calls in ((quant.TILED_FROM + 7, ["vxc_qdequant"]),
+                     (quant.TILED_FROM - 1, ["vxc_qgemv_a8" if activations != "fp32" else "vxc_qgemv"])):
+        x = torch.from_numpy(rng.standard_normal((B, cols)).astype(np.float32))
+        rec = N.Recorder()
+        with N.recording(rec):
+            got = quant.qgemv_native(name, blocks, x, activations)
+        assert [c for c, _ in rec.calls] == calls, rec.calls
+        xo = quant.dequantize_activations(x) if activations != "fp32" else x
+        R.assert_kernel_at_floor(got, quant.qgemv_twin(name, blocks, x, activations), oracle(name, b, xo),
+                                 f"{name} {activations} B={B}")
 
 
 @pytest.mark.native

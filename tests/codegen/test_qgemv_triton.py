@@ -28,7 +28,7 @@ from tests.triton_support import triton_case as triton_case_for
 from vxc.codegen import kernels
 from vxc.codegen.kernels import qdense, quant
 from vxc.codegen.kernels.triton_common import INTERPRETED
-from vxc.ir.ggml import ENCODINGS
+from vxc.ir.ggml import ENCODINGS, GRID_ENCODINGS
 
 triton_case = triton_case_for(torch.cuda.is_available() or INTERPRETED)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -108,8 +108,8 @@ def test_triton_decoder_bit_exact_and_qembedding():
         assert torch.equal(got.view(torch.int32), qdense.qembedding_twin(ids, name, table).view(torch.int32)), name
     # an encoding without a Triton decoder (every one of the table has one now: one is taken out here):
     # NotCovered, and through the dispatcher the twin runs, recorded
-    assert set(COVERED) == set(ENCODINGS) - {"iq4_nl", "iq4_xs"}
-    _uncovered_runs_the_twin("iq4_nl", "iq4_xs")
+    assert set(COVERED) == set(ENCODINGS) - {"iq4_nl", "iq4_xs", *GRID_ENCODINGS}
+    _uncovered_runs_the_twin("iq4_nl", "iq4_xs", *GRID_ENCODINGS)
     saved = dict(quant.TRITON_ENCODINGS)
     del quant.TRITON_ENCODINGS["q3_k"]
     try:

@@ -15,7 +15,8 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 import vxc.ir.ggml as G
-from vxc.ir.ggml import ENCODINGS, GGMLError, logical_cols, row_bytes
+from tests.gguf_support import put_f16_scales
+from vxc.ir.ggml import ENCODINGS, GRID_ENCODINGS, GGMLError, logical_cols, row_bytes
 from vxc.runtime.ggml_blocks import DEQUANTIZE, QUANTIZE, dequantize, quantize
 
 ALL = sorted(ENCODINGS)
@@ -58,9 +59,10 @@ def test_table_matches_gguf_constants():
         assert GGML_QUANT_SIZES[t] == (e.block_size, e.type_size), name
         assert sum(w for _, w in e.fields) == e.type_size
     assert set(DEQUANTIZE) == set(ENCODINGS)
-    # every format but the iq4 ones, whose ggml encoders search per block against an importance weighting (gguf-py
-    # has none either): they are read, not written
-    assert set(QUANTIZE) == set(ENCODINGS) - {"iq4_nl", "iq4_xs"}
+    # every format but the i-quants (iq4 and the grid formats), whose ggml encoders search per block against an
+    # importance weighting (gguf-py has none either): they are read, not written
+    assert set(QUANTIZE) == set(ENCODINGS) - {"iq4_nl", "iq4_xs", *GRID_ENCODINGS}
+    assert {"iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"} == set(GRID_ENCODINGS)
 
 
 def test_ir_table_imports_neither_torch_nor_numpy():
@@ -96,15 +98,6 @@ def test_unknown_encodings_are_refused_by_name():
 
 
 # ---------------------------------------------------------------------------------------------- decoding
-def f16_offsets(name: str) -> list[int]:
-    out, at = [], 0
-    for field, w in ENCODINGS[name].fields:
-        if field.endswith(":f16"):
-            out.append(at)
-        at += w
-    return out
-
-
 # f16 scale values that stress the arithmetic: subnormal halves, the largest half, signed zeros, negatives
 EXTREMES = np.array([2.0 ** -24, -(2.0 ** -24), 3 * 2.0 ** -20, 6.1e-5, 6.0e4, 65504.0, -65504.0, 0.0, -0.0,
                      -1.0, -0.0123, 1e-3, 7.5, 300.0], dtype=np.float16)
@@ -119,12 +112,14 @@ def random_blocks(name: str, shape: tuple[int, ...], scales: str, rng: np.random
     if scales == "raw":
         return b
     blocks = b.reshape(-1, e.type_size)
-    for off in f16_offsets(name):
-        n = blocks.shape[0]
+
+    def draw(n: int) -> np.ndarray:
         v = (rng.standard_normal(n) * rng.choice([1e-3, 0.05, 1.0, 30.0], n)).astype(np.float16)
         if scales == "extreme":
             v = np.where(rng.random(n) < 0.7, rng.choice(EXTREMES, n), v).astype(np.float16)
-        blocks[:, off:off + 2] = v.reshape(n, 1).view(np.uint8)
+        return v
+
+    put_f16_scales(name, blocks, draw)
     return blocks.reshape(shape)
 
 
@@ -197,6 +192,29 @@ def test_dequantize_known_values():
     want = [-16.0] * 32
     want[0], want[17] = 0.0, 0.0
     assert dequantize("q5_0", q5).tolist() == want
+
+
+def test_grid_formats_known_values():
+    """Hand-built i-quant blocks against ggml-common.h's first grid entries (iq2xxs_grid[0] = 0x0808080808080808,
+    iq3s_grid[0] = 0x01010101, iq1s_grid[0] = all -1, ksigns_iq2xs[1] = 0x81), not against the reference."""
+    one = list(np.float16(1.0).tobytes())
+    # iq2_xxs: all-zero codes -> grid entry 0 (eight 8s) times (1 * (0.5 + 0)) * 0.25 = 1.0
+    b = torch.tensor(one + [0] * 64, dtype=torch.uint8)
+    assert dequantize("iq2_xxs", b).tolist() == [1.0] * 256
+    # group 0's second u32: scale 3 (top 4 bits), sign index 1 for its first 8 values (values 0 and 7 negative)
+    aux = (3 << 28) | 1
+    b = torch.tensor(one + [0] * 4 + list(aux.to_bytes(4, "little")) + [0] * 56, dtype=torch.uint8)
+    want = [7.0] * 32 + [1.0] * 224
+    want[0] = want[7] = -7.0
+    assert dequantize("iq2_xxs", b).tolist() == want
+    # iq3_s: grid entry 0 (four 1s) times d (1 + 2 * 0); sign bit 0 of byte 0 negates value 0; scale nibble 1 -> 3
+    b = torch.tensor(one + [0] * 64 + [0] * 8 + [1] + [0] * 31 + [0x10, 0, 0, 0], dtype=torch.uint8)
+    want = [1.0] * 32 + [3.0] * 32 + [1.0] * 192
+    want[0] = -1.0
+    assert dequantize("iq3_s", b).tolist() == want
+    # iq1_s: grid entry 0 (eight -1) plus delta +0.125 times d (2 * 0 + 1); qh bit 15 makes group 1's delta -0.125
+    b = torch.tensor(one + [0] * 32 + [0, 0, 0, 0x80] + [0] * 12, dtype=torch.uint8)
+    assert dequantize("iq1_s", b).tolist() == [-0.875] * 32 + [-1.125] * 32 + [-0.875] * 192
 
 
 # ---------------------------------------------------------------------------------------------- encoding

@@ -22,6 +22,26 @@ Decoded value of element ``i`` (all arithmetic in fp32, in the order written):
 ``iq4_nl`` ``d * kv[nib[i]]``                               (as q4_0's nibbles; ``kv``: ggml's 16 non-linear int8 levels)
 ``iq4_xs`` ``(d * (s_j - 32)) * kv[nib[i]]``                (8 groups of 32, each as an iq4_nl block; 6-bit ``s_j``:
                                                             4 low bits from ``scales_l``, 2 high from ``scales_h``)
+
+The grid formats (ggml's "i-quants" below 4 bits): values come 8 (4 for iq3) at a time as one entry of a fixed
+grid of small positive integers (ggml's ``iq2xxs_grid`` … ``iq1s_grid``; vxc reads the grids from gguf-py's
+``gguf.quants``, never a copy of its own), with a sign per value for the iq2 / iq3 ones:
+
+``iq2_xxs`` ``((d * (0.5 + s_j)) * 0.25) * grid[k] * sign``  (8 groups of 32, each two u32: 4 grid bytes; 4 x 7-bit sign
+                                                            indices into ggml's ``ksigns_iq2xs``, 4-bit ``s_j`` on top)
+``iq2_xs``  ``((d * (0.5 + s_j)) * 0.25) * grid[k] * sign``  (16 groups of 16; u16 codes: 9-bit grid index, 7-bit sign
+                                                            index; 4-bit ``s_j`` from ``scales``)
+``iq2_s``   ``((d * (0.5 + s_j)) * 0.25) * grid[k] * sign``  (as iq2_xs with a 10-bit index: 8 bits in ``qs``, 2 in
+                                                            ``qh``; one explicit sign bit per value in ``signs``)
+``iq3_xxs`` ``((d * (0.5 + s_j)) * 0.5) * grid[k] * sign``   (8 groups of 32: 8-bit indices into a grid of 4-value
+                                                            entries; a u32 per group of 4 x 7-bit sign indices and ``s_j``)
+``iq3_s``   ``(d * (1 + 2 s_j)) * grid[k] * sign``           (8 groups of 32: 9-bit indices, 8 bits in ``qs``, 1 in ``qh``;
+                                                            explicit sign bits; 4-bit ``s_j``)
+``iq1_s``   ``(d * (2 s_j + 1)) * (grid[k] + delta_j)``      (8 groups of 32; u16 ``qh`` per group: 3 high bits of each
+                                                            of 4 11-bit indices, 3-bit ``s_j``, the sign of
+                                                            ``delta_j = +-0.125``; grid values -1, 0, 1)
+``iq1_m``   ``(d * (2 s_j + 1)) * (grid[k] + delta_k)``      (16 groups of 16; ``d`` an f16 spread over the top nibbles of
+                                                            the four u16 ``scales``; a ``delta`` sign per grid entry)
 """
 
 from __future__ import annotations
@@ -30,7 +50,7 @@ from dataclasses import dataclass
 
 from .diagnostics import VxcError
 
-__all__ = ["ACTIVATION_PRECISIONS", "ENCODINGS", "BlockEncoding", "GGMLError", "encoding", "logical_cols", "row_bytes"]
+__all__ = ["ACTIVATION_PRECISIONS", "ENCODINGS", "GRID_ENCODINGS", "BlockEncoding", "GGMLError", "encoding", "logical_cols", "row_bytes"]
 
 # what a ggml-encoded operand may declare as the precision of the activations its products take (``activations``
 # in the IR; absent: x as given): "int8_block32" — each row of x quantised per 32-value block to int8 with an fp32
@@ -74,7 +94,16 @@ ENCODINGS: dict[str, BlockEncoding] = {e.name: e for e in (
     _enc("q6_k", 14, QK_K, ("ql", QK_K // 2), ("qh", QK_K // 4), ("scales:i8", QK_K // 16), ("d:f16", 2)),
     _enc("iq4_nl", 20, 32, ("d:f16", 2), ("qs", 16)),
     _enc("iq4_xs", 23, QK_K, ("d:f16", 2), ("scales_h", 2), ("scales_l", QK_K // 64), ("qs", QK_K // 2)),
+    _enc("iq2_xxs", 16, QK_K, ("d:f16", 2), ("qs", QK_K // 4)),
+    _enc("iq2_xs", 17, QK_K, ("d:f16", 2), ("qs", QK_K // 4), ("scales", QK_K // 32)),
+    _enc("iq2_s", 22, QK_K, ("d:f16", 2), ("qs", QK_K // 8), ("signs", QK_K // 8), ("qh", QK_K // 32), ("scales", QK_K // 32)),
+    _enc("iq3_xxs", 18, QK_K, ("d:f16", 2), ("qs", QK_K // 4), ("scales_signs", QK_K // 8)),
+    _enc("iq3_s", 21, QK_K, ("d:f16", 2), ("qs", QK_K // 4), ("qh", QK_K // 32), ("signs", QK_K // 8), ("scales", QK_K // 64)),
+    _enc("iq1_s", 19, QK_K, ("d:f16", 2), ("qs", QK_K // 8), ("qh", QK_K // 16)),
+    _enc("iq1_m", 29, QK_K, ("qs", QK_K // 8), ("qh", QK_K // 16), ("scales_d", QK_K // 32)),
 )}
+# the formats whose values are entries of a fixed grid (decoded with gguf-py's grids)
+GRID_ENCODINGS = ("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m")
 # iq4_nl / iq4_xs: the value of each 4-bit code (ggml-common.h kvalues_iq4nl)
 IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 

@@ -177,10 +177,166 @@ def _dq_iq4_xs(b: Tensor) -> Tensor:
     return (dl * _iq4(qs).view(n, 8, 32)).view(n, 256)
 
 
+# ------------------------------------------------------------------------------- the grid formats (i-quants)
+# ggml's grids and sign table as gguf-py holds them (``gguf.quants``: the classes' ``grid`` after ``init_grid``,
+# ``IQ2_XXS.ksigns``): the one source of these tables in vxc (the native library is handed the same bytes)
+_GRID_CLASS = {"iq2_xxs": "IQ2_XXS", "iq2_xs": "IQ2_XS", "iq2_s": "IQ2_S", "iq3_xxs": "IQ3_XXS", "iq3_s": "IQ3_S",
+               "iq1_s": "IQ1_S", "iq1_m": "IQ1_S"}
+
+
+def grid_table(name: str) -> Tensor:
+    """The grid of encoding ``name`` as int8 ``[entries, values per entry]`` (iq1: -1 / 0 / 1)."""
+    import gguf.quants as gq
+
+    cls = getattr(gq, _GRID_CLASS[name])
+    cls.init_grid()
+    return torch.from_numpy(cls.grid.reshape(cls.grid_shape).astype("int8"))
+
+
+def ksigns_table() -> Tensor:
+    """ggml's ``ksigns_iq2xs`` (uint8 [128]): a 7-bit index -> 8 sign bits (the eighth makes the parity even)."""
+    import gguf.quants as gq
+
+    return torch.frombuffer(bytearray(gq.IQ2_XXS.ksigns), dtype=torch.uint8)
+
+
+_TABLES: dict = {}
+
+
+def _grid(name: str, device: torch.device) -> Tensor:
+    """fp32 grid of ``name`` on ``device`` (cached)."""
+    key = (_GRID_CLASS[name], str(device))
+    if key not in _TABLES:
+        _TABLES[key] = grid_table(name).to(torch.float32).to(device)
+    return _TABLES[key]
+
+
+def _sign_bits(bits: Tensor) -> Tensor:
+    """Bytes ``[...]`` -> ``[..., 8]`` fp32: -1 where bit i is set, else 1."""
+    one = torch.ones((), dtype=torch.float32, device=bits.device)
+    b = (bits.to(torch.int32).unsqueeze(-1) >> torch.arange(8, device=bits.device, dtype=torch.int32)) & 1
+    return torch.where(b == 0, one, -one)
+
+
+def _ksigns(idx: Tensor) -> Tensor:
+    """7-bit sign indices ``[...]`` (int) -> ``[..., 8]`` fp32 signs through ``ksigns_iq2xs``."""
+    key = ("ksigns", str(idx.device))
+    if key not in _TABLES:
+        _TABLES[key] = ksigns_table().to(idx.device)
+    return _sign_bits(_TABLES[key][idx.long()])
+
+
+def _aligned(b: Tensor, k: int) -> Tensor:
+    """``b`` contiguous and starting at a multiple of ``k`` bytes of its storage (a view as a k-byte type needs it)."""
+    b = b.contiguous()
+    if b.storage_offset() % k or any(st % k for st in b.stride()[:-1]):  # (a one-row slice keeps its row's stride)
+        b = b.clone(memory_format=torch.contiguous_format)
+    return b
+
+
+def _u16(b: Tensor) -> Tensor:
+    """Bytes ``[N, 2k]`` -> the k little-endian u16 as int32 ``[N, k]``."""
+    return _aligned(b, 2).view(torch.int16).to(torch.int32) & 0xFFFF
+
+
+def _u32(b: Tensor) -> Tensor:
+    """Bytes ``[N, 4k]`` -> the k little-endian u32 as int64 ``[N, k]``."""
+    return _aligned(b, 4).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
+def _nibbles(b: Tensor) -> Tensor:
+    """Bytes ``[N, k]`` -> ``[N, 2k]``: each byte's low nibble, then its high one."""
+    return torch.stack((b & 15, b >> 4), dim=-1).reshape(b.shape[0], 2 * b.shape[1])
+
+
+def _dq_iq2_xxs(b: Tensor) -> Tensor:
+    n = b.shape[0]
+    d, qs = _fields(b, 2, 64)
+    aux = _u32(qs).view(n, 8, 2)
+    db = (_f16(d) * (0.5 + _f32(aux[..., 1] >> 28))) * 0.25  # [n, 8]
+    signs = _ksigns((aux[..., 1:2] >> torch.arange(0, 28, 7, device=b.device)) & 127)  # [n, 8, 4, 8]
+    grid = _grid("iq2_xxs", b.device)[qs.reshape(n, 8, 8)[..., :4].long()]  # [n, 8, 4, 8]
+    return (db.view(n, 8, 1, 1) * grid * signs).reshape(n, 256)
+
+
+def _iq2_scales(sc: Tensor, d: Tensor, n: int) -> Tensor:
+    """iq2_xs / iq2_s: 16 4-bit scales -> ``(d * (0.5 + s)) * 0.25`` as ``[n, 16, 1, 1]``."""
+    return ((d * (0.5 + _f32(_nibbles(sc)))) * 0.25).view(n, 16, 1, 1)
+
+
+def _dq_iq2_xs(b: Tensor) -> Tensor:
+    n = b.shape[0]
+    d, qs, sc = _fields(b, 2, 64, 8)
+    q = _u16(qs)  # [n, 32]: 9-bit grid index, 7-bit sign index
+    grid = _grid("iq2_xs", b.device)[(q & 511).long()].view(n, 16, 2, 8)
+    return (_iq2_scales(sc, _f16(d), n) * grid * _ksigns(q >> 9).view(n, 16, 2, 8)).reshape(n, 256)
+
+
+def _dq_iq2_s(b: Tensor) -> Tensor:
+    n = b.shape[0]
+    d, qs, sg, qh, sc = _fields(b, 2, 32, 32, 8, 8)
+    hi = (qh.to(torch.int32).unsqueeze(-1) >> torch.arange(0, 8, 2, device=b.device, dtype=torch.int32)) & 3
+    idx = qs.to(torch.int32) | (hi.reshape(n, 32) << 8)
+    grid = _grid("iq2_s", b.device)[idx.long()].view(n, 16, 2, 8)
+    return (_iq2_scales(sc, _f16(d), n) * grid * _sign_bits(sg).view(n, 16, 2, 8)).reshape(n, 256)
+
+
+def _dq_iq3_xxs(b: Tensor) -> Tensor:
+    n = b.shape[0]
+    d, qs, ss = _fields(b, 2, 64, 32)
+    aux = _u32(ss)  # [n, 8]
+    db = ((_f16(d) * (0.5 + _f32(aux >> 28))) * 0.5).view(n, 8, 1, 1)
+    signs = _ksigns((aux.unsqueeze(-1) >> torch.arange(0, 28, 7, device=b.device)) & 127)  # [n, 8, 4, 8]
+    grid = _grid("iq3_xxs", b.device)[qs.long()].view(n, 8, 4, 8)
+    return (db * grid * signs).reshape(n, 256)
+
+
+def _dq_iq3_s(b: Tensor) -> Tensor:
+    n = b.shape[0]
+    d, qs, qh, sg, sc = _fields(b, 2, 64, 8, 32, 4)
+    db = (_f16(d) * _f32(1 + 2 * _nibbles(sc).to(torch.int32))).view(n, 8, 1, 1)
+    hi = (qh.to(torch.int32).unsqueeze(-1) >> torch.arange(8, device=b.device, dtype=torch.int32)) & 1
+    idx = qs.to(torch.int32) | (hi.reshape(n, 64) << 8)
+    grid = _grid("iq3_s", b.device)[idx.long()].view(n, 8, 4, 8)
+    return (db * grid * _sign_bits(sg).view(n, 8, 4, 8)).reshape(n, 256)
+
+
+def _iq1_delta(bit: Tensor) -> Tensor:
+    """+0.125 where ``bit`` is 0, else -0.125 (fp32)."""
+    v = torch.full((), 0.125, dtype=torch.float32, device=bit.device)
+    return torch.where(bit == 0, v, -v)
+
+
+def _dq_iq1_s(b: Tensor) -> Tensor:
+    n = b.shape[0]
+    d, qs, qh = _fields(b, 2, 32, 16)
+    h = _u16(qh)  # [n, 8]
+    dl = (_f16(d) * _f32(2 * ((h >> 12) & 7) + 1)).view(n, 8, 1, 1)
+    delta = _iq1_delta(h & 0x8000).view(n, 8, 1, 1)
+    idx = qs.to(torch.int32).view(n, 8, 4) | (((h.unsqueeze(-1) >> torch.arange(0, 12, 3, device=b.device)) & 7) << 8)
+    grid = _grid("iq1_s", b.device)[idx.long()]  # [n, 8, 4, 8]
+    return (dl * (grid + delta)).reshape(n, 256)
+
+
+def _dq_iq1_m(b: Tensor) -> Tensor:
+    n = b.shape[0]
+    qs, qh, sc = _fields(b, 32, 16, 8)
+    s = _u16(sc)  # [n, 4]: 4 x 3-bit scales each, and a nibble of d on top
+    dbits = ((s[:, 0] >> 12) | ((s[:, 1] >> 8) & 0xF0) | ((s[:, 2] >> 4) & 0xF00) | (s[:, 3] & 0xF000)).view(n, 1)
+    d = dbits.to(torch.int16).view(torch.float16).to(torch.float32)
+    ls = (s.unsqueeze(-1) >> torch.arange(0, 12, 3, device=b.device)) & 7  # [n, 4, 4] -> 16 scales
+    dl = (d * _f32(2 * ls.reshape(n, 16) + 1)).view(n, 16, 1, 1)
+    nib = _nibbles(qh).to(torch.int32)  # [n, 32]: one per grid entry
+    idx = qs.to(torch.int32) | ((nib & 7) << 8)
+    grid = _grid("iq1_m", b.device)[idx.long()].view(n, 16, 2, 8)
+    return (dl * (grid + _iq1_delta(nib & 8).view(n, 16, 2, 1))).reshape(n, 256)
+
+
 DEQUANTIZE: dict[str, Callable[[Tensor], Tensor]] = {
     "q8_0": _dq_q8_0, "q4_0": _dq_q4_0, "q4_1": _dq_q4_1, "q5_0": _dq_q5_0, "q5_1": _dq_q5_1,
     "q2_k": _dq_q2_k, "q3_k": _dq_q3_k, "q4_k": lambda b: _dq_k45(b, False), "q5_k": lambda b: _dq_k45(b, True),
-    "q6_k": _dq_q6_k, "iq4_nl": _dq_iq4_nl, "iq4_xs": _dq_iq4_xs,
+    "q6_k": _dq_q6_k, "iq4_nl": _dq_iq4_nl, "iq4_xs": _dq_iq4_xs, "iq2_xxs": _dq_iq2_xxs, "iq2_xs": _dq_iq2_xs,
+    "iq2_s": _dq_iq2_s, "iq3_xxs": _dq_iq3_xxs, "iq3_s": _dq_iq3_s, "iq1_s": _dq_iq1_s, "iq1_m": _dq_iq1_m,
 }
 assert set(DEQUANTIZE) == set(ENCODINGS)
 

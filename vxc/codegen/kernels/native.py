@@ -114,6 +114,16 @@ def _build(cc: str) -> Path:
     return out
 
 
+_ON_LOAD: list = []  # set-up run on the library once loaded (tables handed to it): a failure leaves it unloaded
+
+
+def on_load(fn) -> None:
+    """Run ``fn(lib)`` when the library loads (now, if it already has)."""
+    _ON_LOAD.append(fn)
+    if _lib is not None:
+        fn(_lib)
+
+
 def load() -> Optional[ctypes.CDLL]:
     """The compiled library, building it on first call; None (with ``status()`` saying why) if unavailable."""
     global _lib, _why_not, _tried
@@ -134,6 +144,8 @@ def load() -> Optional[ctypes.CDLL]:
             raise RuntimeError(f"library ABI {lib.vxc_abi_version()} != {want}")
         for symbol in SIGNATURES:
             _bind(lib, symbol)
+        for fn in _ON_LOAD:
+            fn(lib)
     except Exception as e:  # a broken toolchain leaves the torch twins in charge, and says so
         _why_not = f"native kernels unavailable: {e}"
         return None

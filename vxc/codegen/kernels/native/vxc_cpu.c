@@ -178,7 +178,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 55
+#define VXC_ABI_VERSION 56
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -1702,9 +1702,11 @@ void vxc_scale_segments(const void *x, void *out, long rows, long w, int nseg, c
  * way (the prefill path: a few rows at a time into a fast GEMM). */
 
 enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_K = 6, Q5_1 = 7, Q2_K = 8, Q3_K = 9, IQ4_NL = 10,
-       IQ4_XS = 11, Q_COUNT = 12 };
-static const long Q_BLOCK[Q_COUNT] = {32, 32, 32, 256, 256, 32, 256, 32, 256, 256, 32, 256};  /* values per block */
-static const long Q_TSIZE[Q_COUNT] = {34, 18, 20, 144, 210, 22, 176, 24, 84, 110, 18, 136};  /* bytes per block */
+       IQ4_XS = 11, IQ2_XXS = 12, IQ2_XS = 13, IQ2_S = 14, IQ3_XXS = 15, IQ3_S = 16, IQ1_S = 17, IQ1_M = 18, Q_COUNT = 19 };
+static const long Q_BLOCK[Q_COUNT] = {32, 32, 32, 256, 256, 32, 256, 32, 256, 256, 32, 256,
+                                      256, 256, 256, 256, 256, 256, 256};  /* values per block */
+static const long Q_TSIZE[Q_COUNT] = {34, 18, 20, 144, 210, 22, 176, 24, 84, 110, 18, 136,
+                                      66, 74, 82, 98, 110, 50, 56};  /* bytes per block */
 /* iq4_nl / iq4_xs: the value of each 4-bit code (ggml's kvalues_iq4nl) */
 static const int8_t IQ4_KV[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 static inline int q_iq4(int enc) { return enc == IQ4_NL || enc == IQ4_XS; }
@@ -1726,6 +1728,324 @@ static inline long q_nm(int enc, long cols) { return enc == Q2_K ? cols / 16 : c
 /* q5_0 / q5_1: where a block's fifth bits (u32) and nibbles start */
 static inline long q5_qh(int enc) { return enc == Q5_1 ? 4 : 2; }
 static inline long q5_qs(int enc) { return enc == Q5_1 ? 8 : 6; }
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The grid formats (ggml's i-quants below 4 bits; codes 12-18; layouts and values as vxc/ir/ggml.py's table):
+ * every 256-value super-block is decoded to fp32 into a row buffer (iq_block: gguf.quants.dequantize's values
+ * bit for bit, in its operation order), and the GEMV multiplies the decoded row by each row of x in fp32
+ * (iq_gemv; int8_block32 activations: x first rounded to its int8 blocks' values d q, the torch twin's
+ * definition). No packed form and no integer dot path: the decode, not the bytes, bounds these formats.
+ * The grids and ggml's ksigns_iq2xs table are handed over by Python (vxc_set_iq_tables) from gguf-py's
+ * gguf.quants, the one copy vxc reads; until then the grid formats decode nothing (vxc_iq_ready() is 0). */
+#define IQT_IQ2XXS 0     /* 256 entries x 8 */
+#define IQT_IQ2XS 2048   /* 512 x 8 */
+#define IQT_IQ2S 6144    /* 1024 x 8 */
+#define IQT_IQ3XXS 14336 /* 256 x 4 */
+#define IQT_IQ3S 15360   /* 512 x 4 */
+#define IQT_IQ1S 17408   /* 2048 x 8 (values -1, 0, 1; iq1_s and iq1_m) */
+#define IQT_KSIGNS 33792 /* 128 sign bytes */
+#define IQT_BYTES 33920
+static int8_t IQT[IQT_BYTES];
+static int iq_ready = 0;
+
+static inline int q_grid(int enc) { return enc >= IQ2_XXS && enc < Q_COUNT; }
+
+/* the tables in the order above (n must be IQT_BYTES): 0 on success */
+int vxc_set_iq_tables(const int8_t *t, long n) {
+    if (n != IQT_BYTES) return -1;
+    memcpy(IQT, t, IQT_BYTES);
+    iq_ready = 1;
+    return 0;
+}
+int vxc_iq_ready(void) { return iq_ready; }
+
+static inline uint32_t iq_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint32_t iq_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* 8 values: db * grid * sign (sign bit j of sg negates value j) */
+static inline void iq_put8(float *o, float db, const int8_t *gr, unsigned sg) {
+    for (int j = 0; j < 8; j++) {
+        float v = db * (float)gr[j];
+        o[j] = (sg >> j) & 1 ? -v : v;
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* AVX-512: 16 values at a time — their grid bytes widened to fp32, times the scale, the sign bits as a mask that
+ * flips the product's sign bit (x -1, exactly); iq1: (grid + delta) times the scale. The same values as the
+ * scalar form below, which the other builds run. */
+static inline __m128i iq_g8x2(const int8_t *a, const int8_t *b) {
+    int64_t x, y;
+    memcpy(&x, a, 8);
+    memcpy(&y, b, 8);
+    return _mm_set_epi64x(y, x);
+}
+static inline __m128i iq_g4x4(const int8_t *t, unsigned i0, unsigned i1, unsigned i2, unsigned i3) {
+    int32_t a, b, c, d;
+    memcpy(&a, t + 4 * i0, 4);
+    memcpy(&b, t + 4 * i1, 4);
+    memcpy(&c, t + 4 * i2, 4);
+    memcpy(&d, t + 4 * i3, 4);
+    return _mm_set_epi32(d, c, b, a);
+}
+static inline __m512 iq_cvt16(__m128i g) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(g)); }
+static inline void iq_st16(float *o, float db, __m128i g, unsigned sg) {
+    __m512i v = _mm512_castps_si512(_mm512_mul_ps(_mm512_set1_ps(db), iq_cvt16(g)));
+    v = _mm512_mask_xor_epi32(v, (__mmask16)sg, v, _mm512_set1_epi32((int)0x80000000u));
+    _mm512_storeu_si512((void *)o, v);
+}
+static inline void iq1_st16(float *o, __m512 dl, __m128i g, __m512 delta) {
+    _mm512_storeu_ps(o, _mm512_mul_ps(dl, _mm512_add_ps(iq_cvt16(g), delta)));
+}
+
+static void iq_block(int enc, const uint8_t *b, float *o) {
+    const uint8_t *ks = (const uint8_t *)IQT + IQT_KSIGNS;
+    if (!iq_ready) { /* no tables handed over: NaN, never a silent wrong value */
+        for (int i = 0; i < 256; i++) o[i] = NAN;
+        return;
+    }
+    switch (enc) {
+    case IQ2_XXS: {
+        float d = h2f(b);
+        const int8_t *G = IQT + IQT_IQ2XXS;
+        for (int g = 0; g < 8; g++) {
+            const uint8_t *q = b + 2 + 8 * g;
+            uint32_t a1 = iq_u32(q + 4);
+            float db = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
+            for (int h = 0; h < 2; h++)
+                iq_st16(o + 32 * g + 16 * h, db, iq_g8x2(G + 8 * q[2 * h], G + 8 * q[2 * h + 1]),
+                        ks[(a1 >> (14 * h)) & 127] | (unsigned)ks[(a1 >> (14 * h + 7)) & 127] << 8);
+        }
+        return;
+    }
+    case IQ2_XS: {
+        float d = h2f(b);
+        const int8_t *G = IQT + IQT_IQ2XS;
+        for (int j = 0; j < 16; j++) {
+            uint32_t q0 = iq_u16(b + 2 + 4 * j), q1 = iq_u16(b + 4 + 4 * j);
+            float db = d * (0.5f + (float)((b[66 + j / 2] >> (4 * (j & 1))) & 15)) * 0.25f;
+            iq_st16(o + 16 * j, db, iq_g8x2(G + 8 * (q0 & 511), G + 8 * (q1 & 511)), ks[q0 >> 9] | (unsigned)ks[q1 >> 9] << 8);
+        }
+        return;
+    }
+    case IQ2_S: {
+        float d = h2f(b);
+        const int8_t *G = IQT + IQT_IQ2S;
+        for (int j = 0; j < 16; j++) {
+            int k = 2 * j;
+            unsigned h = b[66 + j / 2] >> (4 * (j & 1));
+            unsigned i0 = b[2 + k] | ((h & 3) << 8), i1 = b[3 + k] | (((h >> 2) & 3) << 8);
+            float db = d * (0.5f + (float)((b[74 + j / 2] >> (4 * (j & 1))) & 15)) * 0.25f;
+            iq_st16(o + 16 * j, db, iq_g8x2(G + 8 * i0, G + 8 * i1), b[34 + k] | (unsigned)b[35 + k] << 8);
+        }
+        return;
+    }
+    case IQ3_XXS: {
+        float d = h2f(b);
+        const int8_t *G = IQT + IQT_IQ3XXS;
+        for (int g = 0; g < 8; g++) {
+            const uint8_t *q = b + 2 + 8 * g;
+            uint32_t a = iq_u32(b + 66 + 4 * g);
+            float db = d * (0.5f + (float)(a >> 28)) * 0.5f;
+            for (int h = 0; h < 2; h++)
+                iq_st16(o + 32 * g + 16 * h, db, iq_g4x4(G, q[4 * h], q[4 * h + 1], q[4 * h + 2], q[4 * h + 3]),
+                        ks[(a >> (14 * h)) & 127] | (unsigned)ks[(a >> (14 * h + 7)) & 127] << 8);
+        }
+        return;
+    }
+    case IQ3_S: {
+        float d = h2f(b);
+        const int8_t *G = IQT + IQT_IQ3S;
+        for (int g = 0; g < 8; g++) {
+            float db = d * (float)(1 + 2 * ((b[106 + g / 2] >> (4 * (g & 1))) & 15));
+            unsigned qh = b[66 + g];
+            const uint8_t *q = b + 2 + 8 * g;
+            for (int h = 0; h < 2; h++) {
+                unsigned e = 4 * h;
+                iq_st16(o + 32 * g + 16 * h, db,
+                        iq_g4x4(G, q[e] | ((qh >> e) & 1) << 8, q[e + 1] | ((qh >> (e + 1)) & 1) << 8,
+                                q[e + 2] | ((qh >> (e + 2)) & 1) << 8, q[e + 3] | ((qh >> (e + 3)) & 1) << 8),
+                        iq_u16(b + 74 + 4 * g + 2 * h));
+            }
+        }
+        return;
+    }
+    case IQ1_S: {
+        float d = h2f(b);
+        const int8_t *G = IQT + IQT_IQ1S;
+        for (int g = 0; g < 8; g++) {
+            uint32_t h = iq_u16(b + 34 + 2 * g);
+            __m512 dl = _mm512_set1_ps(d * (float)(2 * ((h >> 12) & 7) + 1));
+            __m512 delta = _mm512_set1_ps(h & 0x8000 ? -0.125f : 0.125f);
+            const uint8_t *q = b + 2 + 4 * g;
+            for (int t = 0; t < 2; t++)
+                iq1_st16(o + 32 * g + 16 * t, dl,
+                         iq_g8x2(G + 8 * (q[2 * t] | (((h >> (6 * t)) & 7) << 8)), G + 8 * (q[2 * t + 1] | (((h >> (6 * t + 3)) & 7) << 8))),
+                         delta);
+        }
+        return;
+    }
+    default: { /* IQ1_M */
+        uint32_t w[4];
+        for (int k = 0; k < 4; k++) w[k] = iq_u16(b + 48 + 2 * k);
+        uint8_t dh[2];
+        uint16_t db16 = (uint16_t)((w[0] >> 12) | ((w[1] >> 8) & 0xF0) | ((w[2] >> 4) & 0xF00) | (w[3] & 0xF000));
+        memcpy(dh, &db16, 2);
+        float d = h2f(dh);
+        const int8_t *G = IQT + IQT_IQ1S;
+        for (int i = 0; i < 16; i++) { /* 16-value group i: grid entries 2i, 2i + 1, their nibbles in byte i of qh */
+            __m512 dl = _mm512_set1_ps(d * (float)(2 * ((w[i / 4] >> (3 * (i % 4))) & 7) + 1));
+            unsigned n0 = b[32 + i] & 15, n1 = b[32 + i] >> 4;
+            __m512 delta = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(n0 & 8 ? -0.125f : 0.125f),
+                                                _mm512_set1_ps(n1 & 8 ? -0.125f : 0.125f));
+            iq1_st16(o + 16 * i, dl, iq_g8x2(G + 8 * (b[2 * i] | ((n0 & 7) << 8)), G + 8 * (b[2 * i + 1] | ((n1 & 7) << 8))), delta);
+        }
+        return;
+    }
+    }
+}
+#else
+/* one super-block b of encoding enc -> 256 fp32 values */
+static void iq_block(int enc, const uint8_t *b, float *o) {
+    const uint8_t *ks = (const uint8_t *)IQT + IQT_KSIGNS;
+    if (!iq_ready) { /* no tables handed over: NaN, never a silent wrong value */
+        for (int i = 0; i < 256; i++) o[i] = NAN;
+        return;
+    }
+    switch (enc) {
+    case IQ2_XXS: {
+        float d = h2f(b);
+        for (int g = 0; g < 8; g++) {
+            const uint8_t *q = b + 2 + 8 * g;
+            uint32_t a1 = iq_u32(q + 4);
+            float db = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
+            for (int k = 0; k < 4; k++)
+                iq_put8(o + 32 * g + 8 * k, db, IQT + IQT_IQ2XXS + 8 * q[k], ks[(a1 >> (7 * k)) & 127]);
+        }
+        break;
+    }
+    case IQ2_XS: {
+        float d = h2f(b);
+        for (int k = 0; k < 32; k++) {
+            uint32_t q = iq_u16(b + 2 + 2 * k);
+            float db = d * (0.5f + (float)((b[66 + k / 4] >> (4 * ((k / 2) & 1))) & 15)) * 0.25f;
+            iq_put8(o + 8 * k, db, IQT + IQT_IQ2XS + 8 * (q & 511), ks[q >> 9]);
+        }
+        break;
+    }
+    case IQ2_S: {
+        float d = h2f(b);
+        for (int k = 0; k < 32; k++) {
+            unsigned idx = b[2 + k] | (((b[66 + k / 4] >> (2 * (k % 4))) & 3) << 8);
+            float db = d * (0.5f + (float)((b[74 + k / 4] >> (4 * ((k / 2) & 1))) & 15)) * 0.25f;
+            iq_put8(o + 8 * k, db, IQT + IQT_IQ2S + 8 * idx, b[34 + k]);
+        }
+        break;
+    }
+    case IQ3_XXS: {
+        float d = h2f(b);
+        for (int g = 0; g < 8; g++) {
+            uint32_t a = iq_u32(b + 66 + 4 * g);
+            float db = d * (0.5f + (float)(a >> 28)) * 0.5f;
+            for (int k = 0; k < 4; k++) {
+                int8_t gr[8];
+                memcpy(gr, IQT + IQT_IQ3XXS + 4 * b[2 + 8 * g + 2 * k], 4);
+                memcpy(gr + 4, IQT + IQT_IQ3XXS + 4 * b[2 + 8 * g + 2 * k + 1], 4);
+                iq_put8(o + 32 * g + 8 * k, db, gr, ks[(a >> (7 * k)) & 127]);
+            }
+        }
+        break;
+    }
+    case IQ3_S: {
+        float d = h2f(b);
+        for (int g = 0; g < 8; g++) {
+            float db = d * (float)(1 + 2 * ((b[106 + g / 2] >> (4 * (g & 1))) & 15));
+            for (int k = 0; k < 4; k++) {
+                int8_t gr[8];
+                for (int h = 0; h < 2; h++) {
+                    int e = 8 * g + 2 * k + h;
+                    unsigned idx = b[2 + e] | (((b[66 + e / 8] >> (e % 8)) & 1) << 8);
+                    memcpy(gr + 4 * h, IQT + IQT_IQ3S + 4 * idx, 4);
+                }
+                iq_put8(o + 32 * g + 8 * k, db, gr, b[74 + 4 * g + k]);
+            }
+        }
+        break;
+    }
+    case IQ1_S: {
+        float d = h2f(b);
+        for (int g = 0; g < 8; g++) {
+            uint32_t h = iq_u16(b + 34 + 2 * g);
+            float dl = d * (float)(2 * ((h >> 12) & 7) + 1), delta = h & 0x8000 ? -0.125f : 0.125f;
+            for (int k = 0; k < 4; k++) {
+                const int8_t *gr = IQT + IQT_IQ1S + 8 * (b[2 + 4 * g + k] | (((h >> (3 * k)) & 7) << 8));
+                for (int j = 0; j < 8; j++) o[32 * g + 8 * k + j] = dl * ((float)gr[j] + delta);
+            }
+        }
+        break;
+    }
+    default: { /* IQ1_M */
+        uint32_t w[4];
+        for (int k = 0; k < 4; k++) w[k] = iq_u16(b + 48 + 2 * k);
+        uint8_t dh[2];
+        uint16_t db16 = (uint16_t)((w[0] >> 12) | ((w[1] >> 8) & 0xF0) | ((w[2] >> 4) & 0xF00) | (w[3] & 0xF000));
+        memcpy(dh, &db16, 2);
+        float d = h2f(dh);
+        for (int k = 0; k < 32; k++) {
+            int i = k / 2; /* the 16-value group */
+            float dl = d * (float)(2 * ((w[i / 4] >> (3 * (i % 4))) & 7) + 1);
+            unsigned nib = (b[32 + k / 2] >> (4 * (k & 1))) & 15;
+            float delta = nib & 8 ? -0.125f : 0.125f;
+            const int8_t *gr = IQT + IQT_IQ1S + 8 * (b[k] | ((nib & 7) << 8));
+            for (int j = 0; j < 8; j++) o[8 * k + j] = dl * ((float)gr[j] + delta);
+        }
+        break;
+    }
+    }
+}
+
+#endif
+
+/* a row of cols values (whole super-blocks) of a grid format decoded to fp32 */
+static void iq_row(int enc, const uint8_t *row, long cols, float *o) {
+    for (long i = 0; i < cols / 256; i++) iq_block(enc, row + i * Q_TSIZE[enc], o + 256 * i);
+}
+
+/* sum_k a[k] b[k] in fp32 (both in cache: no prefetch) */
+static inline float iq_dot(const float *a, const float *b, long n) {
+#if defined(__AVX512F__)
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    long k = 0;
+    for (; k + 32 <= n; k += 32) {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 16), _mm512_loadu_ps(b + k + 16), acc1);
+    }
+    for (; k + 16 <= n; k += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), acc0);
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (; k < n; k++) s += a[k] * b[k];
+    return s;
+#else
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (long k = 0; k < n; k++) s += a[k] * b[k];
+    return s;
+#endif
+}
+
+/* y [B, rows] = x [B, cols] fp32 times W (grid format enc): each weight row decoded once for all B rows of x */
+static void iq_gemv(int enc, const uint8_t *W, const float *x, float *y, long rows, long cols, long B) {
+    long rb = cols / 256 * Q_TSIZE[enc];
+#pragma omp parallel
+    {
+        float *w = (float *)malloc((size_t)cols * sizeof(float) + 64);
+#pragma omp for schedule(static)
+        for (long r = 0; r < rows; r++) {
+            iq_row(enc, W + r * rb, cols, w);
+            for (long b = 0; b < B; b++) y[b * rows + r] = iq_dot(w, x + b * cols, cols);
+        }
+        free(w);
+    }
+}
 
 /* q4_k's eight 6-bit scales (sc) and mins (m) from the 12 scale bytes, as the bytes of two 64-bit words (scale /
  * min j in byte j): bytes 0-3 hold scales 0-3 in their low 6 bits and the top 2 bits of scales 4-7, bytes 4-7 the
@@ -2290,6 +2610,11 @@ void vxc_qgemv(int enc, const void *W, const void *x, float *y, long rows, long 
     float *xf = bf ? (float *)malloc((size_t)(B * cols) * sizeof(float)) : NULL;
     if (bf) load_row(x, 0, B * cols, 1, xf);
     const float *xx = bf ? xf : (const float *)x;
+    if (q_grid(enc)) {
+        iq_gemv(enc, (const uint8_t *)W, xx, y, rows, cols, B);
+        free(xf);
+        return;
+    }
 #pragma omp parallel
     {
         float *s = (float *)malloc((size_t)(4 * (ns + nm) + 1) * sizeof(float)), *mn = s + 4 * ns;
@@ -2327,6 +2652,10 @@ static inline __attribute__((always_inline)) void q_dequant_row(int enc, const u
 
 /* q_dequant_row of any encoding (one instance per encoding; vxc_qdequant's and vxc_qembedding's rows) */
 static void q_dequant_row_any(int enc, const uint8_t *row, long cols, float *o, float *s, float *mn) {
+    if (q_grid(enc)) {
+        iq_row(enc, row, cols, o);
+        return;
+    }
     switch (enc) {
     case Q8_0: q_dequant_row(Q8_0, row, cols, o, s, mn); break;
     case Q4_0: q_dequant_row(Q4_0, row, cols, o, s, mn); break;
@@ -2887,6 +3216,20 @@ void vxc_qgemv_a8(int enc, const void *W, const void *x, float *y, long rows, lo
     long ns = q_ns(enc, cols), nm = q_nm(enc, cols);
     float *xf = bf ? (float *)malloc((size_t)(B * cols) * sizeof(float)) : NULL;
     if (bf) load_row(x, 0, B * cols, 1, xf);
+    if (q_grid(enc)) { /* x as its int8 blocks' values d q (fp32), then the fp32 product */
+        float *xd = (float *)malloc((size_t)(B * cols) * sizeof(float)), *d = (float *)malloc((size_t)(cols / 32 + 1) * sizeof(float));
+        int8_t *q = (int8_t *)malloc((size_t)cols + 64);
+        for (long b = 0; b < B; b++) {
+            a8_quantize_row((bf ? xf : (const float *)x) + b * cols, cols, q, d);
+            for (long i = 0; i < cols; i++) xd[b * cols + i] = (float)q[i] * d[i / 32];
+        }
+        iq_gemv(enc, (const uint8_t *)W, xd, y, rows, cols, B);
+        free(q);
+        free(d);
+        free(xd);
+        free(xf);
+        return;
+    }
     a8_x X;
     a8_prepare(enc, bf ? xf : (const float *)x, cols, B, &X, 0);
     free(xf);
