@@ -35,9 +35,11 @@ REAL_MODELS = {
     "gemma3-270m": {"precision": "q4_k_m", "label": "Gemma 3 270M (real)"},
 }
 ALL_MODELS = RANDOM_MODELS + tuple(REAL_MODELS)
-PRECISIONS = ("f32", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "iq4_xs", "iq4_nl")
+PRECISIONS = ("f32", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "iq4_xs", "iq4_nl", "iq3_s", "iq3_m")
 QUANT_TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q3_k_m": "Q3_K_M",
-               "q2_k": "Q2_K", "iq4_xs": "IQ4_XS", "iq4_nl": "IQ4_NL"}  # llama-quantize's names
+               "q2_k": "Q2_K", "iq4_xs": "IQ4_XS", "iq4_nl": "IQ4_NL", "iq3_s": "IQ3_S", "iq3_m": "IQ3_M"}  # llama-quantize's names
+# (IQ3_S / IQ3_M: the grid formats llama-quantize writes without an importance matrix; IQ3_XXS, IQ2_* and IQ1_*
+# need one)
 CONVERTER_TYPES = ("f32", "bf16")
 
 

@@ -2641,6 +2641,222 @@ void vxc_qgemv(int enc, const void *W, const void *x, float *y, long rows, long 
     free(xf);
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define IQ_A8 1
+/* int8_block32 activations on the grid formats (AVX-512 VNNI): each 64-value chunk of a super-block as unsigned
+ * magnitudes (one gather of its grid entries), a 64-bit sign mask and a weight scale per vpdpbusd lane; x's int8
+ * bytes negated where the weight's sign is, then vpdpbusd sums |w| (x sign) exactly per lane of four values, and
+ * each lane's integer is scaled by its weight scale times x's block scale. iq1: the integer w = 8 grid + (delta
+ * > 0 ? 1 : -1) at the scale dl / 8 (both exact), the same real value as dl (grid + delta). The fp32 product of
+ * the decoded weights with x's values d q, up to summation order (the twin's definition). */
+static void a8_quantize_row(const float *x, long cols, int8_t *q, float *d); /* (below: the int8 activation section) */
+static const int32_t IQ_LANES4[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+
+/* ksigns of four 7-bit indices at bits 0, 7, 14, 21 of a: 32 sign bits, value order */
+static inline uint32_t iq_ks4(uint32_t a) {
+    const uint8_t *ks = (const uint8_t *)IQT + IQT_KSIGNS;
+    return ks[a & 127] | (uint32_t)ks[(a >> 7) & 127] << 8 | (uint32_t)ks[(a >> 14) & 127] << 16 | (uint32_t)ks[(a >> 21) & 127] << 24;
+}
+
+/* grid entries assembled by scalar loads and inserts (on Zen 4 a vpgatherdd of 16 took ~6 ns, these ~4; a
+ * vpgatherdq of 8 ~3.5 ns, these ~2; in the kernels, interleaved A/B: faster for iq2_xxs, iq2_s, iq3_xxs, iq1_s,
+ * iq1_m, slower for iq3_s and iq2_xs, which keep their gathers): 16 entries of 4 bytes (iq3), 8 of 8 bytes (iq2, iq1) */
+static inline __attribute__((always_inline)) __m512i iq_e4x16(const int8_t *t, const uint32_t *i) {
+    __m128i g[4];
+    for (int k = 0; k < 4; k++) {
+        int32_t v0, v1, v2, v3;
+        memcpy(&v0, t + 4 * i[4 * k], 4);
+        memcpy(&v1, t + 4 * i[4 * k + 1], 4);
+        memcpy(&v2, t + 4 * i[4 * k + 2], 4);
+        memcpy(&v3, t + 4 * i[4 * k + 3], 4);
+        g[k] = _mm_insert_epi32(_mm_insert_epi32(_mm_insert_epi32(_mm_cvtsi32_si128(v0), v1, 1), v2, 2), v3, 3);
+    }
+    return _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(g[0]), g[1], 1), g[2], 2), g[3], 3);
+}
+static inline __attribute__((always_inline)) __m512i iq_e8x8(const int8_t *t, const uint32_t *i) {
+    __m128i g[4];
+    for (int k = 0; k < 4; k++) {
+        int64_t v0, v1;
+        memcpy(&v0, t + 8 * i[2 * k], 8);
+        memcpy(&v1, t + 8 * i[2 * k + 1], 8);
+        g[k] = _mm_insert_epi64(_mm_cvtsi64_si128(v0), v1, 1);
+    }
+    return _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(g[0]), g[1], 1), g[2], 2), g[3], 3);
+}
+
+/* chunk c (values 64c .. 64c + 63) of super-block b: magnitudes (u8), signs, per-lane weight scales */
+static inline __attribute__((always_inline)) void iq_chunk(int enc, const uint8_t *b, float d, int c, __m512i *mags,
+                                                           __mmask64 *sgn, __m512 *ws) {
+    const __m512i lanes4 = _mm512_loadu_si512((const void *)IQ_LANES4);
+    switch (enc) {
+    case IQ3_S: {
+        __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + 16 * c)));
+        idx = _mm512_mask_or_epi32(idx, (__mmask16)iq_u16(b + 66 + 2 * c), idx, _mm512_set1_epi32(256));
+        *mags = _mm512_i32gather_epi32(idx, (const void *)(IQT + IQT_IQ3S), 4); /* (here a gather beat the inserts) */
+        uint64_t m;
+        memcpy(&m, b + 74 + 8 * c, 8);
+        *sgn = m;
+        unsigned sc = b[106 + c];
+        *ws = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(d * (float)(1 + 2 * (sc & 15))),
+                                   _mm512_set1_ps(d * (float)(1 + 2 * (sc >> 4))));
+        break;
+    }
+    case IQ3_XXS: {
+        uint32_t idx[16];
+        for (int k = 0; k < 16; k++) idx[k] = b[2 + 16 * c + k];
+        *mags = iq_e4x16(IQT + IQT_IQ3XXS, idx);
+        uint32_t a0 = iq_u32(b + 66 + 8 * c), a1 = iq_u32(b + 70 + 8 * c);
+        *sgn = (uint64_t)iq_ks4(a0) | (uint64_t)iq_ks4(a1) << 32;
+        *ws = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(d * (0.5f + (float)(a0 >> 28)) * 0.5f),
+                                   _mm512_set1_ps(d * (0.5f + (float)(a1 >> 28)) * 0.5f));
+        break;
+    }
+    case IQ2_XXS: {
+        const uint8_t *q0 = b + 2 + 16 * c, *q1 = q0 + 8;
+        uint32_t idx[8] = {q0[0], q0[1], q0[2], q0[3], q1[0], q1[1], q1[2], q1[3]};
+        *mags = iq_e8x8(IQT + IQT_IQ2XXS, idx);
+        uint32_t a0 = iq_u32(q0 + 4), a1 = iq_u32(q1 + 4);
+        *sgn = (uint64_t)iq_ks4(a0) | (uint64_t)iq_ks4(a1) << 32;
+        *ws = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(d * (0.5f + (float)(a0 >> 28)) * 0.25f),
+                                   _mm512_set1_ps(d * (0.5f + (float)(a1 >> 28)) * 0.25f));
+        break;
+    }
+    case IQ2_XS: {
+        const uint8_t *ks = (const uint8_t *)IQT + IQT_KSIGNS;
+        __m256i q = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + 16 * c)));
+        *mags = _mm512_i32gather_epi64(_mm256_and_si256(q, _mm256_set1_epi32(511)), (const void *)(IQT + IQT_IQ2XS), 8);
+        uint64_t m = 0;
+        for (int k = 0; k < 8; k++) m |= (uint64_t)ks[iq_u16(b + 2 + 16 * c + 2 * k) >> 9] << (8 * k);
+        *sgn = m;
+        unsigned s0 = b[66 + 2 * c], s1 = b[67 + 2 * c];
+        __m128 sv = _mm_setr_ps(d * (0.5f + (float)(s0 & 15)) * 0.25f, d * (0.5f + (float)(s0 >> 4)) * 0.25f,
+                                d * (0.5f + (float)(s1 & 15)) * 0.25f, d * (0.5f + (float)(s1 >> 4)) * 0.25f);
+        *ws = _mm512_permutexvar_ps(lanes4, _mm512_castps128_ps512(sv));
+        break;
+    }
+    case IQ2_S: {
+        uint32_t idx[8], qh = iq_u16(b + 66 + 2 * c); /* 2 bits per entry */
+        for (int k = 0; k < 8; k++) idx[k] = b[2 + 8 * c + k] | ((qh >> (2 * k)) & 3) << 8;
+        *mags = iq_e8x8(IQT + IQT_IQ2S, idx);
+        uint64_t m;
+        memcpy(&m, b + 34 + 8 * c, 8);
+        *sgn = m;
+        unsigned s0 = b[74 + 2 * c], s1 = b[75 + 2 * c];
+        __m128 sv = _mm_setr_ps(d * (0.5f + (float)(s0 & 15)) * 0.25f, d * (0.5f + (float)(s0 >> 4)) * 0.25f,
+                                d * (0.5f + (float)(s1 & 15)) * 0.25f, d * (0.5f + (float)(s1 >> 4)) * 0.25f);
+        *ws = _mm512_permutexvar_ps(lanes4, _mm512_castps128_ps512(sv));
+        break;
+    }
+    case IQ1_S: {
+        uint32_t h0 = iq_u16(b + 34 + 4 * c), h1 = iq_u16(b + 36 + 4 * c);
+        uint32_t idx[8];
+        for (int k = 0; k < 4; k++) {
+            idx[k] = b[2 + 8 * c + k] | ((h0 >> (3 * k)) & 7) << 8;
+            idx[k + 4] = b[6 + 8 * c + k] | ((h1 >> (3 * k)) & 7) << 8;
+        }
+        __m512i g = iq_e8x8(IQT + IQT_IQ1S, idx);
+        __mmask64 neg = (h0 & 0x8000 ? 0xFFFFFFFFull : 0) | (h1 & 0x8000 ? 0xFFFFFFFF00000000ull : 0);
+        __m512i g2 = _mm512_add_epi8(g, g), g4 = _mm512_add_epi8(g2, g2);
+        __m512i v = _mm512_add_epi8(_mm512_add_epi8(g4, g4), _mm512_mask_blend_epi8(neg, _mm512_set1_epi8(1), _mm512_set1_epi8(-1)));
+        *mags = _mm512_abs_epi8(v);
+        *sgn = _mm512_movepi8_mask(v);
+        *ws = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(d * (float)(2 * ((h0 >> 12) & 7) + 1) * 0.125f),
+                                   _mm512_set1_ps(d * (float)(2 * ((h1 >> 12) & 7) + 1) * 0.125f));
+        break;
+    }
+    default: { /* IQ1_M: d is the caller's (read from the scale words) */
+        uint32_t qh = iq_u32(b + 32 + 4 * c); /* one nibble per entry */
+        __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)qh), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                       _mm256_set1_epi32(15));
+        uint32_t idx[8];
+        for (int k = 0; k < 8; k++) idx[k] = b[8 * c + k] | ((qh >> (4 * k)) & 7) << 8;
+        __m512i g = iq_e8x8(IQT + IQT_IQ1S, idx);
+        __mmask8 n8 = _mm256_test_epi32_mask(nib, _mm256_set1_epi32(8)); /* entries whose delta is negative */
+        __mmask64 neg = _cvtu64_mask64(_pdep_u64((uint64_t)n8, 0x0101010101010101ull) * 0xFF);
+        __m512i g2 = _mm512_add_epi8(g, g), g4 = _mm512_add_epi8(g2, g2);
+        __m512i v = _mm512_add_epi8(_mm512_add_epi8(g4, g4), _mm512_mask_blend_epi8(neg, _mm512_set1_epi8(1), _mm512_set1_epi8(-1)));
+        *mags = _mm512_abs_epi8(v);
+        *sgn = _mm512_movepi8_mask(v);
+        uint32_t w = iq_u16(b + 48 + 2 * c);
+        __m128 sv = _mm_setr_ps(d * (float)(2 * (w & 7) + 1) * 0.125f, d * (float)(2 * ((w >> 3) & 7) + 1) * 0.125f,
+                                d * (float)(2 * ((w >> 6) & 7) + 1) * 0.125f, d * (float)(2 * ((w >> 9) & 7) + 1) * 0.125f);
+        *ws = _mm512_permutexvar_ps(lanes4, _mm512_castps128_ps512(sv));
+        break;
+    }
+    }
+}
+
+/* the f16 d of a grid super-block (iq1_m: from the top nibbles of its scale words) */
+static inline float iq_d(int enc, const uint8_t *b) {
+    if (enc != IQ1_M) return h2f(b);
+    uint16_t h = (uint16_t)((iq_u16(b + 48) >> 12) | ((iq_u16(b + 50) >> 8) & 0xF0) | ((iq_u16(b + 52) >> 4) & 0xF00) |
+                            (iq_u16(b + 54) & 0xF000));
+    uint8_t hb[2];
+    memcpy(hb, &h, 2);
+    return h2f(hb);
+}
+
+#define IQ_NB 4 /* rows of x per pass over a weight row */
+
+/* one weight row against rows b0 .. b0 + nb of x (q: int8 [B, cols]; dl: each lane's x scale [B, cols / 4]) */
+static inline __attribute__((always_inline)) void iq_a8_row(int enc, const uint8_t *row, long cols, const int8_t *q,
+                                                            const float *dl, long b0, int nb, float *out) {
+    __m512 acc[IQ_NB];
+    for (int j = 0; j < IQ_NB; j++) acc[j] = _mm512_setzero_ps();
+    const __m512i zero = _mm512_setzero_si512();
+    for (long sb = 0; sb < cols / 256; sb++) {
+        const uint8_t *b = row + sb * Q_TSIZE[enc];
+        float d = iq_d(enc, b);
+        for (int c = 0; c < 4; c++) {
+            __m512i mags;
+            __mmask64 sgn;
+            __m512 ws;
+            iq_chunk(enc, b, d, c, &mags, &sgn, &ws);
+            long at = 256 * sb + 64 * c;
+            for (int j = 0; j < nb; j++) {
+                const int8_t *xq = q + (b0 + j) * cols + at;
+                __m512i xv = _mm512_loadu_si512((const void *)xq);
+                xv = _mm512_mask_sub_epi8(xv, sgn, zero, xv);
+                __m512i s = _mm512_dpbusd_epi32(zero, mags, xv);
+                __m512 sc = _mm512_mul_ps(ws, _mm512_loadu_ps(dl + (b0 + j) * (cols / 4) + at / 4));
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc[j]);
+            }
+        }
+    }
+    for (int j = 0; j < nb; j++) out[j] = _mm512_reduce_add_ps(acc[j]);
+}
+
+static void iq_gemv_a8(int enc, const uint8_t *W, const float *x, float *y, long rows, long cols, long B) {
+    long rb = cols / 256 * Q_TSIZE[enc], ng = cols / 32;
+    int8_t *q = (int8_t *)malloc((size_t)(B * cols) + 64);
+    float *d = (float *)malloc((size_t)(B * ng + 1) * sizeof(float)), *dl = (float *)malloc((size_t)(B * cols / 4 + 1) * sizeof(float));
+    for (long b = 0; b < B; b++) {
+        a8_quantize_row(x + b * cols, cols, q + b * cols, d + b * ng);
+        for (long l = 0; l < cols / 4; l++) dl[b * (cols / 4) + l] = d[b * ng + l / 8];
+    }
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < rows; r++) {
+        for (long b0 = 0; b0 < B; b0 += IQ_NB) {
+            int nb = (int)(B - b0 < IQ_NB ? B - b0 : IQ_NB);
+            float out[IQ_NB];
+            switch (enc) {
+            case IQ2_XXS: iq_a8_row(IQ2_XXS, W + r * rb, cols, q, dl, b0, nb, out); break;
+            case IQ2_XS: iq_a8_row(IQ2_XS, W + r * rb, cols, q, dl, b0, nb, out); break;
+            case IQ2_S: iq_a8_row(IQ2_S, W + r * rb, cols, q, dl, b0, nb, out); break;
+            case IQ3_XXS: iq_a8_row(IQ3_XXS, W + r * rb, cols, q, dl, b0, nb, out); break;
+            case IQ3_S: iq_a8_row(IQ3_S, W + r * rb, cols, q, dl, b0, nb, out); break;
+            case IQ1_S: iq_a8_row(IQ1_S, W + r * rb, cols, q, dl, b0, nb, out); break;
+            default: iq_a8_row(IQ1_M, W + r * rb, cols, q, dl, b0, nb, out); break;
+            }
+            for (int j = 0; j < nb; j++) y[(b0 + j) * rows + r] = out[j];
+        }
+    }
+    free(q);
+    free(d);
+    free(dl);
+}
+#endif
+
 /* rows [r0, r1) of W decoded to fp32 (out [r1 - r0, cols], row-major), each weight exactly as
  * gguf.quants.dequantize gives it: the prefill path decodes a few rows at a time and multiplies them by a
  * fast GEMM (never the whole matrix at once) */
@@ -3216,6 +3432,13 @@ void vxc_qgemv_a8(int enc, const void *W, const void *x, float *y, long rows, lo
     long ns = q_ns(enc, cols), nm = q_nm(enc, cols);
     float *xf = bf ? (float *)malloc((size_t)(B * cols) * sizeof(float)) : NULL;
     if (bf) load_row(x, 0, B * cols, 1, xf);
+#if defined(IQ_A8)
+    if (q_grid(enc) && iq_ready) { /* the integer path */
+        iq_gemv_a8(enc, (const uint8_t *)W, bf ? xf : (const float *)x, y, rows, cols, B);
+        free(xf);
+        return;
+    }
+#endif
     if (q_grid(enc)) { /* x as its int8 blocks' values d q (fp32), then the fp32 product */
         float *xd = (float *)malloc((size_t)(B * cols) * sizeof(float)), *d = (float *)malloc((size_t)(cols / 32 + 1) * sizeof(float));
         int8_t *q = (int8_t *)malloc((size_t)cols + 64);
