@@ -296,15 +296,16 @@ def test_fp32_rows_at_the_floor_past_one_register_pass(name):
 @pytest.mark.parametrize("name", ["iq2_xs", "iq3_s", "iq1_m"])
 @pytest.mark.parametrize("activations", ["fp32", "int8_block32"])
 def test_grid_formats_prefill_in_decoded_tiles(name, activations):
-    """The grid formats (no register GEMM) run TILED_FROM rows of x and more as decoded fp32 tiles into torch's
-    fp32 GEMM (x first rounded to its int8 blocks under int8_block32), at the floor of the twin and the fp64
-    oracle; below TILED_FROM rows, the row kernel."""
+    """The grid formats' fp32 path (no register GEMM) runs TILED_FROM rows of x and more as decoded fp32 tiles into
+    torch's fp32 GEMM (under int8_block32 too where the build has no integer path: x first rounded to its int8
+    blocks), at the floor of the twin and the fp64 oracle; below TILED_FROM rows, the row kernel."""
     assert N.available(), N.status()
     rng = np.random.default_rng(17)
     b = make_blocks(name, 21, 2, rng)
     blocks = torch.from_numpy(b)
     cols = 2 * ENCODINGS[name].block_size
-    for B, calls in ((quant.TILED_FROM + 7, ["vxc_qdequant"]),
+    tiled = "vxc_qgemv_a8" if activations != "fp32" and quant._grid_a8() else "vxc_qdequant"
+    for B, calls in ((quant.TILED_FROM + 7, [tiled]),
                      (quant.TILED_FROM - 1, ["vxc_qgemv_a8" if activations != "fp32" else "vxc_qgemv"])):
         x = torch.from_numpy(rng.standard_normal((B, cols)).astype(np.float32))
         rec = N.Recorder()
@@ -314,6 +315,28 @@ def test_grid_formats_prefill_in_decoded_tiles(name, activations):
         xo = quant.dequantize_activations(x) if activations != "fp32" else x
         R.assert_kernel_at_floor(got, quant.qgemv_twin(name, blocks, x, activations), oracle(name, b, xo),
                                  f"{name} {activations} B={B}")
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("name", ["iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"])
+def test_grid_int8_gemm_equals_its_rows_alone(name):
+    """Under int8_block32 an AVX-512 VNNI build runs many rows of x (a prefill, a large batch) through tiles of
+    weight rows expanded once into signed int8 values: the same integers and float operations as the one-row
+    kernel, so each row of a 13-row product equals that row alone bit for bit (a designed property of the two
+    kernels of this library, on one machine — not a comparison across GEMM shapes or backends)."""
+    assert N.available(), N.status()
+    if not quant._grid_a8():
+        pytest.skip("this build has no integer path for the grid formats (AVX-512 VNNI only)")
+    rng = np.random.default_rng(23)
+    b = make_blocks(name, 37, 2, rng)  # 37 rows: two whole 16-row tiles and a partial one
+    blocks = torch.from_numpy(b)
+    x = torch.from_numpy(rng.standard_normal((13, 2 * ENCODINGS[name].block_size)).astype(np.float32))
+    many = quant.qgemv_native(name, blocks, x, "int8_block32")
+    for i in range(x.shape[0]):
+        one = quant.qgemv_native(name, blocks, x[i:i + 1].contiguous(), "int8_block32")
+        assert torch.equal(many[i].view(torch.int32), one[0].view(torch.int32)), (name, i)
+    R.assert_kernel_at_floor(many, quant.qgemv_twin(name, blocks, x, "int8_block32"),
+                             oracle(name, b, quant.dequantize_activations(x)), f"{name} int8 gemm")
 
 
 @pytest.mark.native

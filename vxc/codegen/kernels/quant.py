@@ -58,6 +58,20 @@ def _hand_over_grids(lib) -> None:
 
 N.on_load(_hand_over_grids)
 
+
+_GRID_A8: list = []
+
+
+def _grid_a8() -> bool:
+    """Whether this build runs int8_block32 products on the grid formats in integers (vxc_iq_a8; asked once)."""
+    if not _GRID_A8:
+        lib = N.load()
+        fn = getattr(lib, "vxc_iq_a8", None)
+        if fn is not None:
+            fn.argtypes, fn.restype = [], I
+        _GRID_A8.append(bool(fn()) if fn is not None else False)
+    return _GRID_A8[0]
+
 # the reason the native implementation gives for an encoding it does not decode
 ENCODING = f"an encoding without a native decoder (native: {' '.join(NATIVE_ENCODINGS)})"
 
@@ -235,10 +249,11 @@ def qgemv_native(encoding_name, blocks, x, activations="fp32"):
     a8 = activations == "int8_block32"  # the integer path at every B (its own GEMM: ~1.7-1.9x the fp32 path at B 4-16)
     if B >= TILED_FROM and x.dtype != torch.float32 and not a8:
         return qgemm_tiled(code, blocks, x)
-    if B >= TILED_FROM and encoding_name in GRID_ENCODINGS:
-        # the grid formats have no register GEMM: decoded tiles into torch's GEMM from TILED_FROM rows (4096 x 4096
-        # iq3_s, 2 threads, Zen 4: 32 rows 12.7 -> 9.2 ms, 128 rows 74.9 -> 28.2), x first rounded to its int8
-        # blocks' values under int8_block32 (the twin's definition)
+    if B >= TILED_FROM and encoding_name in GRID_ENCODINGS and not (a8 and _grid_a8()):
+        # the grid formats' fp32 path has no register GEMM: decoded tiles into torch's GEMM from TILED_FROM rows
+        # (4096 x 4096 iq3_s, 2 threads, Zen 4: 32 rows 12.7 -> 9.2 ms, 128 rows 74.9 -> 28.2), x first rounded to
+        # its int8 blocks' values under int8_block32 where the build has no integer path (the twin's definition);
+        # with one (AVX-512 VNNI), vxc_qgemv_a8's own tiled int8 GEMM (128 rows: 20 ms)
         return qgemm_tiled(code, blocks, dequantize_activations(x) if a8 else x)
     y = N.empty(B, rows, dtype=torch.float32)
     if rows and B:

@@ -1758,6 +1758,14 @@ int vxc_set_iq_tables(const int8_t *t, long n) {
     return 0;
 }
 int vxc_iq_ready(void) { return iq_ready; }
+/* whether int8_block32 products on the grid formats run on integers (AVX-512 VNNI builds; else the fp32 decode) */
+int vxc_iq_a8(void) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 static inline uint32_t iq_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline uint32_t iq_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
@@ -2826,6 +2834,108 @@ static inline __attribute__((always_inline)) void iq_a8_row(int enc, const uint8
     for (int j = 0; j < nb; j++) out[j] = _mm512_reduce_add_ps(acc[j]);
 }
 
+/* Many rows of x (a prefill): tiles of IQ_TR weight rows expanded once into signed int8 weights (|w| <= 62; iq1: 8 grid
+ * +- 1), each lane's -128 (sum of its four w) and its weight scale, then every row of x (as x + 128, unsigned) runs
+ * over the tile: vpdpbusd from the lane's -128 sum w gives sum w x exactly, scaled as the row kernel scales it (the
+ * same integers and the same float operations: bit for bit the row kernel's values). */
+#define IQ_TR 16
+#define IQ_GEMM_FROM 8 /* rows of x from which iq_gemm_a8 runs */
+
+static inline __attribute__((always_inline)) void iq_expand(int enc, const uint8_t *row, long cols, int8_t *w8, int32_t *nc,
+                                                            float *sc) {
+    const __m512i zero = _mm512_setzero_si512(), k128 = _mm512_set1_epi8((char)0x80);
+    for (long sb = 0; sb < cols / 256; sb++) {
+        const uint8_t *b = row + sb * Q_TSIZE[enc];
+        float d = iq_d(enc, b);
+        for (int c = 0; c < 4; c++) {
+            __m512i mags;
+            __mmask64 sgn;
+            __m512 ws;
+            iq_chunk(enc, b, d, c, &mags, &sgn, &ws);
+            long at = 256 * sb + 64 * c;
+            __m512i w = _mm512_mask_sub_epi8(mags, sgn, zero, mags);
+            _mm512_storeu_si512((void *)(w8 + at), w);
+            _mm512_storeu_si512((void *)(nc + at / 4), _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, k128, w)));
+            _mm512_storeu_ps(sc + at / 4, ws);
+        }
+    }
+}
+
+/* 4 weight rows (their tile buffers at w8 / nc / sc, row strides cols / nl) times 4 rows of x: the weights' chunk
+ * in registers for the 4 rows of x, 16 accumulators */
+static inline __attribute__((always_inline)) void iq_gemm_4x4(const int8_t *w8, const int32_t *nc, const float *sc,
+                                                              const uint8_t *xu, const float *dl, long cols, long nl,
+                                                              float out[4][4]) {
+    __m512 acc[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
+    for (long at = 0; at < cols; at += 64) {
+        __m512i w[4], n[4];
+        __m512 s[4];
+        for (int i = 0; i < 4; i++) {
+            w[i] = _mm512_loadu_si512((const void *)(w8 + i * cols + at));
+            n[i] = _mm512_loadu_si512((const void *)(nc + i * nl + at / 4));
+            s[i] = _mm512_loadu_ps(sc + i * nl + at / 4);
+        }
+        for (int j = 0; j < 4; j++) {
+            __m512i xv = _mm512_loadu_si512((const void *)(xu + j * cols + at));
+            __m512 dv = _mm512_loadu_ps(dl + j * nl + at / 4);
+            for (int i = 0; i < 4; i++)
+                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(n[i], xv, w[i])), _mm512_mul_ps(s[i], dv), acc[i][j]);
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+static void iq_gemm_a8(int enc, const uint8_t *W, const int8_t *q, const float *dl, float *y, long rows, long cols, long B) {
+    long rb = cols / 256 * Q_TSIZE[enc], nt = (rows + IQ_TR - 1) / IQ_TR, nl = cols / 4, B4 = (B + 3) / 4 * 4;
+    /* x as q + 128 (unsigned) and its lane scales, padded to whole groups of 4 rows with q = 0, scale 0 */
+    uint8_t *xu = (uint8_t *)malloc((size_t)(B4 * cols) + 64);
+    float *dp = (float *)calloc((size_t)(B4 * nl) + 16, sizeof(float));
+    for (long i = 0; i < B * cols; i++) xu[i] = (uint8_t)q[i] ^ 0x80;
+    memset(xu + B * cols, 0x80, (size_t)((B4 - B) * cols));
+    memcpy(dp, dl, (size_t)(B * nl) * sizeof(float));
+#pragma omp parallel
+    {
+        int8_t *w8 = (int8_t *)calloc((size_t)(IQ_TR * cols) + 64, 1);
+        int32_t *nc = (int32_t *)calloc((size_t)(IQ_TR * nl) + 16, sizeof(int32_t));
+        float *sc = (float *)calloc((size_t)(IQ_TR * nl) + 16, sizeof(float));
+#pragma omp for schedule(dynamic, 1)
+        for (long t = 0; t < nt; t++) {
+            long r0 = t * IQ_TR, R = rows - r0 < IQ_TR ? rows - r0 : IQ_TR;
+            for (long r = 0; r < R; r++) {
+                switch (enc) {
+                case IQ2_XXS: iq_expand(IQ2_XXS, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * nl, sc + r * nl); break;
+                case IQ2_XS: iq_expand(IQ2_XS, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * nl, sc + r * nl); break;
+                case IQ2_S: iq_expand(IQ2_S, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * nl, sc + r * nl); break;
+                case IQ3_XXS: iq_expand(IQ3_XXS, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * nl, sc + r * nl); break;
+                case IQ3_S: iq_expand(IQ3_S, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * nl, sc + r * nl); break;
+                case IQ1_S: iq_expand(IQ1_S, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * nl, sc + r * nl); break;
+                default: iq_expand(IQ1_M, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * nl, sc + r * nl); break;
+                }
+            }
+            if (R < IQ_TR) { /* the last tile's missing rows: zero weights (their results are not stored) */
+                memset(w8 + R * cols, 0, (size_t)((IQ_TR - R) * cols));
+                memset(nc + R * nl, 0, (size_t)((IQ_TR - R) * nl) * sizeof(int32_t));
+                memset(sc + R * nl, 0, (size_t)((IQ_TR - R) * nl) * sizeof(float));
+            }
+            for (long b = 0; b < B4; b += 4)
+                for (long r = 0; r < R; r += 4) {
+                    float out[4][4];
+                    iq_gemm_4x4(w8 + r * cols, nc + r * nl, sc + r * nl, xu + b * cols, dp + b * nl, cols, nl, out);
+                    for (int i = 0; i < 4 && r + i < R; i++)
+                        for (int j = 0; j < 4 && b + j < B; j++) y[(b + j) * rows + r0 + r + i] = out[i][j];
+                }
+        }
+        free(w8);
+        free(nc);
+        free(sc);
+    }
+    free(xu);
+    free(dp);
+}
+
 static void iq_gemv_a8(int enc, const uint8_t *W, const float *x, float *y, long rows, long cols, long B) {
     long rb = cols / 256 * Q_TSIZE[enc], ng = cols / 32;
     int8_t *q = (int8_t *)malloc((size_t)(B * cols) + 64);
@@ -2833,6 +2943,13 @@ static void iq_gemv_a8(int enc, const uint8_t *W, const float *x, float *y, long
     for (long b = 0; b < B; b++) {
         a8_quantize_row(x + b * cols, cols, q + b * cols, d + b * ng);
         for (long l = 0; l < cols / 4; l++) dl[b * (cols / 4) + l] = d[b * ng + l / 8];
+    }
+    if (B >= IQ_GEMM_FROM) {
+        iq_gemm_a8(enc, W, q, dl, y, rows, cols, B);
+        free(q);
+        free(d);
+        free(dl);
+        return;
     }
 #pragma omp parallel for schedule(static)
     for (long r = 0; r < rows; r++) {
