@@ -2834,16 +2834,23 @@ static inline __attribute__((always_inline)) void iq_a8_row(int enc, const uint8
     for (int j = 0; j < nb; j++) out[j] = _mm512_reduce_add_ps(acc[j]);
 }
 
-/* Many rows of x (a prefill): tiles of IQ_TR weight rows expanded once into signed int8 weights (|w| <= 62; iq1: 8 grid
- * +- 1), each lane's -128 (sum of its four w) and its weight scale, then every row of x (as x + 128, unsigned) runs
- * over the tile: vpdpbusd from the lane's -128 sum w gives sum w x exactly, scaled as the row kernel scales it (the
- * same integers and the same float operations: bit for bit the row kernel's values). */
+/* Many rows of x (a prefill, a large batch): tiles of IQ_TR weight rows expanded once into signed int8 values (|w| <=
+ * 62; iq1: 8 grid +- 1), each scale group's -128 (sum of its w) and its scale; x in tiles of 16 rows, transposed so
+ * that a vector holds four consecutive values of each of the 16 rows (as q + 128, unsigned). A weight row's four
+ * values, broadcast, times that vector (vpdpbusd from the group's -128 sum w) give sum w x of each x row exactly, per
+ * scale group (16 or 32 values): then one conversion, one multiply (x's block scales by the weight group's) and one
+ * FMA per group serve 16 rows of x — where the one-row kernel spends them per four values. Its sums are the same
+ * integers; the float sum runs per scale group rather than per four-value lane (within the floor of the row
+ * kernel, not bit for bit). */
 #define IQ_TR 16
-#define IQ_GEMM_FROM 8 /* rows of x from which iq_gemm_a8 runs */
+#define IQ_GEMM_FROM 16 /* rows of x from which iq_gemm_a8 runs */
+
+static inline int iq_group(int enc) { return enc == IQ2_XS || enc == IQ2_S || enc == IQ1_M ? 16 : 32; }
 
 static inline __attribute__((always_inline)) void iq_expand(int enc, const uint8_t *row, long cols, int8_t *w8, int32_t *nc,
                                                             float *sc) {
-    const __m512i zero = _mm512_setzero_si512(), k128 = _mm512_set1_epi8((char)0x80);
+    const __m512i zero = _mm512_setzero_si512();
+    const int G = iq_group(enc);
     for (long sb = 0; sb < cols / 256; sb++) {
         const uint8_t *b = row + sb * Q_TSIZE[enc];
         float d = iq_d(enc, b);
@@ -2855,85 +2862,102 @@ static inline __attribute__((always_inline)) void iq_expand(int enc, const uint8
             long at = 256 * sb + 64 * c;
             __m512i w = _mm512_mask_sub_epi8(mags, sgn, zero, mags);
             _mm512_storeu_si512((void *)(w8 + at), w);
-            _mm512_storeu_si512((void *)(nc + at / 4), _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, k128, w)));
-            _mm512_storeu_ps(sc + at / 4, ws);
+            /* per lane: sum of its four w (vpdpbusd with 1s), then per group of G / 4 lanes, times -128 */
+            int32_t ls[16];
+            float wl[16];
+            _mm512_storeu_si512((void *)ls, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(1), w));
+            _mm512_storeu_ps(wl, ws);
+            for (int g = 0; g < 64 / G; g++) {
+                int32_t t = 0;
+                for (int l = 0; l < G / 4; l++) t += ls[g * (G / 4) + l];
+                nc[(at + g * G) / G] = -128 * t;
+                sc[(at + g * G) / G] = wl[g * (G / 4)];
+            }
         }
     }
 }
 
-/* 4 weight rows (their tile buffers at w8 / nc / sc, row strides cols / nl) times 4 rows of x: the weights' chunk
- * in registers for the 4 rows of x, 16 accumulators */
-static inline __attribute__((always_inline)) void iq_gemm_4x4(const int8_t *w8, const int32_t *nc, const float *sc,
-                                                              const uint8_t *xu, const float *dl, long cols, long nl,
-                                                              float out[4][4]) {
-    __m512 acc[4][4];
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
-    for (long at = 0; at < cols; at += 64) {
-        __m512i w[4], n[4];
-        __m512 s[4];
+/* 4 weight rows (tile buffers w8 / nc / sc) times one 16-row x tile (xt: transposed, dx: [cols / 32][16] block
+ * scales): out[i] holds weight row i's 16 results */
+static inline __attribute__((always_inline)) void iq_gemm_4x16(int G, const int8_t *w8, const int32_t *nc, const float *sc,
+                                                               const uint8_t *xt, const float *dx, long cols, __m512 out[4]) {
+    const long ng = cols / G;
+    for (int i = 0; i < 4; i++) out[i] = _mm512_setzero_ps();
+    for (long g = 0; g < ng; g++) {
+        __m512i xv[8];
+        for (int k = 0; k < G / 4; k++) xv[k] = _mm512_loadu_si512((const void *)(xt + (g * G + 4 * k) * 16));
+        __m512 dv = _mm512_loadu_ps(dx + (g * G / 32) * 16);
         for (int i = 0; i < 4; i++) {
-            w[i] = _mm512_loadu_si512((const void *)(w8 + i * cols + at));
-            n[i] = _mm512_loadu_si512((const void *)(nc + i * nl + at / 4));
-            s[i] = _mm512_loadu_ps(sc + i * nl + at / 4);
-        }
-        for (int j = 0; j < 4; j++) {
-            __m512i xv = _mm512_loadu_si512((const void *)(xu + j * cols + at));
-            __m512 dv = _mm512_loadu_ps(dl + j * nl + at / 4);
-            for (int i = 0; i < 4; i++)
-                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(n[i], xv, w[i])), _mm512_mul_ps(s[i], dv), acc[i][j]);
+            const int8_t *w = w8 + i * cols + g * G;
+            __m512i acc = _mm512_set1_epi32(nc[i * ng + g]);
+            for (int k = 0; k < G / 4; k++) {
+                int32_t w4;
+                memcpy(&w4, w + 4 * k, 4);
+                acc = _mm512_dpbusd_epi32(acc, xv[k], _mm512_set1_epi32(w4));
+            }
+            out[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dv, _mm512_set1_ps(sc[i * ng + g])), out[i]);
         }
     }
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 4; j++) out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
-static void iq_gemm_a8(int enc, const uint8_t *W, const int8_t *q, const float *dl, float *y, long rows, long cols, long B) {
-    long rb = cols / 256 * Q_TSIZE[enc], nt = (rows + IQ_TR - 1) / IQ_TR, nl = cols / 4, B4 = (B + 3) / 4 * 4;
-    /* x as q + 128 (unsigned) and its lane scales, padded to whole groups of 4 rows with q = 0, scale 0 */
-    uint8_t *xu = (uint8_t *)malloc((size_t)(B4 * cols) + 64);
-    float *dp = (float *)calloc((size_t)(B4 * nl) + 16, sizeof(float));
-    for (long i = 0; i < B * cols; i++) xu[i] = (uint8_t)q[i] ^ 0x80;
-    memset(xu + B * cols, 0x80, (size_t)((B4 - B) * cols));
-    memcpy(dp, dl, (size_t)(B * nl) * sizeof(float));
+static void iq_gemm_a8(int enc, const uint8_t *W, const int8_t *q, const float *d, float *y, long rows, long cols, long B) {
+    const int G = iq_group(enc);
+    long rb = cols / 256 * Q_TSIZE[enc], nt = (rows + IQ_TR - 1) / IQ_TR, ng = cols / G, nx = (B + 15) / 16;
+    /* x tiles: [nx][cols / 4][16 rows][4] as q + 128 (rows past B: q = 0, scale 0); block scales [nx][cols / 32][16] */
+    uint8_t *xt = (uint8_t *)malloc((size_t)(nx * 16 * cols) + 64);
+    float *dx = (float *)calloc((size_t)(nx * 16 * (cols / 32)) + 16, sizeof(float));
+    for (long t = 0; t < nx; t++)
+        for (long l = 0; l < 16; l++) {
+            long b = 16 * t + l;
+            for (long k = 0; k < cols; k++)
+                xt[(t * cols + (k & ~3L)) * 16 + 4 * l + (k & 3)] = b < B ? (uint8_t)q[b * cols + k] ^ 0x80 : 0x80;
+            if (b < B)
+                for (long g = 0; g < cols / 32; g++) dx[(t * (cols / 32) + g) * 16 + l] = d[b * (cols / 32) + g];
+        }
 #pragma omp parallel
     {
         int8_t *w8 = (int8_t *)calloc((size_t)(IQ_TR * cols) + 64, 1);
-        int32_t *nc = (int32_t *)calloc((size_t)(IQ_TR * nl) + 16, sizeof(int32_t));
-        float *sc = (float *)calloc((size_t)(IQ_TR * nl) + 16, sizeof(float));
+        int32_t *nc = (int32_t *)calloc((size_t)(IQ_TR * ng) + 16, sizeof(int32_t));
+        float *sc = (float *)calloc((size_t)(IQ_TR * ng) + 16, sizeof(float));
 #pragma omp for schedule(dynamic, 1)
         for (long t = 0; t < nt; t++) {
             long r0 = t * IQ_TR, R = rows - r0 < IQ_TR ? rows - r0 : IQ_TR;
             for (long r = 0; r < R; r++) {
                 switch (enc) {
-                case IQ2_XXS: iq_expand(IQ2_XXS, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * nl, sc + r * nl); break;
-                case IQ2_XS: iq_expand(IQ2_XS, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * nl, sc + r * nl); break;
-                case IQ2_S: iq_expand(IQ2_S, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * nl, sc + r * nl); break;
-                case IQ3_XXS: iq_expand(IQ3_XXS, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * nl, sc + r * nl); break;
-                case IQ3_S: iq_expand(IQ3_S, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * nl, sc + r * nl); break;
-                case IQ1_S: iq_expand(IQ1_S, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * nl, sc + r * nl); break;
-                default: iq_expand(IQ1_M, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * nl, sc + r * nl); break;
+                case IQ2_XXS: iq_expand(IQ2_XXS, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * ng, sc + r * ng); break;
+                case IQ2_XS: iq_expand(IQ2_XS, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * ng, sc + r * ng); break;
+                case IQ2_S: iq_expand(IQ2_S, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * ng, sc + r * ng); break;
+                case IQ3_XXS: iq_expand(IQ3_XXS, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * ng, sc + r * ng); break;
+                case IQ3_S: iq_expand(IQ3_S, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * ng, sc + r * ng); break;
+                case IQ1_S: iq_expand(IQ1_S, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * ng, sc + r * ng); break;
+                default: iq_expand(IQ1_M, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * ng, sc + r * ng); break;
                 }
             }
             if (R < IQ_TR) { /* the last tile's missing rows: zero weights (their results are not stored) */
                 memset(w8 + R * cols, 0, (size_t)((IQ_TR - R) * cols));
-                memset(nc + R * nl, 0, (size_t)((IQ_TR - R) * nl) * sizeof(int32_t));
-                memset(sc + R * nl, 0, (size_t)((IQ_TR - R) * nl) * sizeof(float));
+                memset(nc + R * ng, 0, (size_t)((IQ_TR - R) * ng) * sizeof(int32_t));
+                memset(sc + R * ng, 0, (size_t)((IQ_TR - R) * ng) * sizeof(float));
             }
-            for (long b = 0; b < B4; b += 4)
+            for (long xb = 0; xb < nx; xb++)
                 for (long r = 0; r < R; r += 4) {
-                    float out[4][4];
-                    iq_gemm_4x4(w8 + r * cols, nc + r * nl, sc + r * nl, xu + b * cols, dp + b * nl, cols, nl, out);
-                    for (int i = 0; i < 4 && r + i < R; i++)
-                        for (int j = 0; j < 4 && b + j < B; j++) y[(b + j) * rows + r0 + r + i] = out[i][j];
+                    __m512 out[4];
+                    const uint8_t *xtt = xt + xb * 16 * cols;
+                    const float *dxt = dx + xb * 16 * (cols / 32);
+                    if (G == 16) iq_gemm_4x16(16, w8 + r * cols, nc + r * ng, sc + r * ng, xtt, dxt, cols, out);
+                    else iq_gemm_4x16(32, w8 + r * cols, nc + r * ng, sc + r * ng, xtt, dxt, cols, out);
+                    for (int i = 0; i < 4 && r + i < R; i++) {
+                        float o[16];
+                        _mm512_storeu_ps(o, out[i]);
+                        for (long l = 0; l < 16 && 16 * xb + l < B; l++) y[(16 * xb + l) * rows + r0 + r + i] = o[l];
+                    }
                 }
         }
         free(w8);
         free(nc);
         free(sc);
     }
-    free(xu);
-    free(dp);
+    free(xt);
+    free(dx);
 }
 
 static void iq_gemv_a8(int enc, const uint8_t *W, const float *x, float *y, long rows, long cols, long B) {
@@ -2945,7 +2969,7 @@ static void iq_gemv_a8(int enc, const uint8_t *W, const float *x, float *y, long
         for (long l = 0; l < cols / 4; l++) dl[b * (cols / 4) + l] = d[b * ng + l / 8];
     }
     if (B >= IQ_GEMM_FROM) {
-        iq_gemm_a8(enc, W, q, dl, y, rows, cols, B);
+        iq_gemm_a8(enc, W, q, d, y, rows, cols, B);
         free(q);
         free(d);
         free(dl);
