@@ -2877,26 +2877,28 @@ static inline __attribute__((always_inline)) void iq_expand(int enc, const uint8
     }
 }
 
-/* 4 weight rows (tile buffers w8 / nc / sc) times one 16-row x tile (xt: transposed, dx: [cols / 32][16] block
- * scales): out[i] holds weight row i's 16 results */
-static inline __attribute__((always_inline)) void iq_gemm_4x16(int G, const int8_t *w8, const int32_t *nc, const float *sc,
-                                                               const uint8_t *xt, const float *dx, long cols, __m512 out[4]) {
+/* IQ_RB weight rows (tile buffers w8 / nc / sc) times one 16-row x tile (xt: transposed, dx: [cols / 32][16] block
+ * scales): out[i] holds weight row i's 16 results. 8 rows rather than 4 in flight: 3072 x 1024 iq3_s at 128 rows of
+ * x, 2.99 -> 2.63 ms (interleaving the rows' words so one pointer reaches every broadcast bought nothing more) */
+#define IQ_RB 8
+static inline __attribute__((always_inline)) void iq_gemm_rb(int G, const int8_t *w8, const int32_t *nc, const float *sc,
+                                                             const uint8_t *xt, const float *dx, long cols, __m512 out[IQ_RB]) {
     const long ng = cols / G;
-    for (int i = 0; i < 4; i++) out[i] = _mm512_setzero_ps();
+    for (int i = 0; i < IQ_RB; i++) out[i] = _mm512_setzero_ps();
     for (long g = 0; g < ng; g++) {
         __m512i xv[8];
         for (int k = 0; k < G / 4; k++) xv[k] = _mm512_loadu_si512((const void *)(xt + (g * G + 4 * k) * 16));
         __m512 dv = _mm512_loadu_ps(dx + (g * G / 32) * 16);
-        for (int i = 0; i < 4; i++) {
-            const int8_t *w = w8 + i * cols + g * G;
-            __m512i acc = _mm512_set1_epi32(nc[i * ng + g]);
-            for (int k = 0; k < G / 4; k++) {
+        __m512i acc[IQ_RB];
+        for (int i = 0; i < IQ_RB; i++) acc[i] = _mm512_set1_epi32(nc[i * ng + g]);
+        for (int k = 0; k < G / 4; k++)
+            for (int i = 0; i < IQ_RB; i++) {
                 int32_t w4;
-                memcpy(&w4, w + 4 * k, 4);
-                acc = _mm512_dpbusd_epi32(acc, xv[k], _mm512_set1_epi32(w4));
+                memcpy(&w4, w8 + i * cols + g * G + 4 * k, 4);
+                acc[i] = _mm512_dpbusd_epi32(acc[i], xv[k], _mm512_set1_epi32(w4));
             }
-            out[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dv, _mm512_set1_ps(sc[i * ng + g])), out[i]);
-        }
+        for (int i = 0; i < IQ_RB; i++)
+            out[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i]), _mm512_mul_ps(dv, _mm512_set1_ps(sc[i * ng + g])), out[i]);
     }
 }
 
@@ -2906,14 +2908,22 @@ static void iq_gemm_a8(int enc, const uint8_t *W, const int8_t *q, const float *
     /* x tiles: [nx][cols / 4][16 rows][4] as q + 128 (rows past B: q = 0, scale 0); block scales [nx][cols / 32][16] */
     uint8_t *xt = (uint8_t *)malloc((size_t)(nx * 16 * cols) + 64);
     float *dx = (float *)calloc((size_t)(nx * 16 * (cols / 32)) + 16, sizeof(float));
+    uint32_t *row = (uint32_t *)malloc((size_t)cols + 64);
     for (long t = 0; t < nx; t++)
         for (long l = 0; l < 16; l++) {
             long b = 16 * t + l;
-            for (long k = 0; k < cols; k++)
-                xt[(t * cols + (k & ~3L)) * 16 + 4 * l + (k & 3)] = b < B ? (uint8_t)q[b * cols + k] ^ 0x80 : 0x80;
-            if (b < B)
+            if (b < B) {
+                for (long k = 0; k < cols; k += 64) /* q + 128 */
+                    _mm512_storeu_si512((void *)((uint8_t *)row + k), _mm512_xor_si512(_mm512_loadu_si512((const void *)(q + b * cols + k)),
+                                                                                      _mm512_set1_epi8((char)0x80)));
                 for (long g = 0; g < cols / 32; g++) dx[(t * (cols / 32) + g) * 16 + l] = d[b * (cols / 32) + g];
+            } else {
+                memset(row, 0x80, (size_t)cols);
+            }
+            uint32_t *xw = (uint32_t *)(void *)(xt + t * cols * 16);
+            for (long j = 0; j < cols / 4; j++) xw[j * 16 + l] = row[j]; /* four values of row l at word j */
         }
+    free(row);
 #pragma omp parallel
     {
         int8_t *w8 = (int8_t *)calloc((size_t)(IQ_TR * cols) + 64, 1);
@@ -2938,19 +2948,24 @@ static void iq_gemm_a8(int enc, const uint8_t *W, const int8_t *q, const float *
                 memset(nc + R * ng, 0, (size_t)((IQ_TR - R) * ng) * sizeof(int32_t));
                 memset(sc + R * ng, 0, (size_t)((IQ_TR - R) * ng) * sizeof(float));
             }
-            for (long xb = 0; xb < nx; xb++)
-                for (long r = 0; r < R; r += 4) {
-                    __m512 out[4];
+            for (long xb = 0; xb < nx; xb++) {
+                float res[IQ_TR][16]; /* weight row i, x row l */
+                for (long r = 0; r < R; r += IQ_RB) {
+                    __m512 out[IQ_RB];
                     const uint8_t *xtt = xt + xb * 16 * cols;
                     const float *dxt = dx + xb * 16 * (cols / 32);
-                    if (G == 16) iq_gemm_4x16(16, w8 + r * cols, nc + r * ng, sc + r * ng, xtt, dxt, cols, out);
-                    else iq_gemm_4x16(32, w8 + r * cols, nc + r * ng, sc + r * ng, xtt, dxt, cols, out);
-                    for (int i = 0; i < 4 && r + i < R; i++) {
-                        float o[16];
-                        _mm512_storeu_ps(o, out[i]);
-                        for (long l = 0; l < 16 && 16 * xb + l < B; l++) y[(16 * xb + l) * rows + r0 + r + i] = o[l];
-                    }
+                    if (G == 16) iq_gemm_rb(16, w8 + r * cols, nc + r * ng, sc + r * ng, xtt, dxt, cols, out);
+                    else iq_gemm_rb(32, w8 + r * cols, nc + r * ng, sc + r * ng, xtt, dxt, cols, out);
+                    for (int i = 0; i < IQ_RB; i++) _mm512_storeu_ps(res[r + i], out[i]);
                 }
+                /* each x row's R results are consecutive in y: stored whole (16 scattered floats per weight row, one
+                 * cache line each, cost as much as the products: 3072 x 1024 at 128 rows, ~0.7 of ~2.3 ms) */
+                for (long l = 0; l < 16 && 16 * xb + l < B; l++) {
+                    float o[IQ_TR];
+                    for (long i = 0; i < IQ_TR; i++) o[i] = res[i][l];
+                    memcpy(y + (16 * xb + l) * rows + r0, o, (size_t)R * sizeof(float));
+                }
+            }
         }
         free(w8);
         free(nc);
