@@ -1760,7 +1760,7 @@ int vxc_set_iq_tables(const int8_t *t, long n) {
 int vxc_iq_ready(void) { return iq_ready; }
 /* whether int8_block32 products on the grid formats run on integers (AVX-512 VNNI builds; else the fp32 decode) */
 int vxc_iq_a8(void) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__BMI2__) && defined(__AVX512VNNI__)
     return 1;
 #else
     return 0;
@@ -1778,138 +1778,193 @@ static inline void iq_put8(float *o, float db, const int8_t *gr, unsigned sg) {
     }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-/* AVX-512: 16 values at a time — their grid bytes widened to fp32, times the scale, the sign bits as a mask that
- * flips the product's sign bit (x -1, exactly); iq1: (grid + delta) times the scale. The same values as the
- * scalar form below, which the other builds run. */
-static inline __m128i iq_g8x2(const int8_t *a, const int8_t *b) {
-    int64_t x, y;
-    memcpy(&x, a, 8);
-    memcpy(&y, b, 8);
-    return _mm_set_epi64x(y, x);
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__BMI2__)
+#define IQ_VEC 1
+/* AVX-512: each 64-value chunk of a super-block as grid magnitudes (u8), a 64-bit sign mask and a scale per four
+ * values (iq_chunk: what the integer products read, below); iq1 as the integer 8 grid +- 1 at the scale dl / 8.
+ * Decoded to fp32, a value is its scale times its signed integer: one rounding of the same real number gguf.quants
+ * forms ((db grid) sign, dl (grid + delta): every such product is exact in fp32), so the same bits. */
+static const int32_t IQ_LANES4[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+
+/* ksigns of four 7-bit indices at bits 0, 7, 14, 21 of a: 32 sign bits, value order */
+static inline uint32_t iq_ks4(uint32_t a) {
+    const uint8_t *ks = (const uint8_t *)IQT + IQT_KSIGNS;
+    return ks[a & 127] | (uint32_t)ks[(a >> 7) & 127] << 8 | (uint32_t)ks[(a >> 14) & 127] << 16 | (uint32_t)ks[(a >> 21) & 127] << 24;
 }
-static inline __m128i iq_g4x4(const int8_t *t, unsigned i0, unsigned i1, unsigned i2, unsigned i3) {
-    int32_t a, b, c, d;
-    memcpy(&a, t + 4 * i0, 4);
-    memcpy(&b, t + 4 * i1, 4);
-    memcpy(&c, t + 4 * i2, 4);
-    memcpy(&d, t + 4 * i3, 4);
-    return _mm_set_epi32(d, c, b, a);
+
+/* grid entries assembled by scalar loads and inserts (on Zen 4 a vpgatherdd of 16 took ~6 ns, these ~4; a
+ * vpgatherdq of 8 ~3.5 ns, these ~2; in the kernels, interleaved A/B: faster for iq2_xxs, iq2_s, iq3_xxs, iq1_s,
+ * iq1_m, slower for iq3_s and iq2_xs, which keep their gathers): 16 entries of 4 bytes (iq3), 8 of 8 bytes (iq2, iq1) */
+static inline __attribute__((always_inline)) __m512i iq_e4x16(const int8_t *t, const uint32_t *i) {
+    __m128i g[4];
+    for (int k = 0; k < 4; k++) {
+        int32_t v0, v1, v2, v3;
+        memcpy(&v0, t + 4 * i[4 * k], 4);
+        memcpy(&v1, t + 4 * i[4 * k + 1], 4);
+        memcpy(&v2, t + 4 * i[4 * k + 2], 4);
+        memcpy(&v3, t + 4 * i[4 * k + 3], 4);
+        g[k] = _mm_insert_epi32(_mm_insert_epi32(_mm_insert_epi32(_mm_cvtsi32_si128(v0), v1, 1), v2, 2), v3, 3);
+    }
+    return _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(g[0]), g[1], 1), g[2], 2), g[3], 3);
 }
-static inline __m512 iq_cvt16(__m128i g) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(g)); }
-static inline void iq_st16(float *o, float db, __m128i g, unsigned sg) {
-    __m512i v = _mm512_castps_si512(_mm512_mul_ps(_mm512_set1_ps(db), iq_cvt16(g)));
-    v = _mm512_mask_xor_epi32(v, (__mmask16)sg, v, _mm512_set1_epi32((int)0x80000000u));
-    _mm512_storeu_si512((void *)o, v);
+static inline __attribute__((always_inline)) __m512i iq_e8x8(const int8_t *t, const uint32_t *i) {
+    __m128i g[4];
+    for (int k = 0; k < 4; k++) {
+        int64_t v0, v1;
+        memcpy(&v0, t + 8 * i[2 * k], 8);
+        memcpy(&v1, t + 8 * i[2 * k + 1], 8);
+        g[k] = _mm_insert_epi64(_mm_cvtsi64_si128(v0), v1, 1);
+    }
+    return _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(g[0]), g[1], 1), g[2], 2), g[3], 3);
 }
-static inline void iq1_st16(float *o, __m512 dl, __m128i g, __m512 delta) {
-    _mm512_storeu_ps(o, _mm512_mul_ps(dl, _mm512_add_ps(iq_cvt16(g), delta)));
+
+/* chunk c (values 64c .. 64c + 63) of super-block b: magnitudes (u8), signs, per-lane weight scales */
+static inline __attribute__((always_inline)) void iq_chunk(int enc, const uint8_t *b, float d, int c, __m512i *mags,
+                                                           __mmask64 *sgn, __m512 *ws) {
+    const __m512i lanes4 = _mm512_loadu_si512((const void *)IQ_LANES4);
+    switch (enc) {
+    case IQ3_S: {
+        __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + 16 * c)));
+        idx = _mm512_mask_or_epi32(idx, (__mmask16)iq_u16(b + 66 + 2 * c), idx, _mm512_set1_epi32(256));
+        *mags = _mm512_i32gather_epi32(idx, (const void *)(IQT + IQT_IQ3S), 4); /* (here a gather beat the inserts) */
+        uint64_t m;
+        memcpy(&m, b + 74 + 8 * c, 8);
+        *sgn = m;
+        unsigned sc = b[106 + c];
+        *ws = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(d * (float)(1 + 2 * (sc & 15))),
+                                   _mm512_set1_ps(d * (float)(1 + 2 * (sc >> 4))));
+        break;
+    }
+    case IQ3_XXS: {
+        uint32_t idx[16];
+        for (int k = 0; k < 16; k++) idx[k] = b[2 + 16 * c + k];
+        *mags = iq_e4x16(IQT + IQT_IQ3XXS, idx);
+        uint32_t a0 = iq_u32(b + 66 + 8 * c), a1 = iq_u32(b + 70 + 8 * c);
+        *sgn = (uint64_t)iq_ks4(a0) | (uint64_t)iq_ks4(a1) << 32;
+        *ws = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(d * (0.5f + (float)(a0 >> 28)) * 0.5f),
+                                   _mm512_set1_ps(d * (0.5f + (float)(a1 >> 28)) * 0.5f));
+        break;
+    }
+    case IQ2_XXS: {
+        const uint8_t *q0 = b + 2 + 16 * c, *q1 = q0 + 8;
+        uint32_t idx[8] = {q0[0], q0[1], q0[2], q0[3], q1[0], q1[1], q1[2], q1[3]};
+        *mags = iq_e8x8(IQT + IQT_IQ2XXS, idx);
+        uint32_t a0 = iq_u32(q0 + 4), a1 = iq_u32(q1 + 4);
+        *sgn = (uint64_t)iq_ks4(a0) | (uint64_t)iq_ks4(a1) << 32;
+        *ws = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(d * (0.5f + (float)(a0 >> 28)) * 0.25f),
+                                   _mm512_set1_ps(d * (0.5f + (float)(a1 >> 28)) * 0.25f));
+        break;
+    }
+    case IQ2_XS: {
+        const uint8_t *ks = (const uint8_t *)IQT + IQT_KSIGNS;
+        __m256i q = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + 16 * c)));
+        *mags = _mm512_i32gather_epi64(_mm256_and_si256(q, _mm256_set1_epi32(511)), (const void *)(IQT + IQT_IQ2XS), 8);
+        uint64_t m = 0;
+        for (int k = 0; k < 8; k++) m |= (uint64_t)ks[iq_u16(b + 2 + 16 * c + 2 * k) >> 9] << (8 * k);
+        *sgn = m;
+        unsigned s0 = b[66 + 2 * c], s1 = b[67 + 2 * c];
+        __m128 sv = _mm_setr_ps(d * (0.5f + (float)(s0 & 15)) * 0.25f, d * (0.5f + (float)(s0 >> 4)) * 0.25f,
+                                d * (0.5f + (float)(s1 & 15)) * 0.25f, d * (0.5f + (float)(s1 >> 4)) * 0.25f);
+        *ws = _mm512_permutexvar_ps(lanes4, _mm512_castps128_ps512(sv));
+        break;
+    }
+    case IQ2_S: {
+        uint32_t idx[8], qh = iq_u16(b + 66 + 2 * c); /* 2 bits per entry */
+        for (int k = 0; k < 8; k++) idx[k] = b[2 + 8 * c + k] | ((qh >> (2 * k)) & 3) << 8;
+        *mags = iq_e8x8(IQT + IQT_IQ2S, idx);
+        uint64_t m;
+        memcpy(&m, b + 34 + 8 * c, 8);
+        *sgn = m;
+        unsigned s0 = b[74 + 2 * c], s1 = b[75 + 2 * c];
+        __m128 sv = _mm_setr_ps(d * (0.5f + (float)(s0 & 15)) * 0.25f, d * (0.5f + (float)(s0 >> 4)) * 0.25f,
+                                d * (0.5f + (float)(s1 & 15)) * 0.25f, d * (0.5f + (float)(s1 >> 4)) * 0.25f);
+        *ws = _mm512_permutexvar_ps(lanes4, _mm512_castps128_ps512(sv));
+        break;
+    }
+    case IQ1_S: {
+        uint32_t h0 = iq_u16(b + 34 + 4 * c), h1 = iq_u16(b + 36 + 4 * c);
+        uint32_t idx[8];
+        for (int k = 0; k < 4; k++) {
+            idx[k] = b[2 + 8 * c + k] | ((h0 >> (3 * k)) & 7) << 8;
+            idx[k + 4] = b[6 + 8 * c + k] | ((h1 >> (3 * k)) & 7) << 8;
+        }
+        __m512i g = iq_e8x8(IQT + IQT_IQ1S, idx);
+        __mmask64 neg = (h0 & 0x8000 ? 0xFFFFFFFFull : 0) | (h1 & 0x8000 ? 0xFFFFFFFF00000000ull : 0);
+        __m512i g2 = _mm512_add_epi8(g, g), g4 = _mm512_add_epi8(g2, g2);
+        __m512i v = _mm512_add_epi8(_mm512_add_epi8(g4, g4), _mm512_mask_blend_epi8(neg, _mm512_set1_epi8(1), _mm512_set1_epi8(-1)));
+        *mags = _mm512_abs_epi8(v);
+        *sgn = _mm512_movepi8_mask(v);
+        *ws = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(d * (float)(2 * ((h0 >> 12) & 7) + 1) * 0.125f),
+                                   _mm512_set1_ps(d * (float)(2 * ((h1 >> 12) & 7) + 1) * 0.125f));
+        break;
+    }
+    default: { /* IQ1_M: d is the caller's (read from the scale words) */
+        uint32_t qh = iq_u32(b + 32 + 4 * c); /* one nibble per entry */
+        __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)qh), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                       _mm256_set1_epi32(15));
+        uint32_t idx[8];
+        for (int k = 0; k < 8; k++) idx[k] = b[8 * c + k] | ((qh >> (4 * k)) & 7) << 8;
+        __m512i g = iq_e8x8(IQT + IQT_IQ1S, idx);
+        __mmask8 n8 = _mm256_test_epi32_mask(nib, _mm256_set1_epi32(8)); /* entries whose delta is negative */
+        __mmask64 neg = _cvtu64_mask64(_pdep_u64((uint64_t)n8, 0x0101010101010101ull) * 0xFF);
+        __m512i g2 = _mm512_add_epi8(g, g), g4 = _mm512_add_epi8(g2, g2);
+        __m512i v = _mm512_add_epi8(_mm512_add_epi8(g4, g4), _mm512_mask_blend_epi8(neg, _mm512_set1_epi8(1), _mm512_set1_epi8(-1)));
+        *mags = _mm512_abs_epi8(v);
+        *sgn = _mm512_movepi8_mask(v);
+        uint32_t w = iq_u16(b + 48 + 2 * c);
+        __m128 sv = _mm_setr_ps(d * (float)(2 * (w & 7) + 1) * 0.125f, d * (float)(2 * ((w >> 3) & 7) + 1) * 0.125f,
+                                d * (float)(2 * ((w >> 6) & 7) + 1) * 0.125f, d * (float)(2 * ((w >> 9) & 7) + 1) * 0.125f);
+        *ws = _mm512_permutexvar_ps(lanes4, _mm512_castps128_ps512(sv));
+        break;
+    }
+    }
+}
+
+/* the f16 d of a grid super-block (iq1_m: from the top nibbles of its scale words) */
+static inline float iq_d(int enc, const uint8_t *b) {
+    if (enc != IQ1_M) return h2f(b);
+    uint16_t h = (uint16_t)((iq_u16(b + 48) >> 12) | ((iq_u16(b + 50) >> 8) & 0xF0) | ((iq_u16(b + 52) >> 4) & 0xF00) |
+                            (iq_u16(b + 54) & 0xF000));
+    uint8_t hb[2];
+    memcpy(hb, &h, 2);
+    return h2f(hb);
+}
+
+static const int32_t IQ_QUARTER[4][16] = {{0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3},
+                                          {4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7},
+                                          {8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11},
+                                          {12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15}};
+
+static inline __attribute__((always_inline)) void iq_block_enc(int enc, const uint8_t *b, float *o) {
+    const __m512i zero = _mm512_setzero_si512();
+    float d = iq_d(enc, b);
+    for (int c = 0; c < 4; c++) {
+        __m512i mags;
+        __mmask64 sgn;
+        __m512 ws;
+        iq_chunk(enc, b, d, c, &mags, &sgn, &ws);
+        __m512i w = _mm512_mask_sub_epi8(mags, sgn, zero, mags);
+        for (int q = 0; q < 4; q++) {
+            __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(w, q)));
+            __m512 sc = _mm512_permutexvar_ps(_mm512_loadu_si512((const void *)IQ_QUARTER[q]), ws);
+            _mm512_storeu_ps(o + 64 * c + 16 * q, _mm512_mul_ps(sc, f));
+        }
+    }
 }
 
 static void iq_block(int enc, const uint8_t *b, float *o) {
-    const uint8_t *ks = (const uint8_t *)IQT + IQT_KSIGNS;
     if (!iq_ready) { /* no tables handed over: NaN, never a silent wrong value */
         for (int i = 0; i < 256; i++) o[i] = NAN;
         return;
     }
     switch (enc) {
-    case IQ2_XXS: {
-        float d = h2f(b);
-        const int8_t *G = IQT + IQT_IQ2XXS;
-        for (int g = 0; g < 8; g++) {
-            const uint8_t *q = b + 2 + 8 * g;
-            uint32_t a1 = iq_u32(q + 4);
-            float db = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
-            for (int h = 0; h < 2; h++)
-                iq_st16(o + 32 * g + 16 * h, db, iq_g8x2(G + 8 * q[2 * h], G + 8 * q[2 * h + 1]),
-                        ks[(a1 >> (14 * h)) & 127] | (unsigned)ks[(a1 >> (14 * h + 7)) & 127] << 8);
-        }
-        return;
-    }
-    case IQ2_XS: {
-        float d = h2f(b);
-        const int8_t *G = IQT + IQT_IQ2XS;
-        for (int j = 0; j < 16; j++) {
-            uint32_t q0 = iq_u16(b + 2 + 4 * j), q1 = iq_u16(b + 4 + 4 * j);
-            float db = d * (0.5f + (float)((b[66 + j / 2] >> (4 * (j & 1))) & 15)) * 0.25f;
-            iq_st16(o + 16 * j, db, iq_g8x2(G + 8 * (q0 & 511), G + 8 * (q1 & 511)), ks[q0 >> 9] | (unsigned)ks[q1 >> 9] << 8);
-        }
-        return;
-    }
-    case IQ2_S: {
-        float d = h2f(b);
-        const int8_t *G = IQT + IQT_IQ2S;
-        for (int j = 0; j < 16; j++) {
-            int k = 2 * j;
-            unsigned h = b[66 + j / 2] >> (4 * (j & 1));
-            unsigned i0 = b[2 + k] | ((h & 3) << 8), i1 = b[3 + k] | (((h >> 2) & 3) << 8);
-            float db = d * (0.5f + (float)((b[74 + j / 2] >> (4 * (j & 1))) & 15)) * 0.25f;
-            iq_st16(o + 16 * j, db, iq_g8x2(G + 8 * i0, G + 8 * i1), b[34 + k] | (unsigned)b[35 + k] << 8);
-        }
-        return;
-    }
-    case IQ3_XXS: {
-        float d = h2f(b);
-        const int8_t *G = IQT + IQT_IQ3XXS;
-        for (int g = 0; g < 8; g++) {
-            const uint8_t *q = b + 2 + 8 * g;
-            uint32_t a = iq_u32(b + 66 + 4 * g);
-            float db = d * (0.5f + (float)(a >> 28)) * 0.5f;
-            for (int h = 0; h < 2; h++)
-                iq_st16(o + 32 * g + 16 * h, db, iq_g4x4(G, q[4 * h], q[4 * h + 1], q[4 * h + 2], q[4 * h + 3]),
-                        ks[(a >> (14 * h)) & 127] | (unsigned)ks[(a >> (14 * h + 7)) & 127] << 8);
-        }
-        return;
-    }
-    case IQ3_S: {
-        float d = h2f(b);
-        const int8_t *G = IQT + IQT_IQ3S;
-        for (int g = 0; g < 8; g++) {
-            float db = d * (float)(1 + 2 * ((b[106 + g / 2] >> (4 * (g & 1))) & 15));
-            unsigned qh = b[66 + g];
-            const uint8_t *q = b + 2 + 8 * g;
-            for (int h = 0; h < 2; h++) {
-                unsigned e = 4 * h;
-                iq_st16(o + 32 * g + 16 * h, db,
-                        iq_g4x4(G, q[e] | ((qh >> e) & 1) << 8, q[e + 1] | ((qh >> (e + 1)) & 1) << 8,
-                                q[e + 2] | ((qh >> (e + 2)) & 1) << 8, q[e + 3] | ((qh >> (e + 3)) & 1) << 8),
-                        iq_u16(b + 74 + 4 * g + 2 * h));
-            }
-        }
-        return;
-    }
-    case IQ1_S: {
-        float d = h2f(b);
-        const int8_t *G = IQT + IQT_IQ1S;
-        for (int g = 0; g < 8; g++) {
-            uint32_t h = iq_u16(b + 34 + 2 * g);
-            __m512 dl = _mm512_set1_ps(d * (float)(2 * ((h >> 12) & 7) + 1));
-            __m512 delta = _mm512_set1_ps(h & 0x8000 ? -0.125f : 0.125f);
-            const uint8_t *q = b + 2 + 4 * g;
-            for (int t = 0; t < 2; t++)
-                iq1_st16(o + 32 * g + 16 * t, dl,
-                         iq_g8x2(G + 8 * (q[2 * t] | (((h >> (6 * t)) & 7) << 8)), G + 8 * (q[2 * t + 1] | (((h >> (6 * t + 3)) & 7) << 8))),
-                         delta);
-        }
-        return;
-    }
-    default: { /* IQ1_M */
-        uint32_t w[4];
-        for (int k = 0; k < 4; k++) w[k] = iq_u16(b + 48 + 2 * k);
-        uint8_t dh[2];
-        uint16_t db16 = (uint16_t)((w[0] >> 12) | ((w[1] >> 8) & 0xF0) | ((w[2] >> 4) & 0xF00) | (w[3] & 0xF000));
-        memcpy(dh, &db16, 2);
-        float d = h2f(dh);
-        const int8_t *G = IQT + IQT_IQ1S;
-        for (int i = 0; i < 16; i++) { /* 16-value group i: grid entries 2i, 2i + 1, their nibbles in byte i of qh */
-            __m512 dl = _mm512_set1_ps(d * (float)(2 * ((w[i / 4] >> (3 * (i % 4))) & 7) + 1));
-            unsigned n0 = b[32 + i] & 15, n1 = b[32 + i] >> 4;
-            __m512 delta = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(n0 & 8 ? -0.125f : 0.125f),
-                                                _mm512_set1_ps(n1 & 8 ? -0.125f : 0.125f));
-            iq1_st16(o + 16 * i, dl, iq_g8x2(G + 8 * (b[2 * i] | ((n0 & 7) << 8)), G + 8 * (b[2 * i + 1] | ((n1 & 7) << 8))), delta);
-        }
-        return;
-    }
+    case IQ2_XXS: iq_block_enc(IQ2_XXS, b, o); break;
+    case IQ2_XS: iq_block_enc(IQ2_XS, b, o); break;
+    case IQ2_S: iq_block_enc(IQ2_S, b, o); break;
+    case IQ3_XXS: iq_block_enc(IQ3_XXS, b, o); break;
+    case IQ3_S: iq_block_enc(IQ3_S, b, o); break;
+    case IQ1_S: iq_block_enc(IQ1_S, b, o); break;
+    default: iq_block_enc(IQ1_M, b, o); break;
     }
 }
 #else
@@ -2649,160 +2704,15 @@ void vxc_qgemv(int enc, const void *W, const void *x, float *y, long rows, long 
     free(xf);
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(IQ_VEC) && defined(__AVX512VNNI__)
 #define IQ_A8 1
 /* int8_block32 activations on the grid formats (AVX-512 VNNI): each 64-value chunk of a super-block as unsigned
- * magnitudes (one gather of its grid entries), a 64-bit sign mask and a weight scale per vpdpbusd lane; x's int8
+ * magnitudes (its grid entries: iq_chunk above), a 64-bit sign mask and a weight scale per vpdpbusd lane; x's int8
  * bytes negated where the weight's sign is, then vpdpbusd sums |w| (x sign) exactly per lane of four values, and
  * each lane's integer is scaled by its weight scale times x's block scale. iq1: the integer w = 8 grid + (delta
  * > 0 ? 1 : -1) at the scale dl / 8 (both exact), the same real value as dl (grid + delta). The fp32 product of
  * the decoded weights with x's values d q, up to summation order (the twin's definition). */
 static void a8_quantize_row(const float *x, long cols, int8_t *q, float *d); /* (below: the int8 activation section) */
-static const int32_t IQ_LANES4[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
-
-/* ksigns of four 7-bit indices at bits 0, 7, 14, 21 of a: 32 sign bits, value order */
-static inline uint32_t iq_ks4(uint32_t a) {
-    const uint8_t *ks = (const uint8_t *)IQT + IQT_KSIGNS;
-    return ks[a & 127] | (uint32_t)ks[(a >> 7) & 127] << 8 | (uint32_t)ks[(a >> 14) & 127] << 16 | (uint32_t)ks[(a >> 21) & 127] << 24;
-}
-
-/* grid entries assembled by scalar loads and inserts (on Zen 4 a vpgatherdd of 16 took ~6 ns, these ~4; a
- * vpgatherdq of 8 ~3.5 ns, these ~2; in the kernels, interleaved A/B: faster for iq2_xxs, iq2_s, iq3_xxs, iq1_s,
- * iq1_m, slower for iq3_s and iq2_xs, which keep their gathers): 16 entries of 4 bytes (iq3), 8 of 8 bytes (iq2, iq1) */
-static inline __attribute__((always_inline)) __m512i iq_e4x16(const int8_t *t, const uint32_t *i) {
-    __m128i g[4];
-    for (int k = 0; k < 4; k++) {
-        int32_t v0, v1, v2, v3;
-        memcpy(&v0, t + 4 * i[4 * k], 4);
-        memcpy(&v1, t + 4 * i[4 * k + 1], 4);
-        memcpy(&v2, t + 4 * i[4 * k + 2], 4);
-        memcpy(&v3, t + 4 * i[4 * k + 3], 4);
-        g[k] = _mm_insert_epi32(_mm_insert_epi32(_mm_insert_epi32(_mm_cvtsi32_si128(v0), v1, 1), v2, 2), v3, 3);
-    }
-    return _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(g[0]), g[1], 1), g[2], 2), g[3], 3);
-}
-static inline __attribute__((always_inline)) __m512i iq_e8x8(const int8_t *t, const uint32_t *i) {
-    __m128i g[4];
-    for (int k = 0; k < 4; k++) {
-        int64_t v0, v1;
-        memcpy(&v0, t + 8 * i[2 * k], 8);
-        memcpy(&v1, t + 8 * i[2 * k + 1], 8);
-        g[k] = _mm_insert_epi64(_mm_cvtsi64_si128(v0), v1, 1);
-    }
-    return _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(g[0]), g[1], 1), g[2], 2), g[3], 3);
-}
-
-/* chunk c (values 64c .. 64c + 63) of super-block b: magnitudes (u8), signs, per-lane weight scales */
-static inline __attribute__((always_inline)) void iq_chunk(int enc, const uint8_t *b, float d, int c, __m512i *mags,
-                                                           __mmask64 *sgn, __m512 *ws) {
-    const __m512i lanes4 = _mm512_loadu_si512((const void *)IQ_LANES4);
-    switch (enc) {
-    case IQ3_S: {
-        __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + 16 * c)));
-        idx = _mm512_mask_or_epi32(idx, (__mmask16)iq_u16(b + 66 + 2 * c), idx, _mm512_set1_epi32(256));
-        *mags = _mm512_i32gather_epi32(idx, (const void *)(IQT + IQT_IQ3S), 4); /* (here a gather beat the inserts) */
-        uint64_t m;
-        memcpy(&m, b + 74 + 8 * c, 8);
-        *sgn = m;
-        unsigned sc = b[106 + c];
-        *ws = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(d * (float)(1 + 2 * (sc & 15))),
-                                   _mm512_set1_ps(d * (float)(1 + 2 * (sc >> 4))));
-        break;
-    }
-    case IQ3_XXS: {
-        uint32_t idx[16];
-        for (int k = 0; k < 16; k++) idx[k] = b[2 + 16 * c + k];
-        *mags = iq_e4x16(IQT + IQT_IQ3XXS, idx);
-        uint32_t a0 = iq_u32(b + 66 + 8 * c), a1 = iq_u32(b + 70 + 8 * c);
-        *sgn = (uint64_t)iq_ks4(a0) | (uint64_t)iq_ks4(a1) << 32;
-        *ws = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(d * (0.5f + (float)(a0 >> 28)) * 0.5f),
-                                   _mm512_set1_ps(d * (0.5f + (float)(a1 >> 28)) * 0.5f));
-        break;
-    }
-    case IQ2_XXS: {
-        const uint8_t *q0 = b + 2 + 16 * c, *q1 = q0 + 8;
-        uint32_t idx[8] = {q0[0], q0[1], q0[2], q0[3], q1[0], q1[1], q1[2], q1[3]};
-        *mags = iq_e8x8(IQT + IQT_IQ2XXS, idx);
-        uint32_t a0 = iq_u32(q0 + 4), a1 = iq_u32(q1 + 4);
-        *sgn = (uint64_t)iq_ks4(a0) | (uint64_t)iq_ks4(a1) << 32;
-        *ws = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(d * (0.5f + (float)(a0 >> 28)) * 0.25f),
-                                   _mm512_set1_ps(d * (0.5f + (float)(a1 >> 28)) * 0.25f));
-        break;
-    }
-    case IQ2_XS: {
-        const uint8_t *ks = (const uint8_t *)IQT + IQT_KSIGNS;
-        __m256i q = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + 16 * c)));
-        *mags = _mm512_i32gather_epi64(_mm256_and_si256(q, _mm256_set1_epi32(511)), (const void *)(IQT + IQT_IQ2XS), 8);
-        uint64_t m = 0;
-        for (int k = 0; k < 8; k++) m |= (uint64_t)ks[iq_u16(b + 2 + 16 * c + 2 * k) >> 9] << (8 * k);
-        *sgn = m;
-        unsigned s0 = b[66 + 2 * c], s1 = b[67 + 2 * c];
-        __m128 sv = _mm_setr_ps(d * (0.5f + (float)(s0 & 15)) * 0.25f, d * (0.5f + (float)(s0 >> 4)) * 0.25f,
-                                d * (0.5f + (float)(s1 & 15)) * 0.25f, d * (0.5f + (float)(s1 >> 4)) * 0.25f);
-        *ws = _mm512_permutexvar_ps(lanes4, _mm512_castps128_ps512(sv));
-        break;
-    }
-    case IQ2_S: {
-        uint32_t idx[8], qh = iq_u16(b + 66 + 2 * c); /* 2 bits per entry */
-        for (int k = 0; k < 8; k++) idx[k] = b[2 + 8 * c + k] | ((qh >> (2 * k)) & 3) << 8;
-        *mags = iq_e8x8(IQT + IQT_IQ2S, idx);
-        uint64_t m;
-        memcpy(&m, b + 34 + 8 * c, 8);
-        *sgn = m;
-        unsigned s0 = b[74 + 2 * c], s1 = b[75 + 2 * c];
-        __m128 sv = _mm_setr_ps(d * (0.5f + (float)(s0 & 15)) * 0.25f, d * (0.5f + (float)(s0 >> 4)) * 0.25f,
-                                d * (0.5f + (float)(s1 & 15)) * 0.25f, d * (0.5f + (float)(s1 >> 4)) * 0.25f);
-        *ws = _mm512_permutexvar_ps(lanes4, _mm512_castps128_ps512(sv));
-        break;
-    }
-    case IQ1_S: {
-        uint32_t h0 = iq_u16(b + 34 + 4 * c), h1 = iq_u16(b + 36 + 4 * c);
-        uint32_t idx[8];
-        for (int k = 0; k < 4; k++) {
-            idx[k] = b[2 + 8 * c + k] | ((h0 >> (3 * k)) & 7) << 8;
-            idx[k + 4] = b[6 + 8 * c + k] | ((h1 >> (3 * k)) & 7) << 8;
-        }
-        __m512i g = iq_e8x8(IQT + IQT_IQ1S, idx);
-        __mmask64 neg = (h0 & 0x8000 ? 0xFFFFFFFFull : 0) | (h1 & 0x8000 ? 0xFFFFFFFF00000000ull : 0);
-        __m512i g2 = _mm512_add_epi8(g, g), g4 = _mm512_add_epi8(g2, g2);
-        __m512i v = _mm512_add_epi8(_mm512_add_epi8(g4, g4), _mm512_mask_blend_epi8(neg, _mm512_set1_epi8(1), _mm512_set1_epi8(-1)));
-        *mags = _mm512_abs_epi8(v);
-        *sgn = _mm512_movepi8_mask(v);
-        *ws = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(d * (float)(2 * ((h0 >> 12) & 7) + 1) * 0.125f),
-                                   _mm512_set1_ps(d * (float)(2 * ((h1 >> 12) & 7) + 1) * 0.125f));
-        break;
-    }
-    default: { /* IQ1_M: d is the caller's (read from the scale words) */
-        uint32_t qh = iq_u32(b + 32 + 4 * c); /* one nibble per entry */
-        __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)qh), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-                                       _mm256_set1_epi32(15));
-        uint32_t idx[8];
-        for (int k = 0; k < 8; k++) idx[k] = b[8 * c + k] | ((qh >> (4 * k)) & 7) << 8;
-        __m512i g = iq_e8x8(IQT + IQT_IQ1S, idx);
-        __mmask8 n8 = _mm256_test_epi32_mask(nib, _mm256_set1_epi32(8)); /* entries whose delta is negative */
-        __mmask64 neg = _cvtu64_mask64(_pdep_u64((uint64_t)n8, 0x0101010101010101ull) * 0xFF);
-        __m512i g2 = _mm512_add_epi8(g, g), g4 = _mm512_add_epi8(g2, g2);
-        __m512i v = _mm512_add_epi8(_mm512_add_epi8(g4, g4), _mm512_mask_blend_epi8(neg, _mm512_set1_epi8(1), _mm512_set1_epi8(-1)));
-        *mags = _mm512_abs_epi8(v);
-        *sgn = _mm512_movepi8_mask(v);
-        uint32_t w = iq_u16(b + 48 + 2 * c);
-        __m128 sv = _mm_setr_ps(d * (float)(2 * (w & 7) + 1) * 0.125f, d * (float)(2 * ((w >> 3) & 7) + 1) * 0.125f,
-                                d * (float)(2 * ((w >> 6) & 7) + 1) * 0.125f, d * (float)(2 * ((w >> 9) & 7) + 1) * 0.125f);
-        *ws = _mm512_permutexvar_ps(lanes4, _mm512_castps128_ps512(sv));
-        break;
-    }
-    }
-}
-
-/* the f16 d of a grid super-block (iq1_m: from the top nibbles of its scale words) */
-static inline float iq_d(int enc, const uint8_t *b) {
-    if (enc != IQ1_M) return h2f(b);
-    uint16_t h = (uint16_t)((iq_u16(b + 48) >> 12) | ((iq_u16(b + 50) >> 8) & 0xF0) | ((iq_u16(b + 52) >> 4) & 0xF00) |
-                            (iq_u16(b + 54) & 0xF000));
-    uint8_t hb[2];
-    memcpy(hb, &h, 2);
-    return h2f(hb);
-}
 
 #define IQ_NB 4 /* rows of x per pass over a weight row */
 
