@@ -293,6 +293,30 @@ def test_fp32_rows_at_the_floor_past_one_register_pass(name):
 
 
 @pytest.mark.native
+def test_grid_formats_without_their_tables_decode_to_nan(tmp_path):
+    """The grids reach the C library from gguf-py at its load (vxc_set_iq_tables). A second copy of the library that
+    was never handed them (its own statics) decodes every grid weight to NaN — never to a silent wrong value — and
+    says so (vxc_iq_ready); the loaded one holds them."""
+    import ctypes
+    import shutil
+
+    assert N.available(), N.status()
+    assert N.load().vxc_iq_ready() == 1
+    copy = tmp_path / "bare.so"
+    shutil.copy(N.load()._name, copy)
+    bare = ctypes.CDLL(str(copy))
+    assert bare.vxc_iq_ready() == 0
+    rng = np.random.default_rng(3)
+    for name in ("iq2_xxs", "iq3_s", "iq1_m"):
+        blocks = torch.from_numpy(make_blocks(name, 3, 1, rng))
+        out = torch.zeros(3, 256)
+        bare.vxc_qdequant(quant.NATIVE_ENCODINGS[name], ctypes.c_void_p(blocks.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+                          ctypes.c_long(0), ctypes.c_long(3), ctypes.c_long(256))
+        assert torch.isnan(out).all(), name
+        assert not torch.isnan(quant.dequantize_native(name, blocks)).any(), name
+
+
+@pytest.mark.native
 @pytest.mark.parametrize("name", ["iq2_xs", "iq3_s", "iq1_m"])
 @pytest.mark.parametrize("activations", ["fp32", "int8_block32"])
 def test_grid_formats_prefill_in_decoded_tiles(name, activations):

@@ -10,8 +10,9 @@ sum_c W[r, c] x[b, c]`` is ``[B, rows]`` fp32.
   the oracle and the fallback, not the fast path.
 - native (``vxc_qgemv``): every encoding of the table (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k,
   iq4_nl, iq4_xs with int8_block32 packed tiles; the grid formats iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs,
-  iq3_s each weight row decoded to fp32 once for all rows of x, then multiplied in fp32 — x rounded to its int8
-  blocks' values first under int8_block32 —, and from ``TILED_FROM`` rows of x as decoded tiles into torch's GEMM)
+  iq3_s: fp32 x — each weight row decoded to fp32 once for all rows of x, from ``TILED_FROM`` rows decoded tiles into
+  torch's GEMM; int8_block32 — integer products on AVX-512 VNNI builds (a row kernel, from 16 rows of x a tiled
+  int8 GEMM), elsewhere x rounded to its int8 blocks' values and the fp32 path)
   decoded in registers, never copied out, each weight
   to the fp32 value ``dequantize`` gives it, accumulated in fp32 (the fp32 product with the dequantised
   matrix up to summation order: at the floor of the reference, see the C source). From ``TILED_FROM`` bf16 / fp16
@@ -253,7 +254,7 @@ def qgemv_native(encoding_name, blocks, x, activations="fp32"):
         # the grid formats' fp32 path has no register GEMM: decoded tiles into torch's GEMM from TILED_FROM rows
         # (4096 x 4096 iq3_s, 2 threads, Zen 4: 32 rows 12.7 -> 9.2 ms, 128 rows 74.9 -> 28.2), x first rounded to
         # its int8 blocks' values under int8_block32 where the build has no integer path (the twin's definition);
-        # with one (AVX-512 VNNI), vxc_qgemv_a8's own tiled int8 GEMM (128 rows: 20 ms)
+        # with one (AVX-512 VNNI), vxc_qgemv_a8's own tiled int8 GEMM (128 rows: 11.4 ms)
         return qgemm_tiled(code, blocks, dequantize_activations(x) if a8 else x)
     y = N.empty(B, rows, dtype=torch.float32)
     if rows and B:
