@@ -2714,13 +2714,14 @@ void vxc_qgemv(int enc, const void *W, const void *x, float *y, long rows, long 
  * the decoded weights with x's values d q, up to summation order (the twin's definition). */
 static void a8_quantize_row(const float *x, long cols, int8_t *q, float *d); /* (below: the int8 activation section) */
 
-#define IQ_NB 4 /* rows of x per pass over a weight row */
+#define IQ_NB 8 /* rows of x per pass over a weight row: an instance for up to 4 (one row of x: 8's was ~15 % slower)
+                  * and one for up to 8 (3072 x 1024 iq3_s at 8 rows: 0.62 -> 0.48 ms, one pass instead of two) */
 
-/* one weight row against rows b0 .. b0 + nb of x (q: int8 [B, cols]; dl: each lane's x scale [B, cols / 4]) */
-static inline __attribute__((always_inline)) void iq_a8_row(int enc, const uint8_t *row, long cols, const int8_t *q,
+/* one weight row against rows b0 .. b0 + nb (nb <= NB) of x (q: int8 [B, cols]; dl: each lane's x scale [B, cols / 4]) */
+static inline __attribute__((always_inline)) void iq_a8_row(int enc, int NB, const uint8_t *row, long cols, const int8_t *q,
                                                             const float *dl, long b0, int nb, float *out) {
     __m512 acc[IQ_NB];
-    for (int j = 0; j < IQ_NB; j++) acc[j] = _mm512_setzero_ps();
+    for (int j = 0; j < NB; j++) acc[j] = _mm512_setzero_ps();
     const __m512i zero = _mm512_setzero_si512();
     for (long sb = 0; sb < cols / 256; sb++) {
         const uint8_t *b = row + sb * Q_TSIZE[enc];
@@ -2900,23 +2901,30 @@ static void iq_gemv_a8(int enc, const uint8_t *W, const float *x, float *y, long
         free(dl);
         return;
     }
+#define IQ_ROW(NB)                                                                                                       \
+    switch (enc) {                                                                                                       \
+    case IQ2_XXS: iq_a8_row(IQ2_XXS, NB, W + r * rb, cols, q, dl, b0, nb, out); break;                                  \
+    case IQ2_XS: iq_a8_row(IQ2_XS, NB, W + r * rb, cols, q, dl, b0, nb, out); break;                                    \
+    case IQ2_S: iq_a8_row(IQ2_S, NB, W + r * rb, cols, q, dl, b0, nb, out); break;                                      \
+    case IQ3_XXS: iq_a8_row(IQ3_XXS, NB, W + r * rb, cols, q, dl, b0, nb, out); break;                                  \
+    case IQ3_S: iq_a8_row(IQ3_S, NB, W + r * rb, cols, q, dl, b0, nb, out); break;                                      \
+    case IQ1_S: iq_a8_row(IQ1_S, NB, W + r * rb, cols, q, dl, b0, nb, out); break;                                      \
+    default: iq_a8_row(IQ1_M, NB, W + r * rb, cols, q, dl, b0, nb, out); break;                                         \
+    }
 #pragma omp parallel for schedule(static)
     for (long r = 0; r < rows; r++) {
         for (long b0 = 0; b0 < B; b0 += IQ_NB) {
             int nb = (int)(B - b0 < IQ_NB ? B - b0 : IQ_NB);
             float out[IQ_NB];
-            switch (enc) {
-            case IQ2_XXS: iq_a8_row(IQ2_XXS, W + r * rb, cols, q, dl, b0, nb, out); break;
-            case IQ2_XS: iq_a8_row(IQ2_XS, W + r * rb, cols, q, dl, b0, nb, out); break;
-            case IQ2_S: iq_a8_row(IQ2_S, W + r * rb, cols, q, dl, b0, nb, out); break;
-            case IQ3_XXS: iq_a8_row(IQ3_XXS, W + r * rb, cols, q, dl, b0, nb, out); break;
-            case IQ3_S: iq_a8_row(IQ3_S, W + r * rb, cols, q, dl, b0, nb, out); break;
-            case IQ1_S: iq_a8_row(IQ1_S, W + r * rb, cols, q, dl, b0, nb, out); break;
-            default: iq_a8_row(IQ1_M, W + r * rb, cols, q, dl, b0, nb, out); break;
+            if (nb <= 4) {
+                IQ_ROW(4)
+            } else {
+                IQ_ROW(IQ_NB)
             }
             for (int j = 0; j < nb; j++) y[(b0 + j) * rows + r] = out[j];
         }
     }
+#undef IQ_ROW
     free(q);
     free(d);
     free(dl);
