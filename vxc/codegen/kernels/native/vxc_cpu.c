@@ -1749,6 +1749,17 @@ static int8_t IQT[IQT_BYTES];
 static int iq_ready = 0;
 
 static inline int q_grid(int enc) { return enc >= IQ2_XXS && enc < Q_COUNT; }
+/* CALL(E) with E the grid encoding enc as a constant (one specialised instance per encoding) */
+#define IQ_SWITCH(enc, CALL)                                                                                             \
+    switch (enc) {                                                                                                       \
+    case IQ2_XXS: CALL(IQ2_XXS); break;                                                                                  \
+    case IQ2_XS: CALL(IQ2_XS); break;                                                                                    \
+    case IQ2_S: CALL(IQ2_S); break;                                                                                      \
+    case IQ3_XXS: CALL(IQ3_XXS); break;                                                                                  \
+    case IQ3_S: CALL(IQ3_S); break;                                                                                      \
+    case IQ1_S: CALL(IQ1_S); break;                                                                                      \
+    default: CALL(IQ1_M); break;                                                                                         \
+    }
 
 /* the tables in the order above (n must be IQT_BYTES): 0 on success */
 int vxc_set_iq_tables(const int8_t *t, long n) {
@@ -1935,15 +1946,20 @@ static const int32_t IQ_QUARTER[4][16] = {{0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3
                                           {8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11},
                                           {12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15}};
 
+/* chunk c of super-block b as signed int8 values (|w| <= 62; iq1: 8 grid +- 1) and their scale per four values:
+ * what the fp32 decode and the GEMM's tile expansion read */
+static inline __attribute__((always_inline)) __m512i iq_signed_chunk(int enc, const uint8_t *b, float d, int c, __m512 *ws) {
+    __m512i mags;
+    __mmask64 sgn;
+    iq_chunk(enc, b, d, c, &mags, &sgn, ws);
+    return _mm512_mask_sub_epi8(mags, sgn, _mm512_setzero_si512(), mags);
+}
+
 static inline __attribute__((always_inline)) void iq_block_enc(int enc, const uint8_t *b, float *o) {
-    const __m512i zero = _mm512_setzero_si512();
     float d = iq_d(enc, b);
     for (int c = 0; c < 4; c++) {
-        __m512i mags;
-        __mmask64 sgn;
         __m512 ws;
-        iq_chunk(enc, b, d, c, &mags, &sgn, &ws);
-        __m512i w = _mm512_mask_sub_epi8(mags, sgn, zero, mags);
+        __m512i w = iq_signed_chunk(enc, b, d, c, &ws);
         for (int q = 0; q < 4; q++) {
             __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(w, q)));
             __m512 sc = _mm512_permutexvar_ps(_mm512_loadu_si512((const void *)IQ_QUARTER[q]), ws);
@@ -1957,15 +1973,9 @@ static void iq_block(int enc, const uint8_t *b, float *o) {
         for (int i = 0; i < 256; i++) o[i] = NAN;
         return;
     }
-    switch (enc) {
-    case IQ2_XXS: iq_block_enc(IQ2_XXS, b, o); break;
-    case IQ2_XS: iq_block_enc(IQ2_XS, b, o); break;
-    case IQ2_S: iq_block_enc(IQ2_S, b, o); break;
-    case IQ3_XXS: iq_block_enc(IQ3_XXS, b, o); break;
-    case IQ3_S: iq_block_enc(IQ3_S, b, o); break;
-    case IQ1_S: iq_block_enc(IQ1_S, b, o); break;
-    default: iq_block_enc(IQ1_M, b, o); break;
-    }
+#define IQ_BLOCK(E) iq_block_enc(E, b, o)
+    IQ_SWITCH(enc, IQ_BLOCK)
+#undef IQ_BLOCK
 }
 #else
 /* one super-block b of encoding enc -> 256 fp32 values */
@@ -2074,27 +2084,6 @@ static void iq_row(int enc, const uint8_t *row, long cols, float *o) {
     for (long i = 0; i < cols / 256; i++) iq_block(enc, row + i * Q_TSIZE[enc], o + 256 * i);
 }
 
-/* sum_k a[k] b[k] in fp32 (both in cache: no prefetch) */
-static inline float iq_dot(const float *a, const float *b, long n) {
-#if defined(__AVX512F__)
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    long k = 0;
-    for (; k + 32 <= n; k += 32) {
-        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 16), _mm512_loadu_ps(b + k + 16), acc1);
-    }
-    for (; k + 16 <= n; k += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), acc0);
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-    for (; k < n; k++) s += a[k] * b[k];
-    return s;
-#else
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (long k = 0; k < n; k++) s += a[k] * b[k];
-    return s;
-#endif
-}
-
 /* y [B, rows] = x [B, cols] fp32 times W (grid format enc): each weight row decoded once for all B rows of x */
 static void iq_gemv(int enc, const uint8_t *W, const float *x, float *y, long rows, long cols, long B) {
     long rb = cols / 256 * Q_TSIZE[enc];
@@ -2104,7 +2093,7 @@ static void iq_gemv(int enc, const uint8_t *W, const float *x, float *y, long ro
 #pragma omp for schedule(static)
         for (long r = 0; r < rows; r++) {
             iq_row(enc, W + r * rb, cols, w);
-            for (long b = 0; b < B; b++) y[b * rows + r] = iq_dot(w, x + b * cols, cols);
+            for (long b = 0; b < B; b++) y[b * rows + r] = dot1_f32(w, x + b * cols, cols);
         }
         free(w);
     }
@@ -2766,12 +2755,9 @@ static inline __attribute__((always_inline)) void iq_expand(int enc, const uint8
         const uint8_t *b = row + sb * Q_TSIZE[enc];
         float d = iq_d(enc, b);
         for (int c = 0; c < 4; c++) {
-            __m512i mags;
-            __mmask64 sgn;
             __m512 ws;
-            iq_chunk(enc, b, d, c, &mags, &sgn, &ws);
+            __m512i w = iq_signed_chunk(enc, b, d, c, &ws);
             long at = 256 * sb + 64 * c;
-            __m512i w = _mm512_mask_sub_epi8(mags, sgn, zero, mags);
             _mm512_storeu_si512((void *)(w8 + at), w);
             /* per lane: sum of its four w (vpdpbusd with 1s), then per group of G / 4 lanes, times -128 */
             int32_t ls[16];
@@ -2843,17 +2829,11 @@ static void iq_gemm_a8(int enc, const uint8_t *W, const int8_t *q, const float *
 #pragma omp for schedule(dynamic, 1)
         for (long t = 0; t < nt; t++) {
             long r0 = t * IQ_TR, R = rows - r0 < IQ_TR ? rows - r0 : IQ_TR;
+#define IQ_EXPAND(E) iq_expand(E, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * ng, sc + r * ng)
             for (long r = 0; r < R; r++) {
-                switch (enc) {
-                case IQ2_XXS: iq_expand(IQ2_XXS, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * ng, sc + r * ng); break;
-                case IQ2_XS: iq_expand(IQ2_XS, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * ng, sc + r * ng); break;
-                case IQ2_S: iq_expand(IQ2_S, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * ng, sc + r * ng); break;
-                case IQ3_XXS: iq_expand(IQ3_XXS, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * ng, sc + r * ng); break;
-                case IQ3_S: iq_expand(IQ3_S, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * ng, sc + r * ng); break;
-                case IQ1_S: iq_expand(IQ1_S, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * ng, sc + r * ng); break;
-                default: iq_expand(IQ1_M, W + (r0 + r) * rb, cols, w8 + r * cols, nc + r * ng, sc + r * ng); break;
-                }
+                IQ_SWITCH(enc, IQ_EXPAND)
             }
+#undef IQ_EXPAND
             if (R < IQ_TR) { /* the last tile's missing rows: zero weights (their results are not stored) */
                 memset(w8 + R * cols, 0, (size_t)((IQ_TR - R) * cols));
                 memset(nc + R * ng, 0, (size_t)((IQ_TR - R) * ng) * sizeof(int32_t));
@@ -2901,30 +2881,23 @@ static void iq_gemv_a8(int enc, const uint8_t *W, const float *x, float *y, long
         free(dl);
         return;
     }
-#define IQ_ROW(NB)                                                                                                       \
-    switch (enc) {                                                                                                       \
-    case IQ2_XXS: iq_a8_row(IQ2_XXS, NB, W + r * rb, cols, q, dl, b0, nb, out); break;                                  \
-    case IQ2_XS: iq_a8_row(IQ2_XS, NB, W + r * rb, cols, q, dl, b0, nb, out); break;                                    \
-    case IQ2_S: iq_a8_row(IQ2_S, NB, W + r * rb, cols, q, dl, b0, nb, out); break;                                      \
-    case IQ3_XXS: iq_a8_row(IQ3_XXS, NB, W + r * rb, cols, q, dl, b0, nb, out); break;                                  \
-    case IQ3_S: iq_a8_row(IQ3_S, NB, W + r * rb, cols, q, dl, b0, nb, out); break;                                      \
-    case IQ1_S: iq_a8_row(IQ1_S, NB, W + r * rb, cols, q, dl, b0, nb, out); break;                                      \
-    default: iq_a8_row(IQ1_M, NB, W + r * rb, cols, q, dl, b0, nb, out); break;                                         \
-    }
+#define IQ_ROW4(E) iq_a8_row(E, 4, W + r * rb, cols, q, dl, b0, nb, out)
+#define IQ_ROW8(E) iq_a8_row(E, IQ_NB, W + r * rb, cols, q, dl, b0, nb, out)
 #pragma omp parallel for schedule(static)
     for (long r = 0; r < rows; r++) {
         for (long b0 = 0; b0 < B; b0 += IQ_NB) {
             int nb = (int)(B - b0 < IQ_NB ? B - b0 : IQ_NB);
             float out[IQ_NB];
             if (nb <= 4) {
-                IQ_ROW(4)
+                IQ_SWITCH(enc, IQ_ROW4)
             } else {
-                IQ_ROW(IQ_NB)
+                IQ_SWITCH(enc, IQ_ROW8)
             }
             for (int j = 0; j < nb; j++) y[(b0 + j) * rows + r] = out[j];
         }
     }
-#undef IQ_ROW
+#undef IQ_ROW4
+#undef IQ_ROW8
     free(q);
     free(d);
     free(dl);
