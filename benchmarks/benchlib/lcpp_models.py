@@ -35,11 +35,15 @@ REAL_MODELS = {
     "gemma3-270m": {"precision": "q4_k_m", "label": "Gemma 3 270M (real)"},
 }
 ALL_MODELS = RANDOM_MODELS + tuple(REAL_MODELS)
-PRECISIONS = ("f32", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "iq4_xs", "iq4_nl", "iq3_s", "iq3_m")
+PRECISIONS = ("f32", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "iq4_xs", "iq4_nl", "iq3_s", "iq3_m",
+              "iq3_xxs", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m")
 QUANT_TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q3_k_m": "Q3_K_M",
-               "q2_k": "Q2_K", "iq4_xs": "IQ4_XS", "iq4_nl": "IQ4_NL", "iq3_s": "IQ3_S", "iq3_m": "IQ3_M"}  # llama-quantize's names
-# (IQ3_S / IQ3_M: the grid formats llama-quantize writes without an importance matrix; IQ3_XXS, IQ2_* and IQ1_*
-# need one)
+               "q2_k": "Q2_K", "iq4_xs": "IQ4_XS", "iq4_nl": "IQ4_NL", "iq3_s": "IQ3_S", "iq3_m": "IQ3_M",
+               "iq3_xxs": "IQ3_XXS", "iq2_xxs": "IQ2_XXS", "iq2_xs": "IQ2_XS", "iq2_s": "IQ2_S", "iq1_s": "IQ1_S",
+               "iq1_m": "IQ1_M"}  # llama-quantize's names
+# IQ3_S / IQ3_M are the grid formats llama-quantize writes without an importance matrix; these need one (llama-quantize
+# refuses them without): it is computed by llama-imatrix from the f32 file over the benchmark's text (importance_matrix)
+IMATRIX_TYPES = ("iq3_xxs", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m")
 CONVERTER_TYPES = ("f32", "bf16")
 
 
@@ -116,18 +120,42 @@ def random_gguf(model: str, precision: str, small: bool, workdir: Path, llama_cp
         convert(src, out, precision, llama_cpp)
     else:
         f32 = random_gguf(model, "f32", small, workdir, llama_cpp, env, threads, text)
-        quantize(llama_cpp, f32, out, QUANT_TYPES[precision], threads)
+        imatrix = importance_matrix(llama_cpp, f32, threads, text) if precision in IMATRIX_TYPES else None
+        quantize(llama_cpp, f32, out, QUANT_TYPES[precision], threads, imatrix=imatrix)
     log(f"{out.name} built in {time.time() - t0:.0f} s ({out.stat().st_size / 2**20:.1f} MiB)")
     return out
 
 
+def importance_matrix(llama_cpp: Path, f32: Path, threads: int, text: str) -> Path:
+    """llama-imatrix over ``text`` (128-token chunks) on the f32 file: the importance matrix llama-quantize needs for
+    the IQ1 / IQ2 / IQ3_XXS types, beside the file (``<f32 stem>.imatrix.gguf``, written atomically, reused)."""
+    out = f32.with_name(f32.stem + ".imatrix.gguf")
+    if out.is_file():
+        return out
+    exe = binary(llama_cpp, "llama-imatrix")
+    d = Path(tempfile.mkdtemp(prefix=".imatrix.", dir=f32.parent))
+    try:
+        (d / "text.txt").write_text(text)
+        log(f"llama-imatrix {f32.name} (c=128)")
+        p = subprocess.run([str(exe), "-m", str(f32), "-f", str(d / "text.txt"), "-o", str(d / "imatrix.gguf"),
+                            "-c", "128", "-t", str(threads)], capture_output=True, text=True)
+        if p.returncode != 0 or not (d / "imatrix.gguf").is_file():
+            raise RuntimeError(f"llama-imatrix {f32} failed (exit {p.returncode}):\n"
+                               + "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:]))
+        os.replace(d / "imatrix.gguf", out)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return out
+
+
 def quantize(llama_cpp: Path, src: Path, out: Path, qtype: str, threads: int, requantize: bool = False,
-             pure: bool = False) -> Path:
+             pure: bool = False, imatrix: Path | None = None) -> Path:
     exe = binary(llama_cpp, "llama-quantize")
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:
-        flags = (["--allow-requantize"] if requantize else []) + (["--pure"] if pure else [])
+        flags = ((["--allow-requantize"] if requantize else []) + (["--pure"] if pure else [])
+                 + (["--imatrix", str(imatrix)] if imatrix else []))
         log(f"llama-quantize {' '.join(flags)} {src.name} -> {qtype}")
         p = subprocess.run([str(exe), *flags, str(src), tmp, qtype, str(threads)], capture_output=True, text=True)
         if p.returncode != 0:

@@ -1767,6 +1767,7 @@ static inline int q_grid(int enc) { return enc >= IQ2_XXS && enc < Q_COUNT; }
  * IQP3XXS[p][e] byte p of iq3xxs entry e (magnitudes up to 62). Built from IQT when it is handed over. */
 static uint8_t IQP3S[2][512] __attribute__((aligned(64)));
 static uint8_t IQP3XXS[4][256] __attribute__((aligned(64)));
+static uint8_t IQP2XXS[8][256] __attribute__((aligned(64))); /* byte p of iq2xxs entry e (8 bytes an entry) */
 
 /* the tables in the order above (n must be IQT_BYTES): 0 on success */
 int vxc_set_iq_tables(const int8_t *t, long n) {
@@ -1779,6 +1780,8 @@ int vxc_set_iq_tables(const int8_t *t, long n) {
             IQP3S[h][e] = (uint8_t)((IQT[IQT_IQ3S + 4 * e + 2 * h] & 15) | (IQT[IQT_IQ3S + 4 * e + 2 * h + 1] & 15) << 4);
     for (int p = 0; p < 4; p++)
         for (int e = 0; e < 256; e++) IQP3XXS[p][e] = (uint8_t)IQT[IQT_IQ3XXS + 4 * e + p];
+    for (int p = 0; p < 8; p++)
+        for (int e = 0; e < 256; e++) IQP2XXS[p][e] = (uint8_t)IQT[IQT_IQ2XXS + 8 * e + p];
     iq_ready = 1;
     return 0;
 }
@@ -2760,7 +2763,7 @@ static inline __attribute__((always_inline)) void iq_a8_row(int enc, int NB, con
  * the lookups at ~21 cycles for 16 entries on Zen 4: 3072 x 1024 iq3_s, one row of x, 2 threads, in-cache,
  * interleaved: 0.21 -> 0.10 ms (8 rows 0.44 -> 0.21). A lane sums 16 values where iq_a8_row's sums 4 (the same
  * integers; a different float summation, within the floor). */
-static inline int iq_planar(int enc) { return enc == IQ3_S || enc == IQ3_XXS; }
+static inline int iq_planar(int enc) { return enc == IQ3_S || enc == IQ3_XXS || enc == IQ2_XXS; }
 
 /* q (natural order, [B, cols]) to qp (per 256 values: plane p's 64 bytes, values 4e + p, at 64 p) and the per-lane
  * x scales dl16 [B, cols / 16] (lane l of the row: x block l / 2) */
@@ -2847,6 +2850,105 @@ static inline __attribute__((always_inline)) void iq_a8_row_planar(int enc, int 
             }
             __m512 sc = _mm512_mul_ps(ws, _mm512_loadu_ps(dl16 + (b0 + j) * (cols / 16) + 16 * sb));
             acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc[j]);
+        }
+    }
+    for (int j = 0; j < nb; j++) out[j] = _mm512_reduce_add_ps(acc[j]);
+}
+
+/* iq2_xxs (8-byte entries, a scale per 32 values) by byte plane over two super-blocks at a time: the 64 grid indices
+ * of 512 values in one vector, eight planes (plane p: values 8e + p), each lane's four bytes per plane the 32 values
+ * of one scale group; every sign byte (ksigns of a 7-bit index) belongs to one entry, so plane p's signs are bit p
+ * of the 64 sign bytes (one vptestmb). x laid out by the same planes per 512 values (iq_planar_x8; rows padded to
+ * 512 with zero bytes and zero scales, so a last lone super-block adds exact zeros), its block scales per lane as
+ * they are. */
+static long iq_p8_cols(long cols) { return (cols + 511) / 512 * 512; }
+
+static void iq_planar_x8(const int8_t *q, const float *d, long B, long cols, int8_t *qp, float *dp) {
+    static const int8_t pick[64] = {0, 8, 16, 24, 32, 40, 48, 56, 1, 9, 17, 25, 33, 41, 49, 57,
+                                    2, 10, 18, 26, 34, 42, 50, 58, 3, 11, 19, 27, 35, 43, 51, 59,
+                                    4, 12, 20, 28, 36, 44, 52, 60, 5, 13, 21, 29, 37, 45, 53, 61,
+                                    6, 14, 22, 30, 38, 46, 54, 62, 7, 15, 23, 31, 39, 47, 55, 63};
+    const __m512i pk = _mm512_loadu_si512((const void *)pick);
+    const __m512i s1l = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11), s1h = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
+    const __m512i s2l = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), s2h = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    const __m512i s3l = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), s3h = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
+    const long cp = iq_p8_cols(cols);
+    for (long b = 0; b < B; b++) {
+        for (long s = 0; s < cp; s += 512) {
+            /* 64-byte pieces k (entries 8k .. 8k + 7) with their bytes by plane (qword p: plane p), then the 8 x 8
+             * qwords transposed: plane p = qword p of every piece */
+            __m512i v[8], a[8], c[8];
+            for (int k = 0; k < 8; k++)
+                v[k] = s + 64 * k < cols ? _mm512_permutexvar_epi8(pk, _mm512_loadu_si512((const void *)(q + b * cols + s + 64 * k)))
+                                         : _mm512_setzero_si512();
+            for (int i = 0; i < 4; i++) {
+                a[2 * i] = _mm512_permutex2var_epi64(v[2 * i], s1l, v[2 * i + 1]);     /* planes 0-3, pieces 2i, 2i+1 */
+                a[2 * i + 1] = _mm512_permutex2var_epi64(v[2 * i], s1h, v[2 * i + 1]); /* planes 4-7 */
+            }
+            for (int h = 0; h < 2; h++)
+                for (int i = 0; i < 2; i++) {
+                    /* pieces 4i .. 4i + 3: planes (4h, 4h + 1) and (4h + 2, 4h + 3) as 256-bit halves */
+                    c[4 * h + 2 * i] = _mm512_permutex2var_epi64(a[4 * i + h], s2l, a[4 * i + 2 + h]);
+                    c[4 * h + 2 * i + 1] = _mm512_permutex2var_epi64(a[4 * i + h], s2h, a[4 * i + 2 + h]);
+                }
+            int8_t *o = qp + b * cp + s;
+            for (int h = 0; h < 2; h++)
+                for (int j = 0; j < 2; j++) {
+                    int pl = 4 * h + 2 * j;
+                    _mm512_storeu_si512((void *)(o + 64 * pl), _mm512_permutex2var_epi64(c[4 * h + j], s3l, c[4 * h + 2 + j]));
+                    _mm512_storeu_si512((void *)(o + 64 * (pl + 1)), _mm512_permutex2var_epi64(c[4 * h + j], s3h, c[4 * h + 2 + j]));
+                }
+        }
+        for (long g = 0; g < cp / 32; g++) dp[b * (cp / 32) + g] = g < cols / 32 ? d[b * (cols / 32) + g] : 0.0f;
+    }
+}
+
+static inline __attribute__((always_inline)) void iq2xxs_a8_row_planar(int NB, const uint8_t *row, long cols, const int8_t *qp,
+                                                                       const float *dp, long b0, int nb, float *out) {
+    static const int8_t sel[64] = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27,
+                                   32, 33, 34, 35, 40, 41, 42, 43, 48, 49, 50, 51, 56, 57, 58, 59,
+                                   64, 65, 66, 67, 72, 73, 74, 75, 80, 81, 82, 83, 88, 89, 90, 91,
+                                   96, 97, 98, 99, 104, 105, 106, 107, 112, 113, 114, 115, 120, 121, 122, 123};
+    const __m512i sl = _mm512_loadu_si512((const void *)sel);
+    const __m512i auxw = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const __m512i *KS = (const __m512i *)(const void *)(IQT + IQT_KSIGNS);
+    const __m512i ks0 = _mm512_loadu_si512(KS), ks1 = _mm512_loadu_si512(KS + 1);
+    const long cp = iq_p8_cols(cols), nsb = cols / 256;
+    __m512 acc[IQ_NB];
+    for (int j = 0; j < NB; j++) acc[j] = _mm512_setzero_ps();
+    const __m512i zero = _mm512_setzero_si512();
+    for (long sb = 0; sb < nsb; sb += 2) {
+        const uint8_t *b = row + sb * 66;
+        const int two = sb + 1 < nsb;
+        const __m512i P0 = _mm512_loadu_si512((const void *)(b + 2));
+        const __m512i P1 = two ? _mm512_loadu_si512((const void *)(b + 68)) : zero;
+        const float d0 = h2f(b), d1 = two ? h2f(b + 66) : 0.0f;
+        const __m512i idx = _mm512_permutex2var_epi8(P0, sl, P1);
+        const __mmask64 k7 = _mm512_movepi8_mask(idx);
+        /* each group's four 7-bit ksigns indices sit at bits 32, 39, 46, 53 of its qword */
+        const __m512i ctl = _mm512_set1_epi64(0x35 << 24 | 0x2E << 16 | 0x27 << 8 | 0x20);
+        const __m512i fld = _mm512_permutex2var_epi8(_mm512_multishift_epi64_epi8(ctl, P0), sl, _mm512_multishift_epi64_epi8(ctl, P1));
+        const __m512i sgn = _mm512_permutex2var_epi8(ks0, fld, ks1);
+        __m512 ws = _mm512_cvtepi32_ps(_mm512_srli_epi32(_mm512_permutex2var_epi32(P0, auxw, P1), 28));
+        ws = _mm512_mul_ps(_mm512_mul_ps(_mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(d0), _mm512_set1_ps(d1)),
+                                         _mm512_add_ps(_mm512_set1_ps(0.5f), ws)),
+                           _mm512_set1_ps(0.25f));
+        __m512i mp[8];
+        __mmask64 sp[8];
+        for (int p = 0; p < 8; p++) {
+            const __m512i *T = (const __m512i *)(const void *)IQP2XXS[p];
+            mp[p] = _mm512_mask_blend_epi8(k7, _mm512_permutex2var_epi8(T[0], idx, T[1]), _mm512_permutex2var_epi8(T[2], idx, T[3]));
+            sp[p] = _mm512_test_epi8_mask(sgn, _mm512_set1_epi8((char)(1 << p)));
+        }
+        for (int j = 0; j < nb; j++) {
+            const int8_t *x = qp + (b0 + j) * cp + 256 * sb;
+            __m512i sum = zero;
+            for (int p = 0; p < 8; p++) {
+                __m512i xv = _mm512_loadu_si512((const void *)(x + 64 * p));
+                sum = _mm512_dpbusd_epi32(sum, mp[p], _mm512_mask_sub_epi8(xv, sp[p], zero, xv));
+            }
+            __m512 sc = _mm512_mul_ps(ws, _mm512_loadu_ps(dp + (b0 + j) * (cp / 32) + 8 * sb));
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sc, acc[j]);
         }
     }
     for (int j = 0; j < nb; j++) out[j] = _mm512_reduce_add_ps(acc[j]);
@@ -2990,6 +3092,11 @@ static void iq_gemm_a8(int enc, const uint8_t *W, const int8_t *q, const float *
 static inline __attribute__((always_inline)) void iq_a8_pass(int enc, int planar, const uint8_t *row, long cols, const int8_t *q, const float *dl, const int8_t *qp,
                        const float *dl16, long b0, int nb, float *out) {
 #if defined(IQ_PLANAR)
+    if (planar && enc == IQ2_XXS) {
+        if (nb <= 4) iq2xxs_a8_row_planar(4, row, cols, qp, dl16, b0, nb, out);
+        else iq2xxs_a8_row_planar(IQ_NB, row, cols, qp, dl16, b0, nb, out);
+        return;
+    }
     if (planar) {
         if (nb <= 4) {
             if (enc == IQ3_S) iq_a8_row_planar(IQ3_S, 4, row, cols, qp, dl16, b0, nb, out);
@@ -3032,7 +3139,12 @@ static void iq_gemv_a8(int enc, const uint8_t *W, const float *x, float *y, long
     float *dl16 = NULL;
     int planar = 0;
 #if defined(IQ_PLANAR)
-    if (iq_planar(enc)) {
+    if (enc == IQ2_XXS) { /* x by 8 planes per 512 values, its block scales padded alike */
+        planar = 1;
+        qp = (int8_t *)malloc((size_t)(B * iq_p8_cols(cols)) + 64);
+        dl16 = (float *)malloc((size_t)(B * iq_p8_cols(cols) / 32 + 1) * sizeof(float));
+        iq_planar_x8(q, d, B, cols, qp, dl16);
+    } else if (iq_planar(enc)) {
         planar = 1;
         qp = (int8_t *)malloc((size_t)(B * cols) + 64);
         dl16 = (float *)malloc((size_t)(B * cols / 16 + 1) * sizeof(float));
