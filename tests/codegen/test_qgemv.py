@@ -317,6 +317,31 @@ def test_grid_formats_without_their_tables_decode_to_nan(tmp_path):
 
 
 @pytest.mark.native
+@pytest.mark.parametrize("grid, entry, value", [("iq3_s", 7, 17), ("iq2_xs", 300, 9), ("iq2_s", 1000, 42), ("iq2_xxs", 0, -8)])
+def test_grid_tables_outside_their_packed_ranges_are_refused(tmp_path, grid, entry, value):
+    """The integer row kernels hold the iq3_s grid as nibbles (values 1 .. 15) and the iq2 grids as 2-bit codes of
+    8, 25, 43. A table with any other value there is refused whole (vxc_set_iq_tables returns -2) and the library
+    stays without tables (its grid formats NaN), never packed into a silently different grid."""
+    import ctypes
+    import shutil
+
+    assert N.available(), N.status()
+    copy = tmp_path / "fresh.so"
+    shutil.copy(N.load()._name, copy)
+    lib = ctypes.CDLL(str(copy))
+    names = ("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s")
+    parts = [quant.grid_table(n).reshape(-1).clone() for n in names]
+    width = 4 if grid.startswith("iq3") else 8
+    parts[names.index(grid)][width * entry] = value
+    blob = torch.cat(parts + [quant.ksigns_table().view(torch.int8)])
+    assert lib.vxc_set_iq_tables(ctypes.c_void_p(blob.data_ptr()), ctypes.c_long(blob.numel())) == -2, grid
+    assert lib.vxc_iq_ready() == 0
+    good = torch.cat([quant.grid_table(n).reshape(-1) for n in names] + [quant.ksigns_table().view(torch.int8)])
+    assert lib.vxc_set_iq_tables(ctypes.c_void_p(good.data_ptr()), ctypes.c_long(good.numel())) == 0
+    assert lib.vxc_iq_ready() == 1
+
+
+@pytest.mark.native
 @pytest.mark.parametrize("name", ["iq2_xs", "iq3_s", "iq1_m"])
 @pytest.mark.parametrize("activations", ["fp32", "int8_block32"])
 def test_grid_formats_prefill_in_decoded_tiles(name, activations):

@@ -1767,21 +1767,40 @@ static inline int q_grid(int enc) { return enc >= IQ2_XXS && enc < Q_COUNT; }
  * IQP3XXS[p][e] byte p of iq3xxs entry e (magnitudes up to 62). Built from IQT when it is handed over. */
 static uint8_t IQP3S[2][512] __attribute__((aligned(64)));
 static uint8_t IQP3XXS[4][256] __attribute__((aligned(64)));
-static uint8_t IQP2XXS[8][256] __attribute__((aligned(64))); /* byte p of iq2xxs entry e (8 bytes an entry) */
+/* the iq2 grids (8 bytes an entry, magnitudes 8, 25, 43) as 2-bit codes 0, 1, 2: IQC2*[h][e] holds bytes 4h .. 4h + 3
+ * of entry e, byte 4h + q at bits 2q */
+static uint8_t IQC2XXS[2][256] __attribute__((aligned(64)));
+static uint8_t IQC2XS[2][512] __attribute__((aligned(64)));
+static uint8_t IQC2S[2][1024] __attribute__((aligned(64)));
+static const uint8_t IQ2_MAG[3] = {8, 25, 43};
+
+static int iq2_codes(const int8_t *grid, long n, uint8_t *codes) {
+    for (long e = 0; e < n; e++)
+        for (int h = 0; h < 2; h++) {
+            uint8_t c = 0;
+            for (int q = 0; q < 4; q++) {
+                int v = grid[8 * e + 4 * h + q], k = v == 8 ? 0 : v == 25 ? 1 : v == 43 ? 2 : -1;
+                if (k < 0) return -1;
+                c |= (uint8_t)(k << (2 * q));
+            }
+            codes[h * n + e] = c;
+        }
+    return 0;
+}
 
 /* the tables in the order above (n must be IQT_BYTES): 0 on success */
 int vxc_set_iq_tables(const int8_t *t, long n) {
     if (n != IQT_BYTES) return -1;
     for (int i = 0; i < 2048; i++)
         if (t[IQT_IQ3S + i] < 0 || t[IQT_IQ3S + i] > 15) return -2; /* not ggml's iq3s grid: no nibble packing */
+    if (iq2_codes(t + IQT_IQ2XXS, 256, IQC2XXS[0]) || iq2_codes(t + IQT_IQ2XS, 512, IQC2XS[0]) || iq2_codes(t + IQT_IQ2S, 1024, IQC2S[0]))
+        return -2; /* not ggml's iq2 grids (values 8, 25, 43) */
     memcpy(IQT, t, IQT_BYTES);
     for (int h = 0; h < 2; h++)
         for (int e = 0; e < 512; e++)
             IQP3S[h][e] = (uint8_t)((IQT[IQT_IQ3S + 4 * e + 2 * h] & 15) | (IQT[IQT_IQ3S + 4 * e + 2 * h + 1] & 15) << 4);
     for (int p = 0; p < 4; p++)
         for (int e = 0; e < 256; e++) IQP3XXS[p][e] = (uint8_t)IQT[IQT_IQ3XXS + 4 * e + p];
-    for (int p = 0; p < 8; p++)
-        for (int e = 0; e < 256; e++) IQP2XXS[p][e] = (uint8_t)IQT[IQT_IQ2XXS + 8 * e + p];
     iq_ready = 1;
     return 0;
 }
@@ -2763,7 +2782,13 @@ static inline __attribute__((always_inline)) void iq_a8_row(int enc, int NB, con
  * the lookups at ~21 cycles for 16 entries on Zen 4: 3072 x 1024 iq3_s, one row of x, 2 threads, in-cache,
  * interleaved: 0.21 -> 0.10 ms (8 rows 0.44 -> 0.21). A lane sums 16 values where iq_a8_row's sums 4 (the same
  * integers; a different float summation, within the floor). */
-static inline int iq_planar(int enc) { return enc == IQ3_S || enc == IQ3_XXS || enc == IQ2_XXS; }
+static inline int iq_planar(int enc) { return enc == IQ3_S || enc == IQ3_XXS || enc == IQ2_XXS || enc == IQ2_XS || enc == IQ2_S; }
+static inline int iq_planar8(int enc) { return enc == IQ2_XXS || enc == IQ2_XS || enc == IQ2_S; }
+static const uint8_t IQ_EVEN64[64] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
+                                       44, 46, 48, 50, 52, 54, 56, 58, 60, 62, 64, 66, 68, 70, 72, 74, 76, 78, 80, 82, 84,
+                                       86, 88, 90, 92, 94, 96, 98, 100, 102, 104, 106, 108, 110, 112, 114, 116, 118, 120,
+                                       122, 124, 126};
+static inline uint64_t iq_u64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
 /* q (natural order, [B, cols]) to qp (per 256 values: plane p's 64 bytes, values 4e + p, at 64 p) and the per-lane
  * x scales dl16 [B, cols / 16] (lane l of the row: x block l / 2) */
@@ -2903,52 +2928,124 @@ static void iq_planar_x8(const int8_t *q, const float *d, long B, long cols, int
     }
 }
 
-static inline __attribute__((always_inline)) void iq2xxs_a8_row_planar(int NB, const uint8_t *row, long cols, const int8_t *qp,
-                                                                       const float *dp, long b0, int nb, float *out) {
+/* 128 entries a vpermt2b from a code table of n = 128 segs entries (the index's bits 7, 8, 9 choose by mask) */
+static inline __attribute__((always_inline)) __m512i iq_lut(const uint8_t *T, int segs, __m512i lo, __mmask64 k7, __mmask64 k8,
+                                                            __mmask64 k9) {
+    const __m512i *t = (const __m512i *)(const void *)T;
+    __m512i r[8];
+    for (int g = 0; g < segs; g++) r[g] = _mm512_permutex2var_epi8(t[2 * g], lo, t[2 * g + 1]);
+    const __mmask64 k[3] = {k7, k8, k9};
+    for (int lv = 0, n = segs; n > 1; lv++, n /= 2)
+        for (int i = 0; i < n / 2; i++) r[i] = _mm512_mask_blend_epi8(k[lv], r[2 * i], r[2 * i + 1]);
+    return r[0];
+}
+
+/* iq2_xxs / iq2_xs / iq2_s over two super-blocks: 64 entries' indices (low 8 bits in lo, bits 8, 9 as masks), their
+ * sign bytes (one an entry: bit p negates byte p), lane scales (per 32 values; iq2_xs / iq2_s per 16: A for a
+ * lane's bytes 0-1 of each plane, B for 2-3, the entries 4l, 4l + 1 and 4l + 2, 4l + 3) */
+static inline __attribute__((always_inline)) void iq2_pair(int enc, const uint8_t *b, int two, __m512i *lo, __mmask64 *k8,
+                                                           __mmask64 *k9, __m512i *sgn, __m512 *wsA, __m512 *wsB) {
     static const int8_t sel[64] = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27,
                                    32, 33, 34, 35, 40, 41, 42, 43, 48, 49, 50, 51, 56, 57, 58, 59,
                                    64, 65, 66, 67, 72, 73, 74, 75, 80, 81, 82, 83, 88, 89, 90, 91,
                                    96, 97, 98, 99, 104, 105, 106, 107, 112, 113, 114, 115, 120, 121, 122, 123};
-    const __m512i sl = _mm512_loadu_si512((const void *)sel);
-    const __m512i auxw = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const __m512i zero = _mm512_setzero_si512();
     const __m512i *KS = (const __m512i *)(const void *)(IQT + IQT_KSIGNS);
-    const __m512i ks0 = _mm512_loadu_si512(KS), ks1 = _mm512_loadu_si512(KS + 1);
+    const long ts = Q_TSIZE[enc];
+    const uint8_t *bb = b + ts;
+    const __m512 dv = _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(h2f(b)), _mm512_set1_ps(two ? h2f(bb) : 0.0f));
+    *k8 = *k9 = 0;
+    if (enc == IQ2_XXS) { /* per 32 values: 4 index bytes, then a word of four 7-bit ksigns indices and the scale */
+        const __m512i sl = _mm512_loadu_si512((const void *)sel);
+        const __m512i P0 = _mm512_loadu_si512((const void *)(b + 2)), P1 = two ? _mm512_loadu_si512((const void *)(bb + 2)) : zero;
+        *lo = _mm512_permutex2var_epi8(P0, sl, P1);
+        const __m512i ctl = _mm512_set1_epi64(0x35 << 24 | 0x2E << 16 | 0x27 << 8 | 0x20); /* bits 32, 39, 46, 53 */
+        const __m512i fld = _mm512_permutex2var_epi8(_mm512_multishift_epi64_epi8(ctl, P0), sl, _mm512_multishift_epi64_epi8(ctl, P1));
+        *sgn = _mm512_permutex2var_epi8(_mm512_loadu_si512(KS), fld, _mm512_loadu_si512(KS + 1));
+        const __m512i aux = _mm512_permutex2var_epi32(P0, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), P1);
+        *wsA = _mm512_mul_ps(_mm512_mul_ps(dv, _mm512_add_ps(_mm512_set1_ps(0.5f), _mm512_cvtepi32_ps(_mm512_srli_epi32(aux, 28)))),
+                             _mm512_set1_ps(0.25f));
+        *wsB = *wsA;
+        return;
+    }
+    __m128i sc; /* the 16 scale bytes of the pair (a nibble per 16 values) */
+    if (enc == IQ2_XS) { /* per entry a u16: 9-bit index, 7-bit ksigns index */
+        const __m512i P0 = _mm512_loadu_si512((const void *)(b + 2)), P1 = two ? _mm512_loadu_si512((const void *)(bb + 2)) : zero;
+        const __m512i even = _mm512_loadu_si512((const void *)IQ_EVEN64); /* byte 2i of P0 | P1 */
+        *lo = _mm512_permutex2var_epi8(P0, even, P1);
+        const __m512i hi = _mm512_permutex2var_epi8(P0, _mm512_add_epi8(even, _mm512_set1_epi8(1)), P1);
+        *k8 = _mm512_test_epi8_mask(hi, _mm512_set1_epi8(1));
+        *sgn = _mm512_permutex2var_epi8(_mm512_loadu_si512(KS), _mm512_srli_epi16(hi, 1), _mm512_loadu_si512(KS + 1));
+        sc = _mm_set_epi64x(two ? (long long)iq_u64(bb + 66) : 0, (long long)iq_u64(b + 66));
+    } else { /* IQ2_S: 32 index bytes, 32 sign bytes, 2 high index bits an entry, the scales */
+        *lo = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b + 2))),
+                                 two ? _mm256_loadu_si256((const __m256i *)(bb + 2)) : _mm256_setzero_si256(), 1);
+        *sgn = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b + 34))),
+                                  two ? _mm256_loadu_si256((const __m256i *)(bb + 34)) : _mm256_setzero_si256(), 1);
+        const uint64_t q0 = iq_u64(b + 66), q1 = two ? iq_u64(bb + 66) : 0;
+        *k8 = (__mmask64)(_pext_u64(q0, 0x5555555555555555ull) | _pext_u64(q1, 0x5555555555555555ull) << 32);
+        *k9 = (__mmask64)(_pext_u64(q0, 0xAAAAAAAAAAAAAAAAull) | _pext_u64(q1, 0xAAAAAAAAAAAAAAAAull) << 32);
+        sc = _mm_set_epi64x(two ? (long long)iq_u64(bb + 74) : 0, (long long)iq_u64(b + 74));
+    }
+    const __m512i s16 = _mm512_cvtepu8_epi32(sc);
+    const __m512 sA = _mm512_cvtepi32_ps(_mm512_and_si512(s16, _mm512_set1_epi32(15))), sB = _mm512_cvtepi32_ps(_mm512_srli_epi32(s16, 4));
+    *wsA = _mm512_mul_ps(_mm512_mul_ps(dv, _mm512_add_ps(_mm512_set1_ps(0.5f), sA)), _mm512_set1_ps(0.25f));
+    *wsB = _mm512_mul_ps(_mm512_mul_ps(dv, _mm512_add_ps(_mm512_set1_ps(0.5f), sB)), _mm512_set1_ps(0.25f));
+}
+
+static inline __attribute__((always_inline)) void iq2_a8_row_planar(int enc, int NB, const uint8_t *row, long cols, const int8_t *qp,
+                                                                    const float *dp, long b0, int nb, float *out) {
+    /* a code byte's four 2-bit codes to magnitudes: vpermb reads the low 6 bits (code q at bits 2q; the fourth
+     * after a shift by 2) */
+    static uint8_t L[3][64] __attribute__((aligned(64)));
+    static int ready = 0;
+    if (!ready) { /* (idempotent: concurrent first calls write the same bytes) */
+        for (int q = 0; q < 3; q++)
+            for (int i = 0; i < 64; i++) L[q][i] = IQ2_MAG[((i >> (2 * q)) & 3) % 3];
+        ready = 1;
+    }
+    const __m512i L0 = _mm512_load_si512((const void *)L[0]), L1 = _mm512_load_si512((const void *)L[1]), L2 = _mm512_load_si512((const void *)L[2]);
+    const uint8_t *C = enc == IQ2_XXS ? IQC2XXS[0] : enc == IQ2_XS ? IQC2XS[0] : IQC2S[0];
+    const long n = enc == IQ2_XXS ? 256 : enc == IQ2_XS ? 512 : 1024, ts = Q_TSIZE[enc];
+    const int per16 = enc != IQ2_XXS;
     const long cp = iq_p8_cols(cols), nsb = cols / 256;
     __m512 acc[IQ_NB];
     for (int j = 0; j < NB; j++) acc[j] = _mm512_setzero_ps();
     const __m512i zero = _mm512_setzero_si512();
     for (long sb = 0; sb < nsb; sb += 2) {
-        const uint8_t *b = row + sb * 66;
-        const int two = sb + 1 < nsb;
-        const __m512i P0 = _mm512_loadu_si512((const void *)(b + 2));
-        const __m512i P1 = two ? _mm512_loadu_si512((const void *)(b + 68)) : zero;
-        const float d0 = h2f(b), d1 = two ? h2f(b + 66) : 0.0f;
-        const __m512i idx = _mm512_permutex2var_epi8(P0, sl, P1);
-        const __mmask64 k7 = _mm512_movepi8_mask(idx);
-        /* each group's four 7-bit ksigns indices sit at bits 32, 39, 46, 53 of its qword */
-        const __m512i ctl = _mm512_set1_epi64(0x35 << 24 | 0x2E << 16 | 0x27 << 8 | 0x20);
-        const __m512i fld = _mm512_permutex2var_epi8(_mm512_multishift_epi64_epi8(ctl, P0), sl, _mm512_multishift_epi64_epi8(ctl, P1));
-        const __m512i sgn = _mm512_permutex2var_epi8(ks0, fld, ks1);
-        __m512 ws = _mm512_cvtepi32_ps(_mm512_srli_epi32(_mm512_permutex2var_epi32(P0, auxw, P1), 28));
-        ws = _mm512_mul_ps(_mm512_mul_ps(_mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(d0), _mm512_set1_ps(d1)),
-                                         _mm512_add_ps(_mm512_set1_ps(0.5f), ws)),
-                           _mm512_set1_ps(0.25f));
-        __m512i mp[8];
+        __m512i lo, sgn;
+        __mmask64 k8, k9;
+        __m512 wsA, wsB;
+        iq2_pair(enc, row + sb * ts, sb + 1 < nsb, &lo, &k8, &k9, &sgn, &wsA, &wsB);
+        const __mmask64 k7 = _mm512_movepi8_mask(lo);
+        __m512i mp[8], mq[8];
         __mmask64 sp[8];
+        for (int h = 0; h < 2; h++) {
+            const __m512i t = iq_lut(C + h * n, (int)(n / 128), lo, k7, k8, k9);
+            mp[4 * h] = _mm512_permutexvar_epi8(t, L0);
+            mp[4 * h + 1] = _mm512_permutexvar_epi8(t, L1);
+            mp[4 * h + 2] = _mm512_permutexvar_epi8(t, L2);
+            mp[4 * h + 3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(t, 2), L2);
+        }
         for (int p = 0; p < 8; p++) {
-            const __m512i *T = (const __m512i *)(const void *)IQP2XXS[p];
-            mp[p] = _mm512_mask_blend_epi8(k7, _mm512_permutex2var_epi8(T[0], idx, T[1]), _mm512_permutex2var_epi8(T[2], idx, T[3]));
             sp[p] = _mm512_test_epi8_mask(sgn, _mm512_set1_epi8((char)(1 << p)));
+            if (per16) { /* a lane's first two entries (scale group A) and last two (B) apart */
+                mq[p] = _mm512_maskz_mov_epi8((__mmask64)0xCCCCCCCCCCCCCCCCull, mp[p]);
+                mp[p] = _mm512_maskz_mov_epi8((__mmask64)0x3333333333333333ull, mp[p]);
+            }
         }
         for (int j = 0; j < nb; j++) {
             const int8_t *x = qp + (b0 + j) * cp + 256 * sb;
-            __m512i sum = zero;
+            __m512i sa = zero, sbv = zero;
             for (int p = 0; p < 8; p++) {
                 __m512i xv = _mm512_loadu_si512((const void *)(x + 64 * p));
-                sum = _mm512_dpbusd_epi32(sum, mp[p], _mm512_mask_sub_epi8(xv, sp[p], zero, xv));
+                xv = _mm512_mask_sub_epi8(xv, sp[p], zero, xv);
+                sa = _mm512_dpbusd_epi32(sa, mp[p], xv);
+                if (per16) sbv = _mm512_dpbusd_epi32(sbv, mq[p], xv);
             }
-            __m512 sc = _mm512_mul_ps(ws, _mm512_loadu_ps(dp + (b0 + j) * (cp / 32) + 8 * sb));
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sc, acc[j]);
+            const __m512 dl = _mm512_loadu_ps(dp + (b0 + j) * (cp / 32) + 8 * sb);
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sa), _mm512_mul_ps(wsA, dl), acc[j]);
+            if (per16) acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sbv), _mm512_mul_ps(wsB, dl), acc[j]);
         }
     }
     for (int j = 0; j < nb; j++) out[j] = _mm512_reduce_add_ps(acc[j]);
@@ -3092,9 +3189,18 @@ static void iq_gemm_a8(int enc, const uint8_t *W, const int8_t *q, const float *
 static inline __attribute__((always_inline)) void iq_a8_pass(int enc, int planar, const uint8_t *row, long cols, const int8_t *q, const float *dl, const int8_t *qp,
                        const float *dl16, long b0, int nb, float *out) {
 #if defined(IQ_PLANAR)
-    if (planar && enc == IQ2_XXS) {
-        if (nb <= 4) iq2xxs_a8_row_planar(4, row, cols, qp, dl16, b0, nb, out);
-        else iq2xxs_a8_row_planar(IQ_NB, row, cols, qp, dl16, b0, nb, out);
+    if (planar && iq_planar8(enc)) {
+#define IQ2_PROW(E)                                                                                                      \
+    if (nb <= 4) iq2_a8_row_planar(E, 4, row, cols, qp, dl16, b0, nb, out);                                             \
+    else iq2_a8_row_planar(E, IQ_NB, row, cols, qp, dl16, b0, nb, out);
+        if (enc == IQ2_XXS) {
+            IQ2_PROW(IQ2_XXS)
+        } else if (enc == IQ2_XS) {
+            IQ2_PROW(IQ2_XS)
+        } else {
+            IQ2_PROW(IQ2_S)
+        }
+#undef IQ2_PROW
         return;
     }
     if (planar) {
@@ -3139,7 +3245,7 @@ static void iq_gemv_a8(int enc, const uint8_t *W, const float *x, float *y, long
     float *dl16 = NULL;
     int planar = 0;
 #if defined(IQ_PLANAR)
-    if (enc == IQ2_XXS) { /* x by 8 planes per 512 values, its block scales padded alike */
+    if (iq_planar8(enc)) { /* x by 8 planes per 512 values, its block scales padded alike */
         planar = 1;
         qp = (int8_t *)malloc((size_t)(B * iq_p8_cols(cols)) + 64);
         dl16 = (float *)malloc((size_t)(B * iq_p8_cols(cols) / 32 + 1) * sizeof(float));
