@@ -5,12 +5,13 @@ One run of this script:
 
 1. finds llama.cpp (``--llama-cpp DIR``, default ``$VXC_LLAMA_CPP`` or the vendored tree of the llama-cpp-python
    sdist unpacked under /tmp/lcpp): ``build/bin/llama-bench``, ``llama-quantize``, ``llama-perplexity`` (and
-   ``llama-completion`` for ``--agreement``). ``--build`` downloads the sdist (pip download --no-deps --no-binary
+   ``llama-completion`` for ``--agreement``, ``llama-imatrix`` for the IQ1 / IQ2 / IQ3_XXS files). ``--build`` downloads the sdist (pip download --no-deps --no-binary
    :all: llama-cpp-python) into the work dir and builds those targets with cmake -DGGML_NATIVE=ON
    -DLLAMA_CURL=OFF first (a fresh machine; never in CI);
 2. builds (or reuses, keyed by model, geometry and precision) the GGUF files in a work dir outside the repository:
    the ``qwen3-0.6b`` / ``mamba2-780m`` shapes with random weights (``benchlib/models.py``'s checkpoints, converted
-   by llama.cpp's ``convert_hf_to_gguf.py`` to f32 / bf16, then ``llama-quantize`` f32 -> q8_0 / q4_0 / q4_k_m / q5_k_m / q3_k_m / q2_k),
+   by llama.cpp's ``convert_hf_to_gguf.py`` to f32 / bf16, then ``llama-quantize`` f32 -> q8_0 / q4_0 / q4_k_m / q5_k_m / q3_k_m / q2_k /
+   the i-quants; iq3_xxs / iq2_* / iq1_* with ``--imatrix`` from ``llama-imatrix`` over the benchmark's text),
    SmolLM2-135M-Instruct Q4_1 and Gemma 3 270M Q4_K_M (real weights from their registry wheels);
 3. lowers each file with ``vxc lower F.gguf -o m.vxir`` (a refusal is reported in vxc's column with its message;
    llama.cpp's numbers are printed all the same) and reads the bytes a decode step reads from ``vxc describe --json``;
@@ -77,7 +78,7 @@ def parse_args() -> argparse.Namespace:
                          "the llama-cpp-python sdist under /tmp/lcpp)")
     ap.add_argument("--build", action="store_true",
                     help="first download the llama-cpp-python sdist into WORKDIR/llama-cpp-src and build llama.cpp's "
-                         "llama-bench, llama-quantize, llama-perplexity, llama-completion there (cmake "
+                         "llama-bench, llama-quantize, llama-perplexity, llama-completion, llama-imatrix there (cmake "
                          "-DGGML_NATIVE=ON -DLLAMA_CURL=OFF); then use that tree. Not for CI")
     ap.add_argument("--build-dry-run", action="store_true", help="print the --build steps and exit")
     ap.add_argument("--build-cflags", default="",
