@@ -2772,7 +2772,8 @@ static inline __attribute__((always_inline)) void iq_a8_row(int enc, int NB, con
 
 #if defined(__AVX512VBMI__)
 #define IQ_PLANAR 1
-/* iq3_s and iq3_xxs, one to IQ_NB rows of x, by byte plane: a super-block's 64 grid indices in one vector, each
+/* The grid formats but iq1 (their 2048-entry grid: by plane, 0.16 -> 0.20 ms, not kept), one to IQ_NB rows of x, by
+ * byte plane. iq3_s and iq3_xxs: a super-block's 64 grid indices in one vector, each
  * entry's byte p looked up for all 64 at once from a table in registers (vpermt2b, 128 entries a lookup; iq3_s's
  * 512-entry grid as two nibble-packed tables of two planes each, the index's bits 7 and 8 choosing by mask), so
  * plane p holds the magnitudes of values 4e + p (e = 0 .. 63). x's int8 row is laid out the same way per 256 values
@@ -2790,14 +2791,17 @@ static const uint8_t IQ_EVEN64[64] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22,
                                        122, 124, 126};
 static inline uint64_t iq_u64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
+/* the byte order that puts 64 values of P-byte entries by plane: plane p's 64 / P bytes (values P e + p) at 64 p / P */
+static inline __m512i iq_pick(int P) {
+    int8_t t[64];
+    for (int i = 0; i < 64; i++) t[i] = (int8_t)(P * (i % (64 / P)) + i / (64 / P));
+    return _mm512_loadu_si512((const void *)t);
+}
+
 /* q (natural order, [B, cols]) to qp (per 256 values: plane p's 64 bytes, values 4e + p, at 64 p) and the per-lane
  * x scales dl16 [B, cols / 16] (lane l of the row: x block l / 2) */
 static void iq_planar_x(const int8_t *q, const float *d, long B, long cols, int8_t *qp, float *dl16) {
-    static const int8_t pick[64] = {0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60,
-                                    1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49, 53, 57, 61,
-                                    2, 6, 10, 14, 18, 22, 26, 30, 34, 38, 42, 46, 50, 54, 58, 62,
-                                    3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 43, 47, 51, 55, 59, 63};
-    const __m512i pk = _mm512_loadu_si512((const void *)pick);
+    const __m512i pk = iq_pick(4);
     for (long b = 0; b < B; b++) {
         for (long s = 0; s < cols; s += 256) {
             /* each 64 values as [plane 0: 16 bytes][plane 1][plane 2][plane 3], then the 16-byte lanes transposed */
@@ -2889,11 +2893,7 @@ static inline __attribute__((always_inline)) void iq_a8_row_planar(int enc, int 
 static long iq_p8_cols(long cols) { return (cols + 511) / 512 * 512; }
 
 static void iq_planar_x8(const int8_t *q, const float *d, long B, long cols, int8_t *qp, float *dp) {
-    static const int8_t pick[64] = {0, 8, 16, 24, 32, 40, 48, 56, 1, 9, 17, 25, 33, 41, 49, 57,
-                                    2, 10, 18, 26, 34, 42, 50, 58, 3, 11, 19, 27, 35, 43, 51, 59,
-                                    4, 12, 20, 28, 36, 44, 52, 60, 5, 13, 21, 29, 37, 45, 53, 61,
-                                    6, 14, 22, 30, 38, 46, 54, 62, 7, 15, 23, 31, 39, 47, 55, 63};
-    const __m512i pk = _mm512_loadu_si512((const void *)pick);
+    const __m512i pk = iq_pick(8);
     const __m512i s1l = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11), s1h = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
     const __m512i s2l = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), s2h = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
     const __m512i s3l = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), s3h = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
