@@ -339,6 +339,21 @@ def test_grid_tables_outside_their_packed_ranges_are_refused(tmp_path, grid, ent
     good = torch.cat([quant.grid_table(n).reshape(-1) for n in names] + [quant.ksigns_table().view(torch.int8)])
     assert lib.vxc_set_iq_tables(ctypes.c_void_p(good.data_ptr()), ctypes.c_long(good.numel())) == 0
     assert lib.vxc_iq_ready() == 1
+    # a refused hand-over changes nothing the library holds, even where its other tables are valid but different
+    # (here every grid entry of the other formats moved by one): the products stay the loaded library's, bit for bit
+    moved = [p.reshape(-1, 4 if n.startswith("iq3") else 8).roll(1, 0).reshape(-1) for n, p in zip(names, parts)]
+    moved[names.index(grid)] = parts[names.index(grid)]
+    bad = torch.cat(moved + [quant.ksigns_table().view(torch.int8)])
+    assert lib.vxc_set_iq_tables(ctypes.c_void_p(bad.data_ptr()), ctypes.c_long(bad.numel())) == -2
+    lib.vxc_qgemv_a8.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
+                                 ctypes.c_long, ctypes.c_long, ctypes.c_int]
+    rng = np.random.default_rng(5)
+    for other in names:
+        blocks = torch.from_numpy(make_blocks(other, 5, 2, rng))
+        x = torch.from_numpy(rng.standard_normal((3, 512)).astype(np.float32))
+        y = torch.empty(3, 5)
+        lib.vxc_qgemv_a8(quant.NATIVE_ENCODINGS[other], blocks.data_ptr(), x.data_ptr(), y.data_ptr(), 5, 512, 3, 0)
+        assert torch.equal(y, quant.qgemv_native(other, blocks, x, "int8_block32")), (grid, other)
 
 
 @pytest.mark.native

@@ -1773,6 +1773,9 @@ static uint8_t IQC2XXS[2][256] __attribute__((aligned(64)));
 static uint8_t IQC2XS[2][512] __attribute__((aligned(64)));
 static uint8_t IQC2S[2][1024] __attribute__((aligned(64)));
 static const uint8_t IQ2_MAG[3] = {8, 25, 43};
+/* a code byte's four 2-bit codes to magnitudes by vpermb, which reads the low 6 bits: IQ2_UNPACK[q][i] is the magnitude
+ * of code q of i (bits 2q; the fourth code after a shift by 2, through [2]) */
+static uint8_t IQ2_UNPACK[3][64] __attribute__((aligned(64)));
 
 static int iq2_codes(const int8_t *grid, long n, uint8_t *codes) {
     for (long e = 0; e < n; e++)
@@ -1793,8 +1796,14 @@ int vxc_set_iq_tables(const int8_t *t, long n) {
     if (n != IQT_BYTES) return -1;
     for (int i = 0; i < 2048; i++)
         if (t[IQT_IQ3S + i] < 0 || t[IQT_IQ3S + i] > 15) return -2; /* not ggml's iq3s grid: no nibble packing */
-    if (iq2_codes(t + IQT_IQ2XXS, 256, IQC2XXS[0]) || iq2_codes(t + IQT_IQ2XS, 512, IQC2XS[0]) || iq2_codes(t + IQT_IQ2S, 1024, IQC2S[0]))
+    uint8_t c2xxs[512], c2xs[1024], c2s[2048]; /* checked whole before anything held changes */
+    if (iq2_codes(t + IQT_IQ2XXS, 256, c2xxs) || iq2_codes(t + IQT_IQ2XS, 512, c2xs) || iq2_codes(t + IQT_IQ2S, 1024, c2s))
         return -2; /* not ggml's iq2 grids (values 8, 25, 43) */
+    memcpy(IQC2XXS, c2xxs, sizeof c2xxs);
+    memcpy(IQC2XS, c2xs, sizeof c2xs);
+    memcpy(IQC2S, c2s, sizeof c2s);
+    for (int q = 0; q < 3; q++)
+        for (int i = 0; i < 64; i++) IQ2_UNPACK[q][i] = IQ2_MAG[((i >> (2 * q)) & 3) % 3];
     memcpy(IQT, t, IQT_BYTES);
     for (int h = 0; h < 2; h++)
         for (int e = 0; e < 512; e++)
@@ -2995,15 +3004,7 @@ static inline __attribute__((always_inline)) void iq2_pair(int enc, const uint8_
 
 static inline __attribute__((always_inline)) void iq2_a8_row_planar(int enc, int NB, const uint8_t *row, long cols, const int8_t *qp,
                                                                     const float *dp, long b0, int nb, float *out) {
-    /* a code byte's four 2-bit codes to magnitudes: vpermb reads the low 6 bits (code q at bits 2q; the fourth
-     * after a shift by 2) */
-    static uint8_t L[3][64] __attribute__((aligned(64)));
-    static int ready = 0;
-    if (!ready) { /* (idempotent: concurrent first calls write the same bytes) */
-        for (int q = 0; q < 3; q++)
-            for (int i = 0; i < 64; i++) L[q][i] = IQ2_MAG[((i >> (2 * q)) & 3) % 3];
-        ready = 1;
-    }
+    const uint8_t(*L)[64] = IQ2_UNPACK;
     const __m512i L0 = _mm512_load_si512((const void *)L[0]), L1 = _mm512_load_si512((const void *)L[1]), L2 = _mm512_load_si512((const void *)L[2]);
     const uint8_t *C = enc == IQ2_XXS ? IQC2XXS[0] : enc == IQ2_XS ? IQC2XS[0] : IQC2S[0];
     const long n = enc == IQ2_XXS ? 256 : enc == IQ2_XS ? 512 : 1024, ts = Q_TSIZE[enc];
