@@ -2792,8 +2792,8 @@ static inline __attribute__((always_inline)) void iq_a8_row(int enc, int NB, con
  * the lookups at ~21 cycles for 16 entries on Zen 4: 3072 x 1024 iq3_s, one row of x, 2 threads, in-cache,
  * interleaved: 0.21 -> 0.10 ms (8 rows 0.44 -> 0.21). A lane sums 16 values where iq_a8_row's sums 4 (the same
  * integers; a different float summation, within the floor). */
-static inline int iq_planar(int enc) { return enc == IQ3_S || enc == IQ3_XXS || enc == IQ2_XXS || enc == IQ2_XS || enc == IQ2_S; }
 static inline int iq_planar8(int enc) { return enc == IQ2_XXS || enc == IQ2_XS || enc == IQ2_S; }
+static inline int iq_planar(int enc) { return enc == IQ3_S || enc == IQ3_XXS || iq_planar8(enc); }
 static const uint8_t IQ_EVEN64[64] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
                                        44, 46, 48, 50, 52, 54, 56, 58, 60, 62, 64, 66, 68, 70, 72, 74, 76, 78, 80, 82, 84,
                                        86, 88, 90, 92, 94, 96, 98, 100, 102, 104, 106, 108, 110, 112, 114, 116, 118, 120,
@@ -3230,16 +3230,12 @@ static inline __attribute__((always_inline)) void iq_a8_pass(int enc, int planar
 static void iq_gemv_a8(int enc, const uint8_t *W, const float *x, float *y, long rows, long cols, long B) {
     long rb = cols / 256 * Q_TSIZE[enc], ng = cols / 32;
     int8_t *q = (int8_t *)malloc((size_t)(B * cols) + 64);
-    float *d = (float *)malloc((size_t)(B * ng + 1) * sizeof(float)), *dl = (float *)malloc((size_t)(B * cols / 4 + 1) * sizeof(float));
-    for (long b = 0; b < B; b++) {
-        a8_quantize_row(x + b * cols, cols, q + b * cols, d + b * ng);
-        for (long l = 0; l < cols / 4; l++) dl[b * (cols / 4) + l] = d[b * ng + l / 8];
-    }
+    float *d = (float *)malloc((size_t)(B * ng + 1) * sizeof(float)), *dl = NULL;
+    for (long b = 0; b < B; b++) a8_quantize_row(x + b * cols, cols, q + b * cols, d + b * ng);
     if (B >= IQ_GEMM_FROM) {
         iq_gemm_a8(enc, W, q, d, y, rows, cols, B);
         free(q);
         free(d);
-        free(dl);
         return;
     }
     int8_t *qp = NULL;
@@ -3258,6 +3254,11 @@ static void iq_gemv_a8(int enc, const uint8_t *W, const float *x, float *y, long
         iq_planar_x(q, d, B, cols, qp, dl16);
     }
 #endif
+    if (!planar) { /* the per-entry kernel: x's block scale for each lane of four values */
+        dl = (float *)malloc((size_t)(B * cols / 4 + 1) * sizeof(float));
+        for (long b = 0; b < B; b++)
+            for (long l = 0; l < cols / 4; l++) dl[b * (cols / 4) + l] = d[b * ng + l / 8];
+    }
 #pragma omp parallel for schedule(static)
     for (long r = 0; r < rows; r++) {
         for (long b0 = 0; b0 < B; b0 += IQ_NB) {
