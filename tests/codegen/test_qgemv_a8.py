@@ -145,6 +145,21 @@ def test_expanded_tiles_from_many_rows_equal_their_rows_alone(name):
 
 
 @pytest.mark.native
+@pytest.mark.parametrize("B", [5, 6, 7, 13])
+def test_q6_k_rows_split_into_passes_equal_their_rows_alone(B):
+    """The packed q6_k product takes 6 and 7 rows of x as a pass of 4 and the rest (its 6- and 7-row instances ran at
+    half speed), 8 and more in passes of 4: at the floor of the twin, and every row bit for bit the row alone."""
+    rng = np.random.default_rng(zlib.crc32(f"q6_k passes {B}".encode()))
+    b = make_blocks("q6_k", 37, 4, rng)
+    blocks = torch.from_numpy(b)
+    x = torch.from_numpy(rng.standard_normal((B, 1024)).astype(np.float32))
+    got = run_native("q6_k", blocks, x)
+    R.assert_kernel_at_floor(got, quant.qgemv_twin("q6_k", blocks, x, A8), oracle("q6_k", b, x), f"q6_k {B} rows")
+    for i in range(B):
+        assert torch.equal(run_native("q6_k", blocks, x[i:i + 1].contiguous())[0], got[i]), i
+
+
+@pytest.mark.native
 @pytest.mark.parametrize("name", NATIVE)
 def test_bf16_x_is_quantised_from_its_exact_fp32_values(name):
     rng = np.random.default_rng(5)
