@@ -382,20 +382,22 @@ def test_grid_formats_prefill_in_decoded_tiles(name, activations):
 
 
 @pytest.mark.native
+@pytest.mark.parametrize("nblk", [2, 3])
 @pytest.mark.parametrize("name", ["iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"])
-def test_grid_int8_gemm_at_the_floor(name):
+def test_grid_int8_gemm_at_the_floor(name, nblk):
     """Under int8_block32 an AVX-512 VNNI build runs 16 rows of x and more (a prefill, a large batch) through tiles of
     weight rows expanded once into signed int8 values against x transposed in tiles of 16 rows: the same exact
     integer sums per scale group as the one-row kernel, summed in floats per group rather than per four-value lane.
     At 37 weight rows (two whole 16-row tiles and a partial one) and 19 rows of x (a whole x tile and a padded
-    one): at the floor of the twin and the fp64 oracle, and so is each row run alone (the row kernel)."""
+    one): at the floor of the twin and the fp64 oracle, and so is each row run alone (the row kernel). Three
+    super-blocks a row too: the iq2 grids' byte-plane expansion (VBMI builds) takes them in pairs, the last alone."""
     assert N.available(), N.status()
     if not quant._grid_a8():
         pytest.skip("this build has no integer path for the grid formats (AVX-512 VNNI only)")
-    rng = np.random.default_rng(23)
-    b = make_blocks(name, 37, 2, rng)
+    rng = np.random.default_rng(23 + nblk)
+    b = make_blocks(name, 37, nblk, rng)
     blocks = torch.from_numpy(b)
-    x = torch.from_numpy(rng.standard_normal((19, 2 * ENCODINGS[name].block_size)).astype(np.float32))
+    x = torch.from_numpy(rng.standard_normal((19, nblk * ENCODINGS[name].block_size)).astype(np.float32))
     twin = quant.qgemv_twin(name, blocks, x, "int8_block32")
     want = oracle(name, b, quant.dequantize_activations(x))
     R.assert_kernel_at_floor(quant.qgemv_native(name, blocks, x, "int8_block32"), twin, want, f"{name} int8 gemm")

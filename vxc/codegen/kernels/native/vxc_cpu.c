@@ -3266,9 +3266,137 @@ static int iq_gemv_planar(int enc, const uint8_t *W, const float *x, float *y, l
 
 static inline int iq_group(int enc) { return enc == IQ2_XS || enc == IQ2_S || enc == IQ1_M ? 16 : 32; }
 
+/* per chunk of 64 natural values w at value offset at (a multiple of 64): each group's -128 sum w and scale (wl: the
+ * chunk's scale per lane of four values) */
+static inline __attribute__((always_inline)) void iq_expand_sums(int G, __m512i w, const float *wl, long at, int32_t *nc,
+                                                                 float *sc) {
+    int32_t ls[16];
+    _mm512_storeu_si512((void *)ls, _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), w));
+    for (int g = 0; g < 64 / G; g++) {
+        int32_t t = 0;
+        for (int l = 0; l < G / 4; l++) t += ls[g * (G / 4) + l];
+        nc[(at + g * G) / G] = -128 * t;
+        sc[(at + g * G) / G] = wl[g * (G / 4)];
+    }
+}
+
+#if defined(IQ_PLANAR)
+/* iq_expand of the byte-plane formats: the planes (iq3_planes / iq2_planes, not iq_chunk's gathers) signed and put
+ * back in value order by vpermt2b — 64 values of P-byte entries take P / 2 two-plane picks and P / 2 - 1 blends —
+ * and the groups' sums taken from the planes' lanes (a lane holds four entries of one group), with their scales:
+ * the same bytes, sums and scales as iq_expand's. 3072 x 1024, Zen 4, 2 threads, interleaved in one process: 16
+ * rows of x 0.45-0.61 -> 0.28-0.36 ms, 128 rows 1.6-1.9 -> 1.49-1.78 (the expansion had been ~60 % of the 16-row
+ * product and ~20 % of the 128-row one). */
+/* the vpermt2b indices of chunk k: byte P i + q from plane q & ~1 (q even) or q | 1 (odd, + 64), entry (64 / P) k + i */
+#define IQX_I(P, k, j) (((j) % (P) & 1 ? 64 : 0) + (64 / (P)) * (k) + (j) / (P))
+#define IQX_ROW(P, k)                                                                                                    \
+    {IQX_I(P, k, 0), IQX_I(P, k, 1), IQX_I(P, k, 2), IQX_I(P, k, 3), IQX_I(P, k, 4), IQX_I(P, k, 5), IQX_I(P, k, 6),       \
+     IQX_I(P, k, 7), IQX_I(P, k, 8), IQX_I(P, k, 9), IQX_I(P, k, 10), IQX_I(P, k, 11), IQX_I(P, k, 12), IQX_I(P, k, 13),   \
+     IQX_I(P, k, 14), IQX_I(P, k, 15), IQX_I(P, k, 16), IQX_I(P, k, 17), IQX_I(P, k, 18), IQX_I(P, k, 19),               \
+     IQX_I(P, k, 20), IQX_I(P, k, 21), IQX_I(P, k, 22), IQX_I(P, k, 23), IQX_I(P, k, 24), IQX_I(P, k, 25),               \
+     IQX_I(P, k, 26), IQX_I(P, k, 27), IQX_I(P, k, 28), IQX_I(P, k, 29), IQX_I(P, k, 30), IQX_I(P, k, 31),               \
+     IQX_I(P, k, 32), IQX_I(P, k, 33), IQX_I(P, k, 34), IQX_I(P, k, 35), IQX_I(P, k, 36), IQX_I(P, k, 37),               \
+     IQX_I(P, k, 38), IQX_I(P, k, 39), IQX_I(P, k, 40), IQX_I(P, k, 41), IQX_I(P, k, 42), IQX_I(P, k, 43),               \
+     IQX_I(P, k, 44), IQX_I(P, k, 45), IQX_I(P, k, 46), IQX_I(P, k, 47), IQX_I(P, k, 48), IQX_I(P, k, 49),               \
+     IQX_I(P, k, 50), IQX_I(P, k, 51), IQX_I(P, k, 52), IQX_I(P, k, 53), IQX_I(P, k, 54), IQX_I(P, k, 55),               \
+     IQX_I(P, k, 56), IQX_I(P, k, 57), IQX_I(P, k, 58), IQX_I(P, k, 59), IQX_I(P, k, 60), IQX_I(P, k, 61),               \
+     IQX_I(P, k, 62), IQX_I(P, k, 63)}
+static const uint8_t IQX_PICK4[4][64] __attribute__((aligned(64))) = {IQX_ROW(4, 0), IQX_ROW(4, 1), IQX_ROW(4, 2), IQX_ROW(4, 3)};
+static const uint8_t IQX_PICK8[8][64] __attribute__((aligned(64))) = {IQX_ROW(8, 0), IQX_ROW(8, 1), IQX_ROW(8, 2), IQX_ROW(8, 3),
+                                                                       IQX_ROW(8, 4), IQX_ROW(8, 5), IQX_ROW(8, 6), IQX_ROW(8, 7)};
+#undef IQX_ROW
+#undef IQX_I
+
+static inline __attribute__((always_inline)) void iq_expand_planar(int enc, const uint8_t *row, long cols, int8_t *w8,
+                                                                   int32_t *nc, float *sc) {
+    const int G = iq_group(enc), P = iq_fp_P(enc);
+    const long ts = Q_TSIZE[enc], nsb = cols / 256;
+    const __m512i zero = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);
+    for (long sb = 0; sb < nsb; sb += P / 4) {
+        __m512i w[8];
+        int nch = 4; /* 64-value chunks to write */
+        if (P == 8) {
+            __m512i mp[8];
+            __mmask64 sp[8];
+            __m512 wsA, wsB;
+            const int two = sb + 1 < nsb;
+            iq2_planes(enc, row + sb * ts, two, mp, sp, &wsA, &wsB);
+            for (int p = 0; p < 8; p++) w[p] = _mm512_mask_sub_epi8(mp[p], sp[p], zero, mp[p]);
+            if (two) nch = 8;
+            /* lane l of each plane: entries 4l .. 4l + 3 (a group of 32 values; of 16: 4l, 4l + 1 and 4l + 2, 4l + 3) */
+            const long g0 = 256 * sb / G, ng = (two ? 512 : 256) / G;
+            int32_t sa[16], sbv[16];
+            float fa[16], fb[16];
+            if (G == 32) {
+                __m512i ls = zero;
+                for (int p = 0; p < 8; p++) ls = _mm512_dpbusd_epi32(ls, ones, w[p]);
+                _mm512_storeu_si512((void *)sa, ls);
+                _mm512_storeu_ps(fa, wsA);
+                for (long g = 0; g < ng; g++) {
+                    nc[g0 + g] = -128 * sa[g];
+                    sc[g0 + g] = fa[g];
+                }
+            } else {
+                const __m512i oa = _mm512_set1_epi32(0x0101), ob = _mm512_set1_epi32(0x01010000);
+                __m512i la = zero, lb = zero;
+                for (int p = 0; p < 8; p++) {
+                    la = _mm512_dpbusd_epi32(la, oa, w[p]);
+                    lb = _mm512_dpbusd_epi32(lb, ob, w[p]);
+                }
+                _mm512_storeu_si512((void *)sa, la);
+                _mm512_storeu_si512((void *)sbv, lb);
+                _mm512_storeu_ps(fa, wsA);
+                _mm512_storeu_ps(fb, wsB);
+                for (long g = 0; g < ng / 2; g++) {
+                    nc[g0 + 2 * g] = -128 * sa[g];
+                    nc[g0 + 2 * g + 1] = -128 * sbv[g];
+                    sc[g0 + 2 * g] = fa[g];
+                    sc[g0 + 2 * g + 1] = fb[g];
+                }
+            }
+        } else {
+            __m512i mp[4];
+            __mmask64 sp[4];
+            __m512 ws;
+            iq3_planes(enc, row + sb * ts, mp, sp, &ws);
+            __m512i ls = zero;
+            for (int p = 0; p < 4; p++) {
+                w[p] = _mm512_mask_sub_epi8(mp[p], sp[p], zero, mp[p]);
+                ls = _mm512_dpbusd_epi32(ls, ones, w[p]);
+            }
+            /* lane l: entries 4l .. 4l + 3; group g (32 values) lanes 2g, 2g + 1: their sum in the low half of each
+             * 64-bit lane, taken with the even lanes' scales */
+            const __m512i pr = _mm512_add_epi32(ls, _mm512_srli_epi64(ls, 32));
+            _mm256_storeu_si256((__m256i *)(void *)(nc + 8 * sb), _mm512_cvtepi64_epi32(_mm512_mullo_epi32(pr, _mm512_set1_epi32(-128))));
+            _mm256_storeu_si256((__m256i *)(void *)(sc + 8 * sb), _mm512_cvtepi64_epi32(_mm512_castps_si512(ws)));
+        }
+        for (int k = 0; k < nch; k++) {
+            const __m512i idx = _mm512_load_si512((const void *)(P == 4 ? IQX_PICK4[k] : IQX_PICK8[k]));
+            __m512i out;
+            if (P == 4) {
+                out = _mm512_mask_blend_epi8((__mmask64)0xCCCCCCCCCCCCCCCCull, _mm512_permutex2var_epi8(w[0], idx, w[1]),
+                                             _mm512_permutex2var_epi8(w[2], idx, w[3]));
+            } else {
+                __m512i t0 = _mm512_permutex2var_epi8(w[0], idx, w[1]), t1 = _mm512_permutex2var_epi8(w[2], idx, w[3]);
+                __m512i t2 = _mm512_permutex2var_epi8(w[4], idx, w[5]), t3 = _mm512_permutex2var_epi8(w[6], idx, w[7]);
+                __m512i lo = _mm512_mask_blend_epi8((__mmask64)0xCCCCCCCCCCCCCCCCull, t0, t1);
+                __m512i hi = _mm512_mask_blend_epi8((__mmask64)0xCCCCCCCCCCCCCCCCull, t2, t3);
+                out = _mm512_mask_blend_epi8((__mmask64)0xF0F0F0F0F0F0F0F0ull, lo, hi);
+            }
+            _mm512_storeu_si512((void *)(w8 + 256 * sb + 64 * k), out);
+        }
+    }
+}
+#endif
+
 static inline __attribute__((always_inline)) void iq_expand(int enc, const uint8_t *row, long cols, int8_t *w8, int32_t *nc,
                                                             float *sc) {
-    const __m512i zero = _mm512_setzero_si512();
+#if defined(IQ_PLANAR)
+    if (iq_planar(enc)) {
+        iq_expand_planar(enc, row, cols, w8, nc, sc);
+        return;
+    }
+#endif
     const int G = iq_group(enc);
     for (long sb = 0; sb < cols / 256; sb++) {
         const uint8_t *b = row + sb * Q_TSIZE[enc];
@@ -3279,16 +3407,9 @@ static inline __attribute__((always_inline)) void iq_expand(int enc, const uint8
             long at = 256 * sb + 64 * c;
             _mm512_storeu_si512((void *)(w8 + at), w);
             /* per lane: sum of its four w (vpdpbusd with 1s), then per group of G / 4 lanes, times -128 */
-            int32_t ls[16];
             float wl[16];
-            _mm512_storeu_si512((void *)ls, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(1), w));
             _mm512_storeu_ps(wl, ws);
-            for (int g = 0; g < 64 / G; g++) {
-                int32_t t = 0;
-                for (int l = 0; l < G / 4; l++) t += ls[g * (G / 4) + l];
-                nc[(at + g * G) / G] = -128 * t;
-                sc[(at + g * G) / G] = wl[g * (G / 4)];
-            }
+            iq_expand_sums(G, w, wl, at, nc, sc);
         }
     }
 }
