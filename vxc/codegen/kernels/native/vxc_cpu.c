@@ -3080,11 +3080,12 @@ static inline __attribute__((always_inline)) void iq2_a8_row_planar(int enc, int
 }
 
 /* fp32 activations on the byte-plane grid formats (iq3_s, iq3_xxs, iq2_xxs, iq2_xs, iq2_s): each weight row decoded
- * by plane (iq3_planes / iq2_planes: the lookups of the int8 path, not iq_chunk's gathers) to fp32 in plane order,
- * each value its scale times its signed grid value (iq_block_enc's product), and x's rows laid out in the same
- * order (per span of 256 values, or 512 for the 8-byte entries: plane p's 64 values P e + p at 64 p; zeros past
- * cols). The dot products are the natural-order ones summed in another order (within the floor); every row of x gets
- * the same arithmetic whatever B (one row fused: iq_row_planar_dot; more: the row decoded once, iq_planar_dot_stored).
+ * by plane (iq3_planes / iq2_planes: the lookups of the int8 path, not iq_chunk's gathers), its signed grid values
+ * widened to fp32 and multiplied with x's rows laid out in the same order (per span of 256 values, or 512 for the
+ * 8-byte entries: plane p's 64 values P e + p at 64 p, byte k of each 4-byte lane l at 16 k + l; zeros past cols)
+ * into lane-wise sums, each lane (four entries of one scale group) scaled once per super-block. The value of the
+ * natural-order product up to float summation order (within the floor); every row of x gets the same arithmetic
+ * whatever B (one row fused: iq_row_planar_dot; more: the row decoded once, iq_planar_dot_stored).
  * 3072 x 1024, 2 threads, Zen 4, interleaved in one process, gathers (iq_gemv) -> planes: one row of x iq3_s 0.36 ->
  * 0.13 ms, iq3_xxs 0.44 -> 0.17, iq2_xxs 0.30 -> 0.11, iq2_xs 0.36 -> 0.13, iq2_s 0.30 -> 0.16; 9 rows 0.92-0.98 ->
  * 0.60-0.80; 64 rows 5.2-5.3 -> 3.8-4.7. */
@@ -3287,7 +3288,8 @@ static inline __attribute__((always_inline)) void iq_expand_sums(int G, __m512i 
  * the same bytes, sums and scales as iq_expand's. 3072 x 1024, Zen 4, 2 threads, interleaved in one process: 16
  * rows of x 0.45-0.61 -> 0.28-0.36 ms, 128 rows 1.6-1.9 -> 1.49-1.78 (the expansion had been ~60 % of the 16-row
  * product and ~20 % of the 128-row one). */
-/* the vpermt2b indices of chunk k: byte P i + q from plane q & ~1 (q even) or q | 1 (odd, + 64), entry (64 / P) k + i */
+/* the vpermt2b indices of chunk k (value order): byte P i + q is entry (64 / P) k + i of plane q — picked from a pair
+ * of planes (q & ~1, q | 1: + 64 for the odd one), the blends then choosing the pair by q */
 #define IQX_I(P, k, j) (((j) % (P) & 1 ? 64 : 0) + (64 / (P)) * (k) + (j) / (P))
 #define IQX_ROW(P, k)                                                                                                    \
     {IQX_I(P, k, 0), IQX_I(P, k, 1), IQX_I(P, k, 2), IQX_I(P, k, 3), IQX_I(P, k, 4), IQX_I(P, k, 5), IQX_I(P, k, 6),       \
