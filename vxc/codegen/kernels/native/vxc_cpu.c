@@ -2000,6 +2000,12 @@ static inline __attribute__((always_inline)) __m512i iq_signed_chunk(int enc, co
     return _mm512_mask_sub_epi8(mags, sgn, _mm512_setzero_si512(), mags);
 }
 
+/* byte k of each dword lane of w as 16 fp32 values (lane l: byte 4l + k, an entry's of a plane or a chunk's value
+ * 4l + k) — shifts, where extracting quarters and widening them took a shuffle each */
+static inline __attribute__((always_inline)) __m512 iq_byte_f(__m512i w, int k) {
+    return _mm512_cvtepi32_ps(_mm512_srai_epi32(k == 3 ? w : _mm512_slli_epi32(w, 24 - 8 * k), 24));
+}
+
 static inline __attribute__((always_inline)) void iq_block_enc(int enc, const uint8_t *b, float *o) {
     float d = iq_d(enc, b);
     for (int c = 0; c < 4; c++) {
@@ -2143,6 +2149,104 @@ static void iq_gemv(int enc, const uint8_t *W, const float *x, float *y, long ro
         free(w);
     }
 }
+
+#if defined(IQ_VEC)
+/* fp32 activations on the grid formats the byte planes do not serve (iq1; every grid format in builds without
+ * AVX-512 VBMI): each 64-value chunk decoded by iq_signed_chunk (signed integers, a scale per lane of four values)
+ * and multiplied in place — byte k of each lane widened (iq_byte_f) against x laid out per chunk as [k][lane] — into
+ * one sum per chunk, scaled once by its lanes' scales; where each weight row had been decoded to fp32 (a multiply
+ * per value), stored and summed with one accumulator. Every row of x gets the same arithmetic whatever B (one row
+ * fused; more: the row's widened values and lane scales stored once, then the same operations per row). 3072 x 1024,
+ * Zen 4, 2 threads, interleaved in one process, one row of x: iq1_s 0.31 -> 0.19 ms, iq1_m 0.33 -> 0.22 (built
+ * without VBMI: iq3_s 0.35 -> 0.22, iq2_xxs 0.28 -> 0.17, iq2_xs 0.35 -> 0.29); 2-9 rows level or faster (iq1_s 9
+ * rows 0.85 -> 0.76). */
+static void iq_chunk_x(const float *x, long B, long cols, float *xc) {
+    for (long b = 0; b < B; b++)
+        for (long c = 0; c < cols; c += 64)
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < 16; l++) xc[b * cols + c + 16 * k + l] = x[b * cols + c + 4 * l + k];
+}
+
+/* one chunk's sum: s = sum_k (byte k of w) x_k, in the order k = 0..3 */
+static inline __attribute__((always_inline)) __m512 iq_chunk_sum(const __m512 wk[4], const float *x) {
+    __m512 s = _mm512_mul_ps(wk[0], _mm512_loadu_ps(x));
+    s = _mm512_fmadd_ps(wk[1], _mm512_loadu_ps(x + 16), s);
+    s = _mm512_fmadd_ps(wk[2], _mm512_loadu_ps(x + 32), s);
+    return _mm512_fmadd_ps(wk[3], _mm512_loadu_ps(x + 48), s);
+}
+
+static inline __attribute__((always_inline)) void iq_chunked_rows(int enc, const uint8_t *W, const float *xc, float *y, long rows,
+                                                                  long cols, long B, long r0, long r1, float *wf) {
+    const long rb = cols / 256 * Q_TSIZE[enc], nc = cols / 64;
+    float *wsv = wf + cols;
+    for (long r = r0; r < r1; r++) {
+        const uint8_t *row = W + r * rb;
+        if (B == 1) {
+            __m512 tot = _mm512_setzero_ps();
+            for (long sb = 0; sb < cols / 256; sb++) {
+                const uint8_t *b = row + sb * Q_TSIZE[enc];
+                const float d = iq_d(enc, b);
+                for (int c = 0; c < 4; c++) {
+                    __m512 ws, wk[4];
+                    const __m512i w = iq_signed_chunk(enc, b, d, c, &ws);
+                    for (int k = 0; k < 4; k++) wk[k] = iq_byte_f(w, k);
+                    tot = _mm512_fmadd_ps(iq_chunk_sum(wk, xc + 256 * sb + 64 * c), ws, tot);
+                }
+            }
+            y[r] = _mm512_reduce_add_ps(tot);
+            continue;
+        }
+        for (long sb = 0; sb < cols / 256; sb++) {
+            const uint8_t *b = row + sb * Q_TSIZE[enc];
+            const float d = iq_d(enc, b);
+            for (int c = 0; c < 4; c++) {
+                __m512 ws;
+                const __m512i w = iq_signed_chunk(enc, b, d, c, &ws);
+                for (int k = 0; k < 4; k++) _mm512_store_ps(wf + 256 * sb + 64 * c + 16 * k, iq_byte_f(w, k));
+                _mm512_store_ps(wsv + 16 * (4 * sb + c), ws);
+            }
+        }
+        long bx = 0;
+        for (; bx + 2 <= B; bx += 2) { /* two rows of x a pass (independent chains), each row's operations as one alone */
+            __m512 t0 = _mm512_setzero_ps(), t1 = _mm512_setzero_ps();
+            for (long c = 0; c < nc; c++) {
+                __m512 wk[4];
+                for (int k = 0; k < 4; k++) wk[k] = _mm512_load_ps(wf + 64 * c + 16 * k);
+                const __m512 ws = _mm512_load_ps(wsv + 16 * c);
+                t0 = _mm512_fmadd_ps(iq_chunk_sum(wk, xc + bx * cols + 64 * c), ws, t0);
+                t1 = _mm512_fmadd_ps(iq_chunk_sum(wk, xc + (bx + 1) * cols + 64 * c), ws, t1);
+            }
+            y[bx * rows + r] = _mm512_reduce_add_ps(t0);
+            y[(bx + 1) * rows + r] = _mm512_reduce_add_ps(t1);
+        }
+        for (; bx < B; bx++) {
+            __m512 tot = _mm512_setzero_ps();
+            for (long c = 0; c < nc; c++) {
+                __m512 wk[4];
+                for (int k = 0; k < 4; k++) wk[k] = _mm512_load_ps(wf + 64 * c + 16 * k);
+                tot = _mm512_fmadd_ps(iq_chunk_sum(wk, xc + bx * cols + 64 * c), _mm512_load_ps(wsv + 16 * c), tot);
+            }
+            y[bx * rows + r] = _mm512_reduce_add_ps(tot);
+        }
+    }
+}
+
+static void iq_gemv_chunked(int enc, const uint8_t *W, const float *x, float *y, long rows, long cols, long B) {
+    float *xc = (float *)malloc((size_t)(B * cols) * sizeof(float));
+    iq_chunk_x(x, B, cols, xc);
+#pragma omp parallel
+    {
+        float *wf = (float *)aligned_alloc(64, (size_t)(cols + cols / 4) * sizeof(float));
+        int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        long r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
+#define IQ_CROWS(E) iq_chunked_rows(E, W, xc, y, rows, cols, B, r0, r1, wf)
+        IQ_SWITCH(enc, IQ_CROWS)
+#undef IQ_CROWS
+        free(wf);
+    }
+    free(xc);
+}
+#endif
 
 /* q4_k's eight 6-bit scales (sc) and mins (m) from the 12 scale bytes, as the bytes of two 64-bit words (scale /
  * min j in byte j): bytes 0-3 hold scales 0-3 in their low 6 bits and the top 2 bits of scales 4-7, bytes 4-7 the
@@ -2718,6 +2822,13 @@ void vxc_qgemv(int enc, const void *W, const void *x, float *y, long rows, long 
             return;
         }
 #endif
+#if defined(IQ_VEC)
+        if (iq_ready) {
+            iq_gemv_chunked(enc, (const uint8_t *)W, xx, y, rows, cols, B);
+            free(xf);
+            return;
+        }
+#endif
         iq_gemv(enc, (const uint8_t *)W, xx, y, rows, cols, B);
         free(xf);
         return;
@@ -3102,12 +3213,6 @@ static void iq_planar_xf(int P, const float *x, long B, long cols, long cp, floa
                         long i = s + (long)P * (4 * l + k) + p;
                         xp[b * cp + s + 64 * p + 16 * k + l] = i < cols ? x[b * cols + i] : 0.0f;
                     }
-}
-
-/* byte k of each dword lane of w as 16 fp32 values (lane l: entry 4l + k of the plane) — shifts, where extracting
- * quarters and widening them took a shuffle each */
-static inline __attribute__((always_inline)) __m512 iq_byte_f(__m512i w, int k) {
-    return _mm512_cvtepi32_ps(_mm512_srai_epi32(k == 3 ? w : _mm512_slli_epi32(w, 24 - 8 * k), 24));
 }
 
 /* a weight row decoded for many rows of x: per span (super-block; iq2 pair) its planes' signed values as fp32 in
