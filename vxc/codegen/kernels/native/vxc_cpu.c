@@ -2175,9 +2175,23 @@ static inline __attribute__((always_inline)) __m512 iq_chunk_sum(const __m512 wk
     return _mm512_fmadd_ps(wk[3], _mm512_loadu_ps(x + 48), s);
 }
 
+/* the stored row (widened values wf, lane scales wsv) against NX (1, 2) rows of x at xc, xc + cols: each row's
+ * operations those of the fused one-row loop, in its order; results to y, y + rows */
+static inline __attribute__((always_inline)) void iq_chunk_dot_stored(int NX, const float *wf, const float *wsv, const float *xc,
+                                                                      long cols, float *y, long rows) {
+    __m512 t[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (long c = 0; c < cols / 64; c++) {
+        __m512 wk[4];
+        for (int k = 0; k < 4; k++) wk[k] = _mm512_load_ps(wf + 64 * c + 16 * k);
+        const __m512 ws = _mm512_load_ps(wsv + 16 * c);
+        for (int j = 0; j < NX; j++) t[j] = _mm512_fmadd_ps(iq_chunk_sum(wk, xc + j * cols + 64 * c), ws, t[j]);
+    }
+    for (int j = 0; j < NX; j++) y[j * rows] = _mm512_reduce_add_ps(t[j]);
+}
+
 static inline __attribute__((always_inline)) void iq_chunked_rows(int enc, const uint8_t *W, const float *xc, float *y, long rows,
                                                                   long cols, long B, long r0, long r1, float *wf) {
-    const long rb = cols / 256 * Q_TSIZE[enc], nc = cols / 64;
+    const long rb = cols / 256 * Q_TSIZE[enc];
     float *wsv = wf + cols;
     for (long r = r0; r < r1; r++) {
         const uint8_t *row = W + r * rb;
@@ -2206,27 +2220,9 @@ static inline __attribute__((always_inline)) void iq_chunked_rows(int enc, const
                 _mm512_store_ps(wsv + 16 * (4 * sb + c), ws);
             }
         }
-        long bx = 0;
-        for (; bx + 2 <= B; bx += 2) { /* two rows of x a pass (independent chains), each row's operations as one alone */
-            __m512 t0 = _mm512_setzero_ps(), t1 = _mm512_setzero_ps();
-            for (long c = 0; c < nc; c++) {
-                __m512 wk[4];
-                for (int k = 0; k < 4; k++) wk[k] = _mm512_load_ps(wf + 64 * c + 16 * k);
-                const __m512 ws = _mm512_load_ps(wsv + 16 * c);
-                t0 = _mm512_fmadd_ps(iq_chunk_sum(wk, xc + bx * cols + 64 * c), ws, t0);
-                t1 = _mm512_fmadd_ps(iq_chunk_sum(wk, xc + (bx + 1) * cols + 64 * c), ws, t1);
-            }
-            y[bx * rows + r] = _mm512_reduce_add_ps(t0);
-            y[(bx + 1) * rows + r] = _mm512_reduce_add_ps(t1);
-        }
-        for (; bx < B; bx++) {
-            __m512 tot = _mm512_setzero_ps();
-            for (long c = 0; c < nc; c++) {
-                __m512 wk[4];
-                for (int k = 0; k < 4; k++) wk[k] = _mm512_load_ps(wf + 64 * c + 16 * k);
-                tot = _mm512_fmadd_ps(iq_chunk_sum(wk, xc + bx * cols + 64 * c), _mm512_load_ps(wsv + 16 * c), tot);
-            }
-            y[bx * rows + r] = _mm512_reduce_add_ps(tot);
+        for (long bx = 0; bx < B; bx += 2) { /* two rows of x a pass (independent chains) */
+            if (B - bx >= 2) iq_chunk_dot_stored(2, wf, wsv, xc + bx * cols, cols, y + bx * rows + r, rows);
+            else iq_chunk_dot_stored(1, wf, wsv, xc + bx * cols, cols, y + bx * rows + r, rows);
         }
     }
 }
