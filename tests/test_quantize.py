@@ -235,6 +235,31 @@ def test_q2_k_quantize_and_parity(src, cli, capsys):
     _blocks_at_the_floor("quantized-q2_k", src, out, got, capsys)
 
 
+# tq1_0 / tq2_0 on hf_k, by hand from llama.cpp's llama_tensor_get_type for LLAMA_FTYPE_MOSTLY_TQ1_0 / TQ2_0: q6_k the
+# (untied) head, q4_k the token embedding, the ternary format for Q, K, V, O, gate and up of both layers (rows of
+# 256); down wants it too and falls back to q4_0 (rows of 288, as the tool falls back)
+T_MIX = {"tq": 12, "q4_0": 2, "q4_k": 1, "q6_k": 1}
+
+
+@pytest.mark.parametrize("scheme", ["tq1_0", "tq2_0"])
+def test_ternary_schemes_and_parity(src, cli, capsys, scheme):
+    """vxc quantize --scheme tq1_0 / tq2_0: the choices above (the declared head and embed classes), the ternary
+    blocks gguf-py's encoder writes (tests/runtime/test_ggml_blocks.py), at the floor of transformers on gguf-py's
+    decode of the same blocks."""
+    out = src / scheme / "q.vxir"
+    r = cli("quantize", src / "hf_k.vxir", "-o", out, "--scheme", scheme)
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    got = dict(re.findall(r"^  operand %(\S+) f32\[\d+,\d+\] = (t?q\d_\w+)\(blocks \$t\d+\)", text, re.M))
+    mix = {scheme if f == "tq" else f: n for f, n in T_MIX.items()}
+    assert {f: list(got.values()).count(f) for f in mix} == mix and len(got) == sum(mix.values())
+    assert (got["LmHead"], got["Embedding"], got["l0.FfnDown"], got["l1.AttnV"], got["l0.FfnUp"]) == (
+        "q6_k", "q4_k", "q4_0", scheme, scheme)
+    assert f"fact quantized {scheme}" in text and f"gguf.quants.quantize ({scheme})" in text
+    assert "more_bits class head: q6_k; more_bits class embed: q4_k" in text
+    _blocks_at_the_floor(f"quantized-{scheme}", src, out, got, capsys)
+
+
 def test_more_bits_rule_and_tied_head():
     """use_more_bits by hand for 8 and 24 layers (half of V / down upgraded); a tied head's class is the
     embedding table's."""
@@ -247,8 +272,8 @@ def test_more_bits_rule_and_tied_head():
         {"AttnV": "value", "FfnDown": "down", "LmHead": "head", "MlaKvBProj": "value", "SharedExpertDown": "down"}
     assert {r: classes[r] for r in ("AttnO", "MlaOutProj", "KdaOutProj")} == dict.fromkeys(
         ("AttnO", "MlaOutProj", "KdaOutProj"), "attn_out")
-    assert not {"AttnQ", "AttnK", "FfnGate", "FfnUp", "Embedding", "Mamba2InProj", "Mamba2OutProj",
-                "LinearAttnOutProj"} & set(classes)
+    assert classes["Embedding"] == "embed"
+    assert not {"AttnQ", "AttnK", "FfnGate", "FfnUp", "Mamba2InProj", "Mamba2OutProj", "LinearAttnOutProj"} & set(classes)
 
 
 def test_tied_embedding_takes_the_head_format(tmp_path, cli):

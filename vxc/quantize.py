@@ -1,4 +1,4 @@
-"""``vxc quantize MODEL -o OUT.vxir --scheme q8_0|q4_0|q4_1|q4_k_m|q5_k_m|q3_k_m|q2_k [--keep ROLE ...]``: data
+"""``vxc quantize MODEL -o OUT.vxir --scheme q8_0|q4_0|q4_1|q4_k_m|q5_k_m|q3_k_m|q2_k|tq1_0|tq2_0 [--keep ROLE ...]``: data
 preparation, not execution.
 
 Every operand whose role the operator declarations mark ``quantise=True`` (a projection, the embedding / head
@@ -20,6 +20,10 @@ table: ``vxc.ir.operators.decl.RoleSpec``) is encoded in a ggml block format, un
 - ``q2_k``: the Q2_K mix: q2_k for most matrices; q6_k for ``head``; q3_k for ``down`` and ``attn_out``; for
   ``value`` q4_k when ``n_head / n_head_kv >= 4`` (llama.cpp's ``n_gqa()``, here the first layer's mixer
   attributes ``heads // kv_heads``; 0 where it declares no ``kv_heads``), q3_k otherwise.
+- ``tq1_0`` / ``tq2_0``: the ternary formats (values -d, 0, d per 256; for models trained ternary, as BitNet
+  b1.58 / TriLM are: any other model loses most of its quality), as the quantize tool's TQ1_0 / TQ2_0: q6_k for
+  ``head``, q4_k for ``embed`` (an untied token-embedding table; a tied one is ``head``), the ternary format
+  for the rest (gguf-py's encoders, bytes as ``gguf.quants.quantize``).
 
 Not reproduced, the tool's choices keyed on model facts other than the roles (and that ratio): 8-expert models
 (q8_0 for K and V; q5_k for the attention output in q2_k / q3_k_m / q4_k_m); 70B-class models (q5_k for V where
@@ -30,7 +34,7 @@ family from GGUF, a role's class follows llama.cpp's tensor categories: ``attn_o
 MLA and KDA attentions' output projections (GGUF ``attn_output``) and on the conv-QKV attention's; a gated-delta
 or Mamba2 layer's output projection (GGUF ``ssm_out``) has none.
 
-A matrix whose rows are not whole blocks of its format falls back as the tool falls back (q2_k, q3_k -> q4_0,
+A matrix whose rows are not whole blocks of its format falls back as the tool falls back (q2_k, q3_k, tq1_0, tq2_0 -> q4_0,
 q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0; reported); one whose rows are not whole 32-value blocks either is kept
 as stored (reported; the tool writes f16 there). Every other operand keeps its stored dtype. Expert banks are not
 declared quantisable (the runtime has no kernels reading encoded banks): they are copied as stored, one
@@ -92,6 +96,11 @@ def _k_m(name: str, base: str) -> Scheme:
                   f"ggml's quantize_row_{base[:2]}_K_ref / quantize_row_q6_K_ref")
 
 
+def _ternary(name: str) -> Scheme:
+    return Scheme(name, name, (("head", ALWAYS, "q6_k"), ("embed", ALWAYS, "q4_k")),
+                  f"gguf.quants.quantize ({name}) / ggml's quantize_row_q4_K_ref / quantize_row_q6_K_ref")
+
+
 SCHEMES = {s.name: s for s in (
     Scheme("q8_0", "q8_0"), Scheme("q4_0", "q4_0"), Scheme("q4_1", "q4_1"),
     _k_m("q4_k_m", "q4_k"), _k_m("q5_k_m", "q5_k"),
@@ -101,10 +110,11 @@ SCHEMES = {s.name: s for s in (
     Scheme("q2_k", "q2_k", (("head", ALWAYS, "q6_k"), ("down", ALWAYS, "q3_k"), ("value", GQA4, "q4_k"),
                             ("value", ALWAYS, "q3_k"), ("attn_out", ALWAYS, "q3_k")),
            "ggml's quantize_row_q2_K_ref / q3_K_ref / q4_K_ref / q6_K_ref"),
+    _ternary("tq1_0"), _ternary("tq2_0"),
 )}
 assert all(r in RULES for s in SCHEMES.values() for _, r, _ in s.more)
 # a format whose block does not divide a row: the 32-value format the quantize tool falls back to
-FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "tq1_0": "q4_0", "tq2_0": "q4_0"}
 
 
 class QuantizeError(VxcError):

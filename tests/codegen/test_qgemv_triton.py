@@ -37,12 +37,13 @@ COVERED = tuple(quant.TRITON_ENCODINGS)
 SHAPES = ((37, 1, 1), (70, 3, 3), (5, 5, 17), (131, 2, 17), (33, 4, 70))
 # every covered encoding in one file: the k-quants where a row is 256 values (attn_output: 4 heads x 64,
 # ffn_down: ffn = 256), the 32-value formats elsewhere (d = 64)
-CFG = {"vocab": 96, "d": 64, "ffn": 256, "layers": 3, "heads": 4, "kv_heads": 2, "head_dim": 64, "eps": 1e-5,
+CFG = {"vocab": 96, "d": 64, "ffn": 256, "layers": 4, "heads": 4, "kv_heads": 2, "head_dim": 64, "eps": 1e-5,
        "theta": 10000.0, "context": 128}
 FILE_ENCODINGS = {"token_embd": "Q8_0", "attn_q": "Q4_0", "attn_k": "Q4_1", "attn_v": "Q8_0", "attn_output": "Q4_K",
                   "ffn_gate": "Q4_1", "ffn_up": "Q8_0", "ffn_down": "Q6_K", "output": "Q4_0",
                   "blk.1.attn_output": "Q5_K", "blk.1.ffn_down": "Q3_K", "blk.1.attn_q": "Q5_0",
-                  "blk.1.attn_k": "Q5_1", "blk.2.ffn_down": "Q2_K"}  # (more layers: only two matrices have 256-value rows)
+                  "blk.1.attn_k": "Q5_1", "blk.2.ffn_down": "Q2_K", "blk.2.attn_output": "TQ2_0",
+                  "blk.3.attn_output": "TQ1_0"}  # (more layers: only two matrices a layer have 256-value rows)
 
 
 def _x(rng: np.random.Generator, B: int, cols: int) -> torch.Tensor:
@@ -108,7 +109,7 @@ def test_triton_decoder_bit_exact_and_qembedding():
         assert torch.equal(got.view(torch.int32), qdense.qembedding_twin(ids, name, table).view(torch.int32)), name
     # an encoding without a Triton decoder (every one of the table has one now: one is taken out here):
     # NotCovered, and through the dispatcher the twin runs, recorded
-    assert set(COVERED) == set(ENCODINGS) - {"iq4_nl", "iq4_xs", *GRID_ENCODINGS}
+    assert set(COVERED) == set(ENCODINGS) - {"iq4_nl", "iq4_xs", *GRID_ENCODINGS}  # (tq1_0 / tq2_0 included)
     _uncovered_runs_the_twin("iq4_nl", "iq4_xs", *GRID_ENCODINGS)
     saved = dict(quant.TRITON_ENCODINGS)
     del quant.TRITON_ENCODINGS["q3_k"]

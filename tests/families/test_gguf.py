@@ -139,14 +139,14 @@ def test_unknown_architecture_and_tensor_types_are_refused(tmp_path, vxc_sub):
     w = gguf.GGUFWriter(str(p), "llama")
     w.add_block_count(1)
     for name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight"):
-        qt = gguf.GGMLQuantizationType.TQ1_0
+        qt = gguf.GGMLQuantizationType.Q8_K  # (ggml's intermediate type: never a stored weight)
         block, size = gguf.GGML_QUANT_SIZES[qt]
         w.add_tensor(name, np.zeros((8, 256 // block * size), np.uint8), raw_shape=(8, 256 // block * size), raw_dtype=qt)
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     r = vxc_sub("lower", p, "-o", tmp_path / "x.vxir")
     assert r.exit_code != 0 and "Traceback" not in r.stderr
     assert "2 tensor(s) of a type vxc does not decode" in r.stderr
-    assert "blk.0.attn_q.weight: ggml type TQ1_0" in r.stderr and "blk.0.attn_k.weight: ggml type TQ1_0" in r.stderr
+    assert "blk.0.attn_q.weight: ggml type Q8_K" in r.stderr and "blk.0.attn_k.weight: ggml type Q8_K" in r.stderr
     assert not (tmp_path / "x.vxir").exists()
 
 
@@ -490,11 +490,16 @@ IQ4 = {"token_embd": "IQ4_XS", "attn_q": "IQ4_NL", "attn_k": "IQ4_XS", "attn_v":
 # llama.cpp's IQ1 / IQ2 / IQ3 files: every grid format in one file (the embedding's rows and each product's)
 GRID = {"token_embd": "IQ3_S", "attn_q": "IQ2_XXS", "attn_k": "IQ2_XS", "attn_v": "IQ3_XXS", "attn_output": "IQ2_S",
         "ffn_gate": "IQ1_S", "ffn_up": "IQ1_M", "ffn_down": "IQ3_S", "output": "Q6_K"}
+# llama.cpp's TQ1_0 / TQ2_0 files: the ternary formats (q4_k embedding, q6_k head as its quantize tool writes them),
+# both in one file
+TERNARY = {"token_embd": "Q4_K", "attn_q": "TQ1_0", "attn_k": "TQ2_0", "attn_v": "TQ1_0", "attn_output": "TQ2_0",
+           "ffn_gate": "TQ1_0", "ffn_up": "TQ2_0", "ffn_down": "TQ1_0", "output": "Q6_K"}
 MIXES = {"q5_k_m": (Q5_K_M, {"q5_k": 1 + 5 * MINI_LLAMA["layers"]}, 29),
          "iq1+iq2+iq3": (GRID, {"iq3_s": 1 + MINI_LLAMA["layers"], **{e: MINI_LLAMA["layers"] for e in (
              "iq2_xxs", "iq2_xs", "iq3_xxs", "iq2_s", "iq1_s", "iq1_m")}}, 2),
          "q2_k+q3_k": (Q2_Q3, {"q3_k": 1 + 4 * MINI_LLAMA["layers"], "q2_k": 3 * MINI_LLAMA["layers"]}, 7),
-         "iq4_nl+iq4_xs": (IQ4, {"iq4_xs": 1 + 4 * MINI_LLAMA["layers"], "iq4_nl": 3 * MINI_LLAMA["layers"]}, 3)}
+         "iq4_nl+iq4_xs": (IQ4, {"iq4_xs": 1 + 4 * MINI_LLAMA["layers"], "iq4_nl": 3 * MINI_LLAMA["layers"]}, 3),
+         "tq1_0+tq2_0": (TERNARY, {"tq1_0": 4 * MINI_LLAMA["layers"], "tq2_0": 3 * MINI_LLAMA["layers"]}, 5)}
 
 
 @pytest.mark.parametrize("activations", ["fp32", "int8_block32"])

@@ -22,7 +22,8 @@ from vxc.runtime.ggml_blocks import DEQUANTIZE, QUANTIZE, dequantize, quantize
 ALL = sorted(ENCODINGS)
 # ggml's reference encoders; gguf-py has none (tests/ggml_quant_check.py: llama.cpp)
 K_ENCODES = ["q4_k", "q5_k", "q6_k", "q2_k", "q3_k"]
-ENCODES = sorted(set(QUANTIZE) - set(K_ENCODES))  # byte-exact with gguf.quants.quantize
+T_ENCODES = ["tq1_0", "tq2_0"]  # the ternary formats (256-value blocks; gguf-py encodes them)
+ENCODES = sorted(set(QUANTIZE) - set(K_ENCODES) - set(T_ENCODES))  # 32-value blocks, byte-exact with gguf.quants
 
 
 def qtype(name: str) -> GGMLQuantizationType:
@@ -299,6 +300,31 @@ def test_quantize_is_byte_exact_with_gguf(name):
             want = with_ggml_zero_signs(name, x, ref_quantize(name, x))
             assert got.dtype == torch.uint8 and tuple(got.shape) == want.shape
             assert np.array_equal(got.numpy(), want), (name, kind, lead)
+
+
+@pytest.mark.parametrize("name", T_ENCODES)
+def test_ternary_quantize_is_byte_exact_with_gguf_and_within_its_bound(name):
+    """tq1_0 / tq2_0 encode as gguf-py's encoders do (d the block's absolute maximum, values -d, 0, d); the
+    round trip errs by at most half a step (d / 2) plus the f16 rounding of d."""
+    rng = np.random.default_rng(250 + T_ENCODES.index(name))
+    for lead in ((2,), (5, 3)):
+        for kind, x in inputs(rng, (*lead[:-1], max(lead[-1], 2)), 2 * 256).items():
+            got = quantize(name, torch.from_numpy(x))
+            assert np.array_equal(got.numpy(), ref_quantize(name, x)), (name, kind, lead)
+            if kind == "beyond":
+                continue
+            back = dequantize(name, got).double().numpy().reshape(-1, 256)
+            b = x.astype(np.float64).reshape(-1, 256)
+            amax = np.abs(b).max(axis=1, keepdims=True)
+            bound = amax / 2 + _f16_err(amax) + amax * 1e-6 + 1e-30
+            err = np.abs(back - b)
+            assert (err <= bound).all(), (name, kind, float((err - bound).max()))
+            if kind == "normal":  # the codes are -1, 0 and 1, each taken
+                codes = np.rint(np.where(amax > 0, back / np.where(amax > 0, np.abs(back).max(axis=1, keepdims=True), 1), 0))
+                assert set(np.unique(codes).tolist()) == {-1.0, 0.0, 1.0}
+    # a block holding exactly -d, 0 and d (and d / 2, which rounds away from zero) comes back exactly
+    x = torch.tensor([[2.0, -2.0, 0.0, 1.0, -1.0] + [0.0] * 251])
+    assert dequantize(name, quantize(name, x)).tolist()[0][:5] == [2.0, -2.0, 0.0, 2.0, -2.0]
 
 
 def _f16_err(v: np.ndarray) -> np.ndarray:

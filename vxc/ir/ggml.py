@@ -19,6 +19,9 @@ Decoded value of element ``i`` (all arithmetic in fp32, in the order written):
 ``q4_k``  ``(d * sc_j) * q - (dmin * m_j)``                (8 groups of 32; 6-bit ``sc_j``, ``m_j``)
 ``q5_k``  ``(d * sc_j) * q - (dmin * m_j)``                (as q4_k with a fifth bit from ``qh``)
 ``q6_k``  ``(d * s_j) * (q - 32)``                         (16 groups of 16; int8 ``s_j``, 6-bit ``q``)
+``tq2_0``  ``d * (q - 1)``                              (one f16 ``d`` per 256; 2-bit ``q`` in 0..2, q2_k's order)
+``tq1_0``  ``d * (q - 1)``                              (one f16 ``d`` per 256; base-3 digits ``q``, 5 a byte in
+                                                            ``qs``, 4 a byte in ``qh``: ``((b 3^k mod 256) 3) >> 8``)
 ``iq4_nl`` ``d * kv[nib[i]]``                               (as q4_0's nibbles; ``kv``: ggml's 16 non-linear int8 levels)
 ``iq4_xs`` ``(d * (s_j - 32)) * kv[nib[i]]``                (8 groups of 32, each as an iq4_nl block; 6-bit ``s_j``:
                                                             4 low bits from ``scales_l``, 2 high from ``scales_h``)
@@ -101,6 +104,8 @@ ENCODINGS: dict[str, BlockEncoding] = {e.name: e for e in (
     _enc("iq3_s", 21, QK_K, ("d:f16", 2), ("qs", QK_K // 4), ("qh", QK_K // 32), ("signs", QK_K // 8), ("scales", QK_K // 64)),
     _enc("iq1_s", 19, QK_K, ("d:f16", 2), ("qs", QK_K // 8), ("qh", QK_K // 16)),
     _enc("iq1_m", 29, QK_K, ("qs", QK_K // 8), ("qh", QK_K // 16), ("scales_d", QK_K // 32)),
+    _enc("tq1_0", 34, QK_K, ("qs", (QK_K - 4 * QK_K // 64) // 5), ("qh", QK_K // 64), ("d:f16", 2)),
+    _enc("tq2_0", 35, QK_K, ("qs", QK_K // 4), ("d:f16", 2)),
 )}
 # the formats whose values are entries of a fixed grid (decoded with gguf-py's grids)
 GRID_ENCODINGS = ("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m")

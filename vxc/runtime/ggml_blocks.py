@@ -332,11 +332,40 @@ def _dq_iq1_m(b: Tensor) -> Tensor:
     return (dl * (grid + _iq1_delta(nib & 8).view(n, 16, 2, 1))).reshape(n, 256)
 
 
+# the ternary formats: values -1, 0, 1 times one f16 d per 256-value block
+def _dq_tq2_0(b: Tensor) -> Tensor:
+    """tq2_0: 2-bit codes 0..2 in q2_k's plane order (per 128-value half, byte ``l``'s bits ``2k`` give value
+    ``32k + l``), value ``d * (code - 1)``."""
+    qs, d = _fields(b, 64, 2)
+    return _f16(d) * (_f32(_planes(qs, 2, 2)) - 1)
+
+
+# tq1_0's base-3 digits: byte v's digit k is ``((v * 3^k mod 256) * 3) >> 8`` (each byte holds 5 digits, the
+# stored byte ``ceil(n * 256 / 243)`` of their base-3 number n, most significant digit first)
+_POW3 = (1, 3, 9, 27, 81)
+
+
+def _tq1_digits(v: Tensor, k: int) -> Tensor:
+    """Bytes ``[N, L]`` -> ``[N, k * L]``: digit 0 of every byte, then digit 1, ... (values 0..2)."""
+    w = v.to(torch.int32).unsqueeze(1) * torch.tensor(_POW3[:k], dtype=torch.int32, device=v.device).view(1, k, 1)
+    return (((w & 255) * 3) >> 8).reshape(v.shape[0], k * v.shape[1])
+
+
+def _dq_tq1_0(b: Tensor) -> Tensor:
+    """tq1_0: 48 bytes of 5 digits each (values 0..159 from bytes 0..31, digit k of byte l value ``32k + l``;
+    values 160..239 from bytes 32..47, ``160 + 16k + l``), 4 bytes of 4 digits (values ``240 + 4k + l``), f16
+    d; value ``d * (digit - 1)``."""
+    qs, qh, d = _fields(b, 48, 4, 2)
+    q = torch.cat((_tq1_digits(qs[:, :32], 5), _tq1_digits(qs[:, 32:], 5), _tq1_digits(qh, 4)), dim=1)
+    return _f16(d) * (_f32(q) - 1)
+
+
 DEQUANTIZE: dict[str, Callable[[Tensor], Tensor]] = {
     "q8_0": _dq_q8_0, "q4_0": _dq_q4_0, "q4_1": _dq_q4_1, "q5_0": _dq_q5_0, "q5_1": _dq_q5_1,
     "q2_k": _dq_q2_k, "q3_k": _dq_q3_k, "q4_k": lambda b: _dq_k45(b, False), "q5_k": lambda b: _dq_k45(b, True),
     "q6_k": _dq_q6_k, "iq4_nl": _dq_iq4_nl, "iq4_xs": _dq_iq4_xs, "iq2_xxs": _dq_iq2_xxs, "iq2_xs": _dq_iq2_xs,
     "iq2_s": _dq_iq2_s, "iq3_xxs": _dq_iq3_xxs, "iq3_s": _dq_iq3_s, "iq1_s": _dq_iq1_s, "iq1_m": _dq_iq1_m,
+    "tq1_0": _dq_tq1_0, "tq2_0": _dq_tq2_0,
 }
 assert set(DEQUANTIZE) == set(ENCODINGS)
 
@@ -771,16 +800,48 @@ def _q_q3_k(x: Tensor) -> Tensor:
     return torch.cat((hmask, _pack_2bit(L & 3), scales, d16), dim=1)
 
 
+def _ternary(x: Tensor) -> tuple[Tensor, Tensor]:
+    """tq1_0 / tq2_0 (gguf-py's encoders; ggml's ``quantize_row_tq*_0_ref``): ``d`` the block's absolute maximum,
+    codes ``roundf(x / d) + 1`` (0..2, through ``x * (1 / d)``; all 1 where ``d = 0``)."""
+    d = x.abs().amax(dim=1, keepdim=True)
+    v = x * _inv(d)
+    a = v.abs()
+    fl = torch.floor(a)
+    r = torch.sign(v) * (fl + torch.floor(2 * (a - fl)))  # roundf: half away from zero
+    return d, (r.to(torch.int32) + 1).to(torch.uint8)
+
+
+def _q_tq2_0(x: Tensor) -> Tensor:
+    d, q = _ternary(x)
+    return torch.cat((_pack_2bit(q), _f16_bytes(d)), dim=1)
+
+
+def _tq1_pack(q: Tensor, k: int) -> Tensor:
+    """Codes ``[N, 5 * L]`` (``k`` of the 5 digit planes present: ``[N, k * L]``) -> ``L`` bytes: the base-3
+    number of each byte's digits (digit 0 most significant), stored as ``ceil(n * 256 / 243)``."""
+    n = q.shape[0]
+    w = torch.tensor(_POW3[::-1][:k], dtype=torch.int32, device=q.device).view(1, k, 1)
+    v = (q.to(torch.int32).view(n, k, q.shape[1] // k) * w).sum(dim=1)
+    return ((v * 256 + 242) // 243).to(torch.uint8)
+
+
+def _q_tq1_0(x: Tensor) -> Tensor:
+    d, q = _ternary(x)
+    return torch.cat((_tq1_pack(q[:, :160], 5), _tq1_pack(q[:, 160:240], 5), _tq1_pack(q[:, 240:], 4),
+                      _f16_bytes(d)), dim=1)
+
+
 QUANTIZE: dict[str, Callable[[Tensor], Tensor]] = {
     "q8_0": _q_q8_0, "q4_0": _q_q4_0, "q4_1": _q_q4_1, "q5_0": _q_q5_0, "q5_1": _q_q5_1,
     "q2_k": _q_q2_k, "q3_k": _q_q3_k, "q4_k": _q_q4_k, "q5_k": _q_q5_k, "q6_k": _q_q6_k,
+    "tq1_0": _q_tq1_0, "tq2_0": _q_tq2_0,
 }
 
 
 def quantize(encoding_name: str, x: Tensor) -> Tensor:
     """Encode ``x`` (floating ``[..., rows, cols]``, finite, taken as fp32; ``cols`` a whole number of blocks)
     to uint8 blocks ``[..., rows, row_bytes]`` on the input's device. The 32-value formats (q8_0, q4_0, q4_1,
-    q5_0, q5_1) byte-for-byte what ``gguf.quants.quantize`` gives; q2_k, q3_k, q4_k, q5_k and q6_k what ggml's
+    q5_0, q5_1) and the ternary tq1_0 / tq2_0 byte-for-byte what ``gguf.quants.quantize`` gives; q2_k, q3_k, q4_k, q5_k and q6_k what ggml's
     reference encoders (``quantize_row_q2_K_ref`` / ``q3_K_ref`` / ``q4_K_ref`` / ``q5_K_ref`` / ``q6_K_ref``, the
     ggml quantize tool without an importance matrix) write (gguf-py has no k-quant encoder;
     ``tests/ggml_quant_check.py`` compares with a ggml build)."""

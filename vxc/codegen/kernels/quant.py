@@ -18,7 +18,7 @@ sum_c W[r, c] x[b, c]`` is ``[B, rows]`` fp32.
   matrix up to summation order: at the floor of the reference, see the C source). From ``TILED_FROM`` bf16 / fp16
   rows of x (prefill) a tile of rows at a time is decoded (``vxc_qdequant``) into torch's GEMM instead. An
   encoding missing from ``NATIVE_ENCODINGS`` would raise ``NotCovered`` and run the twin.
-- triton (CUDA, or CPU under ``TRITON_INTERPRET=1``): every encoding of the table but the i-quants (iq4_nl / iq4_xs and
+- triton (CUDA, or CPU under ``TRITON_INTERPRET=1``): every encoding of the table (the ternary tq1_0 / tq2_0 included) but the i-quants (iq4_nl / iq4_xs and
   the grid formats) read straight from the blocks and
   decoded in registers to the same fp32 values; a GEMV for few rows of x, a ``tl.dot`` GEMM on decoded tiles
   from ``TRITON_DOT_FROM`` rows (prefill); fp32 accumulation either way. Others raise ``NotCovered``.
@@ -43,7 +43,7 @@ from .registry import NotCovered, kernel
 # the C library's encoding codes (vxc_cpu.c, the quant section)
 NATIVE_ENCODINGS = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q4_k": 3, "q6_k": 4, "q5_0": 5, "q5_k": 6, "q5_1": 7, "q2_k": 8, "q3_k": 9,
                     "iq4_nl": 10, "iq4_xs": 11, "iq2_xxs": 12, "iq2_xs": 13, "iq2_s": 14, "iq3_xxs": 15, "iq3_s": 16,
-                    "iq1_s": 17, "iq1_m": 18}
+                    "iq1_s": 17, "iq1_m": 18, "tq1_0": 19, "tq2_0": 20}
 assert set(GRID_ENCODINGS) <= set(NATIVE_ENCODINGS)
 
 
@@ -315,7 +315,7 @@ import triton.language as tl  # noqa: E402
 from .triton_common import pow2  # noqa: E402
 
 TRITON_ENCODINGS = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q4_k": 3, "q6_k": 4, "q5_k": 5, "q2_k": 6, "q3_k": 7, "q5_0": 8,
-                    "q5_1": 9}
+                    "q5_1": 9, "tq2_0": 10, "tq1_0": 11}
 TRITON_ENCODING = f"an encoding without a Triton decoder (Triton: {' '.join(TRITON_ENCODINGS)})"
 TRITON_DOT_FROM = 16  # rows of x from which the tl.dot GEMM runs (tl.dot needs tiles of at least 16)
 _BLOCK_N_GEMV, _BLOCK_B_GEMV = 32, 4
@@ -335,13 +335,13 @@ def _decode32(w_ptr, row0, nmask, g, ENC: tl.constexpr, TSIZE: tl.constexpr):
     """Values ``32 g .. 32 g + 31`` of the rows whose blocks start at byte ``row0`` ([BLOCK_N]): [BLOCK_N, 32]."""
     i = tl.arange(0, 32)
     m2 = nmask[:, None]
-    if ENC < 3 or ENC >= 8:  # one block of 32
+    if ENC < 3 or ENC == 8 or ENC == 9:  # one block of 32
         base = row0 + g * TSIZE
         d = _f16_at(w_ptr, base, nmask)[:, None]
         if ENC == 0:  # q8_0: d, 32 int8
             q = tl.load(w_ptr + base[:, None] + 2 + i[None, :], mask=m2, other=0).to(tl.int8, bitcast=True)
             w = q.to(tl.float32) * d
-        elif ENC >= 8:  # q5_0 (d, qh, qs) / q5_1 (d, m, qh, qs): q4_0's nibbles with bit i of the u32 qh as bit 4
+        elif ENC == 8 or ENC == 9:  # q5_0 (d, qh, qs) / q5_1 (d, m, qh, qs): q4_0's nibbles with bit i of the u32 qh as bit 4
             hoff = 2 if ENC == 8 else 4
             byte = tl.load(w_ptr + base[:, None] + hoff + 4 + (i % 16)[None, :], mask=m2, other=0).to(tl.int32)
             qh = tl.load(w_ptr + base[:, None] + hoff + (i // 8)[None, :], mask=m2, other=0).to(tl.int32)
@@ -401,6 +401,18 @@ def _decode32(w_ptr, row0, nmask, g, ENC: tl.constexpr, TSIZE: tl.constexpr):
                 hi = (hi >> ((sb // 4) * 2)) & 3
                 dl = _f16_at(w_ptr, base + 108, nmask)[:, None] * ((lo | (hi << 4)) - 32).to(tl.float32)
                 w = dl * q.to(tl.float32)
+        elif ENC == 10:  # tq2_0: 64 bytes of 2-bit codes 0..2 in q2_k's order, d; value d (code - 1)
+            byte = tl.load(w_ptr + base[:, None] + (j // 4) * 32 + i[None, :], mask=m2, other=0).to(tl.int32)
+            q = (byte >> ((j % 4) * 2)) & 3
+            w = _f16_at(w_ptr, base + 64, nmask)[:, None] * (q - 1).to(tl.float32)
+        elif ENC == 11:  # tq1_0: 48 bytes of 5 base-3 digits, 4 of 4, d; digit k of byte v ((v 3^k) & 255) 3 >> 8
+            part = (j < 7) | (i < 16)  # chunks 5..7: the second 16 bytes' digits (chunk 7's last 16 values: qh's)
+            off = tl.where(j < 5, i, tl.where(part, 32 + i % 16, 48 + i % 4))
+            k = tl.where(j < 5, j, tl.where(part, 2 * j - 10 + i // 16, i // 4 - 4))
+            p3 = tl.where(k == 0, 1, tl.where(k == 1, 3, tl.where(k == 2, 9, tl.where(k == 3, 27, 81))))
+            byte = tl.load(w_ptr + base[:, None] + off[None, :], mask=m2, other=0).to(tl.int32)
+            q = (((byte * p3[None, :]) & 255) * 3) >> 8
+            w = _f16_at(w_ptr, base + 52, nmask)[:, None] * (q - 1).to(tl.float32)
         else:  # q6_k: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, d
             h = j // 4
             r = j % 4

@@ -69,7 +69,7 @@ class Attr:
         raise AssertionError(self.type)
 
 
-MORE_BITS = (None, "head", "down", "value", "attn_out")  # RoleSpec.more_bits
+MORE_BITS = (None, "head", "embed", "down", "value", "attn_out")  # RoleSpec.more_bits
 # RoleSpec.shard: how tensor parallelism over N ranks splits a role (vxc.passes.shard reads it, nothing else):
 #   None     replicated: every rank holds it whole (its shape must not depend on the divided attributes);
 #   "out"    split along its output dimension (a matrix's rows, dim -2; a vector's only dim): column-parallel;
@@ -94,7 +94,7 @@ class RoleSpec:
     # ``vxc quantize`` encodes by default. Norms, biases, decay rates, conv taps and routers stay as stored.
     quantise: bool = False
     # the class by which a mixed scheme (``vxc quantize --scheme q4_k_m``) gives a quantised role more bits:
-    # "head" the output table (always), "down" an FFN's output projection, "value" an attention's value
+    # "head" the output table (always), "embed" the token-embedding table (a tied one takes "head"), "down" an FFN's output projection, "value" an attention's value
     # projection (fused QKV ones included), "attn_out" an attention's output projection; each as the scheme's
     # rule for the class picks (vxc.quantize.SCHEMES). None: its base format.
     more_bits: str | None = None

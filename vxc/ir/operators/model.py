@@ -26,7 +26,7 @@ EMBEDDING = OperatorDecl(
            # the rows times a multiplier held in fp32 (a number, as a Python float multiplies a tensor), the product
            # rounded once; applied by the generic lowering loop like any operator's output_scale
            BLOCK_SCALES[1]),
-    roles=(RoleSpec("Embedding", lambda a: (a["padded_vocab"], a["dim"]), quantise=True),),
+    roles=(RoleSpec("Embedding", lambda a: (a["padded_vocab"], a["dim"]), quantise=True, more_bits="embed"),),
     partition="replicated",
     rules=(("padded_vocab must be >= vocab", lambda a: a["padded_vocab"] >= a["vocab"]),),
 )

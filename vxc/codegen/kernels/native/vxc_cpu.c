@@ -1702,14 +1702,26 @@ void vxc_scale_segments(const void *x, void *out, long rows, long w, int nseg, c
  * way (the prefill path: a few rows at a time into a fast GEMM). */
 
 enum { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2, Q4_K = 3, Q6_K = 4, Q5_0 = 5, Q5_K = 6, Q5_1 = 7, Q2_K = 8, Q3_K = 9, IQ4_NL = 10,
-       IQ4_XS = 11, IQ2_XXS = 12, IQ2_XS = 13, IQ2_S = 14, IQ3_XXS = 15, IQ3_S = 16, IQ1_S = 17, IQ1_M = 18, Q_COUNT = 19 };
+       IQ4_XS = 11, IQ2_XXS = 12, IQ2_XS = 13, IQ2_S = 14, IQ3_XXS = 15, IQ3_S = 16, IQ1_S = 17, IQ1_M = 18, TQ1_0 = 19,
+       TQ2_0 = 20, Q_COUNT = 21 };
 static const long Q_BLOCK[Q_COUNT] = {32, 32, 32, 256, 256, 32, 256, 32, 256, 256, 32, 256,
-                                      256, 256, 256, 256, 256, 256, 256};  /* values per block */
+                                      256, 256, 256, 256, 256, 256, 256, 256, 256};  /* values per block */
 static const long Q_TSIZE[Q_COUNT] = {34, 18, 20, 144, 210, 22, 176, 24, 84, 110, 18, 136,
-                                      66, 74, 82, 98, 110, 50, 56};  /* bytes per block */
+                                      66, 74, 82, 98, 110, 50, 56, 54, 66};  /* bytes per block */
 /* iq4_nl / iq4_xs: the value of each 4-bit code (ggml's kvalues_iq4nl) */
 static const int8_t IQ4_KV[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 static inline int q_iq4(int enc) { return enc == IQ4_NL || enc == IQ4_XS; }
+/* The ternary formats (layouts as vxc/ir/ggml.py's table): value d (c - 1), c a code 0..2 and one f16 d per
+ * 256-value block, its last two bytes. tq2_0: 2-bit codes in q2_k's order (group j of a block: bits 2 (j & 3) of
+ * qs[32 (j >> 2) ..]); tq1_0: base-3 digits, digit k of byte v being ((v 3^k mod 256) 3) >> 8 — group j < 5:
+ * digit j of qs[0..32); 5, 6: digits 2j - 10, 2j - 9 of qs[32..48) (16 values each); 7: digit 4 of qs[32..48),
+ * then value 240 + 4k + l digit k of qh[l]. Every other path takes them as a format with one scale per 32
+ * values (d, eight times a block) and integers c - 1. */
+static inline int q_tern(int enc) { return enc == TQ1_0 || enc == TQ2_0; }
+static inline int tq1_digit(unsigned v, int k) {
+    static const unsigned P3[5] = {1, 3, 9, 27, 81};
+    return (int)((((v * P3[k]) & 255u) * 3u) >> 8);
+}
 /* where group g's 16 code bytes (q4_0's nibble order) start in an iq4 row */
 static inline long iq4_qs(int enc, long g) { return enc == IQ4_NL ? 18 * g + 2 : 136 * (g >> 3) + 8 + 16 * (g & 7); }
 /* iq4_xs: the 6-bit scale of group j (0..7) of a super-block b */
@@ -1749,7 +1761,7 @@ static inline long q5_qs(int enc) { return enc == Q5_1 ? 8 : 6; }
 static int8_t IQT[IQT_BYTES];
 static int iq_ready = 0;
 
-static inline int q_grid(int enc) { return enc >= IQ2_XXS && enc < Q_COUNT; }
+static inline int q_grid(int enc) { return enc >= IQ2_XXS && enc <= IQ1_M; }
 /* CALL(E) with E the grid encoding enc as a constant (one specialised instance per encoding) */
 #define IQ_SWITCH(enc, CALL)                                                                                             \
     switch (enc) {                                                                                                       \
@@ -2343,6 +2355,9 @@ static inline __attribute__((always_inline)) void q_row_scales(int enc, const ui
         const uint8_t *b = row + i * Q_TSIZE[enc];
         if (enc == Q8_0 || enc == Q4_0 || enc == Q5_0 || enc == IQ4_NL) {
             s[i] = h2f(b);
+        } else if (q_tern(enc)) {
+            float d = h2f(b + Q_TSIZE[enc] - 2);
+            for (int j = 0; j < 8; j++) s[8 * i + j] = d;
         } else if (enc == IQ4_XS) {
             float d = h2f(b);
             for (int j = 0; j < 8; j++) s[8 * i + j] = d * (float)(iq4xs_scale(b, j) - 32);
@@ -2381,7 +2396,18 @@ static inline __attribute__((always_inline)) void q_row_scales(int enc, const ui
 /* The 32 integer values of group g (of 32 values) of a row, in order (q4_0 and q6_k with their offsets taken
  * off: q - 8, q - 32). The scalar form of the decoders below, and the scalar path's. */
 static inline void q_group_ints(int enc, const uint8_t *row, long g, int8_t q[32]) {
-    if (enc == Q8_0) {
+    if (q_tern(enc)) {
+        long j = g & 7;
+        const uint8_t *b = row + Q_TSIZE[enc] * (g >> 3);
+        for (int i = 0; i < 32; i++) {
+            int c;
+            if (enc == TQ2_0) c = (b[32 * (j >> 2) + i] >> (2 * (j & 3))) & 3;
+            else if (j < 5) c = tq1_digit(b[i], (int)j);
+            else if (j < 7 || i < 16) c = tq1_digit(b[32 + (i & 15)], (int)(2 * j - 10 + (i >> 4)));
+            else c = tq1_digit(b[48 + ((i - 16) & 3)], (i - 16) >> 2);
+            q[i] = (int8_t)(c - 1);
+        }
+    } else if (enc == Q8_0) {
         memcpy(q, row + 34 * g + 2, 32);
     } else if (enc == Q4_0 || enc == Q4_1) {
         const uint8_t *p = enc == Q4_0 ? row + 18 * g + 2 : row + 20 * g + 4;
@@ -2429,6 +2455,40 @@ static inline void q_group_ints(int enc, const uint8_t *row, long g, int8_t q[32
         for (int i = 0; i < 32; i++) q[i] = (int8_t)((((ql[i] >> ns) & 15) | (((qh[i] >> hs) & 3) << 4)) - 32);
     }
 }
+
+#if defined(__AVX2__)
+/* tq1_0: group j's 32 lanes' multipliers 3^k (the digit each lane takes of its byte) */
+static const uint16_t TQ1_MUL[8][32] __attribute__((aligned(64))) = {
+#define TQ_R16(v) v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v
+    {TQ_R16(1), TQ_R16(1)}, {TQ_R16(3), TQ_R16(3)}, {TQ_R16(9), TQ_R16(9)}, {TQ_R16(27), TQ_R16(27)},
+    {TQ_R16(81), TQ_R16(81)}, {TQ_R16(1), TQ_R16(3)}, {TQ_R16(9), TQ_R16(27)},
+    {TQ_R16(81), 1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27},
+#undef TQ_R16
+};
+/* group g of a ternary row: its 32 codes 0..2 (unsigned bytes, value order). tq1_0's digits in 16-bit lanes:
+ * (v 3^k) & 255, then times 3 over 256 as the high half of a product by 768. */
+static inline __attribute__((always_inline)) __m256i tq_codes(int enc, const uint8_t *row, long g) {
+    long j = g & 7;
+    const uint8_t *b = row + Q_TSIZE[enc] * (g >> 3);
+    if (enc == TQ2_0)
+        return _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(b + 32 * (j >> 2))), _mm_cvtsi32_si128(2 * (int)(j & 3))),
+                                _mm256_set1_epi8(3));
+    __m128i lo, hi;
+    if (j < 5) {
+        lo = _mm_loadu_si128((const __m128i *)b);
+        hi = _mm_loadu_si128((const __m128i *)(b + 16));
+    } else {
+        lo = _mm_loadu_si128((const __m128i *)(b + 32));
+        hi = j < 7 ? lo : _mm_shuffle_epi8(_mm_cvtsi32_si128((int)iq_u32(b + 48)), _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3));
+    }
+    const __m256i ff = _mm256_set1_epi16(255), k3 = _mm256_set1_epi16(768);
+    __m256i v0 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(lo), _mm256_load_si256((const __m256i *)TQ1_MUL[j]));
+    __m256i v1 = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(hi), _mm256_load_si256((const __m256i *)(TQ1_MUL[j] + 16)));
+    v0 = _mm256_mulhi_epu16(_mm256_and_si256(v0, ff), k3);
+    v1 = _mm256_mulhi_epu16(_mm256_and_si256(v1, ff), k3);
+    return _mm256_permute4x64_epi64(_mm256_packus_epi16(v0, v1), 0xd8);
+}
+#endif
 
 /* the row kernels (vxc_qgemv, vxc_qgemv_a8) prefetch each unit of a row Q_PF_ROWS rows ahead, one unit per row step;
  * 4 rows (the next tile) was too close: Intel Xeon, 2 threads, qwen3-0.6b-shaped matrices in one sweep, interleaved
@@ -2511,6 +2571,11 @@ static inline __attribute__((always_inline)) void q_w512(int enc, const uint8_t 
         w[1] = _mm512_permutex2var_ps(lut0, i01, lut0h);
         w[2] = _mm512_permutex2var_ps(lut1, i10, lut1h);
         w[3] = _mm512_permutex2var_ps(lut1, i11, lut1h);
+    } else if (q_tern(enc)) { /* the codes less 1, widened, times d */
+        __m256i q = _mm256_sub_epi8(tq_codes(enc, row, u), _mm256_set1_epi8(1));
+        __m512 sv = _mm512_set1_ps(s[u]);
+        w[0] = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))));
+        w[1] = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))));
     } else if (enc == Q2_K || enc == Q3_K) { /* group u & 7 of super-block u / 8: 2 bits of 32 qs bytes (q3_k: with its
                                               * hmask bit, less 4), widened, scaled per 16 (q2_k: plus its min) */
         long j = u & 7;
@@ -2636,6 +2701,10 @@ static inline __attribute__((always_inline)) void q_w256(int enc, const uint8_t 
         __m128i h1 = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(qh + 16)), hs), one), 4);
         a = _mm_or_si128(_mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)p), sh), m4), h0);
         b = _mm_or_si128(_mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(p + 16)), sh), m4), h1);
+    } else if (q_tern(enc)) { /* the codes less 1 */
+        __m256i q = _mm256_sub_epi8(tq_codes(enc, row, g), _mm256_set1_epi8(1));
+        a = _mm256_castsi256_si128(q);
+        b = _mm256_extracti128_si256(q, 1);
     } else if (enc == Q2_K || enc == Q3_K) { /* 2 bits of qs (q3_k: with its hmask bit, less 4) */
         long j = g & 7;
         const uint8_t *bl = row + Q_TSIZE[enc] * (g >> 3), *p = bl + (enc == Q2_K ? 16 : 32) + 32 * (j >> 2);
@@ -2847,6 +2916,8 @@ void vxc_qgemv(int enc, const void *W, const void *x, float *y, long rows, long 
             case Q3_K: q_rows_tile(Q3_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             case IQ4_NL: q_rows_tile(IQ4_NL, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             case IQ4_XS: q_rows_tile(IQ4_XS, Wb, xx, y, rows, cols, B, r0, s, mn); break;
+            case TQ1_0: q_rows_tile(TQ1_0, Wb, xx, y, rows, cols, B, r0, s, mn); break;
+            case TQ2_0: q_rows_tile(TQ2_0, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             default: q_rows_tile(Q6_K, Wb, xx, y, rows, cols, B, r0, s, mn); break;
             }
         }
@@ -3727,6 +3798,8 @@ static void q_dequant_row_any(int enc, const uint8_t *row, long cols, float *o, 
     case Q3_K: q_dequant_row(Q3_K, row, cols, o, s, mn); break;
     case IQ4_NL: q_dequant_row(IQ4_NL, row, cols, o, s, mn); break;
     case IQ4_XS: q_dequant_row(IQ4_XS, row, cols, o, s, mn); break;
+    case TQ1_0: q_dequant_row(TQ1_0, row, cols, o, s, mn); break;
+    case TQ2_0: q_dequant_row(TQ2_0, row, cols, o, s, mn); break;
     default: q_dequant_row(Q6_K, row, cols, o, s, mn); break;
     }
 }
@@ -3847,7 +3920,7 @@ void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, 
 #define A8_LANES (A8_UNIT / 4)
 
 /* the offset taken off the stored integer (the bias the unsigned bytes carry) */
-static inline int a8_off(int enc) { return enc == Q4_0 ? -8 : enc == Q5_0 ? -16 : enc == Q6_K ? -32 : enc == Q3_K ? -4 : 0; }
+static inline int a8_off(int enc) { return enc == Q4_0 ? -8 : enc == Q5_0 ? -16 : enc == Q6_K ? -32 : enc == Q3_K ? -4 : q_tern(enc) ? -1 : 0; }
 /* the packed layout's offset per integer (vxc_qpack stores q8_0 biased by 128: unsigned for vpdpbusd) */
 static inline int p_off(int enc) { return enc == Q4_0 ? -8 : enc == Q8_0 || enc == Q3_K || q_iq4(enc) ? -128 : enc == Q5_0 ? -16 : 0; }
 static inline int a8_has_min(int enc) { return q_has_min(enc); }
@@ -4025,6 +4098,8 @@ static inline __attribute__((always_inline)) __m512i a8_w512(int enc, const uint
         __m512i w = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(a), _mm256_srli_epi16(a, 4), 1), m4);
         __m512i hv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi16(hq, j0)), _mm256_srli_epi16(hq, j0 + 1), 1);
         return _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(hv, _mm512_set1_epi8(1)), 4));
+    } else if (q_tern(enc)) { /* groups 2u, 2u + 1: their codes (the offset -1 as a8_off's) */
+        return _mm512_inserti64x4(_mm512_castsi256_si512(tq_codes(enc, row, 2 * u)), tq_codes(enc, row, 2 * u + 1), 1);
     } else if (enc == Q2_K || enc == Q3_K) { /* groups 2v, 2v + 1 of a super-block (v = u & 3): bits 4 (v & 1) and
                                               * 4 (v & 1) + 2 of qs[32 (v >> 1) ..]; q3_k with bits 2v, 2v + 1 of
                                               * hmask as bit 2 (the offset -4 as a8_off's) */
@@ -4143,6 +4218,7 @@ static inline __attribute__((always_inline)) __m256i a8_w256(int enc, const uint
         return _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(a, _mm_cvtsi32_si128(4 * (int)(g & 1))), m4),
                                _mm256_slli_epi16(_mm256_and_si256(hq, _mm256_set1_epi8(1)), 4));
     }
+    if (q_tern(enc)) return tq_codes(enc, row, g); /* (the offset -1 as a8_off's) */
     if (enc == Q2_K || enc == Q3_K) { /* 2 bits of qs; q3_k with its hmask bit as bit 2 */
         long j = g & 7;
         const uint8_t *bl = row + Q_TSIZE[enc] * (g >> 3);
@@ -4317,6 +4393,8 @@ void vxc_qgemv_a8(int enc, const void *W, const void *x, float *y, long rows, lo
             case Q3_K: a8_rows_tile(Q3_K, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             case IQ4_NL: a8_rows_tile(IQ4_NL, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             case IQ4_XS: a8_rows_tile(IQ4_XS, Wb, &X, y, rows, cols, B, r0, s, mn); break;
+            case TQ1_0: a8_rows_tile(TQ1_0, Wb, &X, y, rows, cols, B, r0, s, mn); break;
+            case TQ2_0: a8_rows_tile(TQ2_0, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             default: a8_rows_tile(Q6_K, Wb, &X, y, rows, cols, B, r0, s, mn); break;
             }
         }
