@@ -60,7 +60,7 @@ from benchlib.lcpp_report import agreement_table, best_of_rounds, geometry_lines
 from benchlib.lcpp_text import PROMPT, TEXT  # noqa: E402
 
 QUANTISED = ("q8_0", "q4_0", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "iq4_xs", "iq4_nl", "iq3_s", "iq3_m", "q4_1",
-             "iq3_xxs", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m")
+             "iq3_xxs", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m", "tq1_0", "tq2_0")
 
 
 def llama_cpp_dir(explicit: str | None = None) -> Path:

@@ -46,7 +46,7 @@ def oracle(name: str, blocks: np.ndarray, x: torch.Tensor) -> torch.Tensor:
     return xd.reshape(q.shape) @ w.T
 
 
-PACKED = {"q8_0", "q4_0", "q4_1", "q4_k", "q5_0", "q5_1", "q5_k", "q6_k", "q2_k", "q3_k", "iq4_nl", "iq4_xs"}  # the encodings with a 16-row packed form (AVX-512 builds)
+PACKED = {"q8_0", "q4_0", "q4_1", "q4_k", "q5_0", "q5_1", "q5_k", "q6_k", "q2_k", "q3_k", "iq4_nl", "iq4_xs", "tq1_0", "tq2_0"}  # the encodings with a 16-row packed form (AVX-512 builds)
 
 
 def has_packed(name: str) -> bool:
@@ -225,7 +225,7 @@ def test_packed_copy_is_made_once_and_dropped_with_its_blocks():
 
 @pytest.mark.native
 @pytest.mark.parametrize("gate, up", [("q4_0", "q4_0"), ("q4_k", "q8_0"), ("q6_k", "q5_0"), ("q4_1", "q4_k"), ("q5_k", "q5_k"),
-                                     ("q3_k", "q2_k"), ("iq4_xs", "iq4_nl")])
+                                     ("q3_k", "q2_k"), ("iq4_xs", "iq4_nl"), ("tq1_0", "tq2_0")])
 def test_qswiglu_gate_and_up_in_one_pass(gate, up):
     """With int8_block32 activations on packed copies, silu(gate) * up is one call (vxc_qswiglu_a8p) over both
     matrices' tiles: bit for bit the two products and vxc_qsilu_mul it replaces (x quantised once or per

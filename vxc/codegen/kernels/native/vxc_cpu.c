@@ -3922,7 +3922,7 @@ void vxc_qembedding(int enc, const void *table, const int64_t *ids, float *out, 
 /* the offset taken off the stored integer (the bias the unsigned bytes carry) */
 static inline int a8_off(int enc) { return enc == Q4_0 ? -8 : enc == Q5_0 ? -16 : enc == Q6_K ? -32 : enc == Q3_K ? -4 : q_tern(enc) ? -1 : 0; }
 /* the packed layout's offset per integer (vxc_qpack stores q8_0 biased by 128: unsigned for vpdpbusd) */
-static inline int p_off(int enc) { return enc == Q4_0 ? -8 : enc == Q8_0 || enc == Q3_K || q_iq4(enc) ? -128 : enc == Q5_0 ? -16 : 0; }
+static inline int p_off(int enc) { return enc == Q4_0 ? -8 : enc == Q8_0 || enc == Q3_K || q_iq4(enc) ? -128 : enc == Q5_0 ? -16 : q_tern(enc) ? -1 : 0; }
 static inline int a8_has_min(int enc) { return q_has_min(enc); }
 /* the formats whose integers are signed bytes (vpdpbusd takes |w| against x with w's sign) */
 static inline int a8_s8(int enc) { return enc == Q8_0 || q_iq4(enc); }
@@ -4447,6 +4447,11 @@ void vxc_quantize_a8(const float *x, int8_t *q, float *d, long B, long cols) {
  *   iq4_nl: as q4_0 (the kernel looks each nibble's level up, biased by 128 as q8_0's bytes)
  *   iq4_xs: d[16] f16 | scales_h[16] u16 | scales_l planes k = 0..3 [16] u8 | groups j = 0..7, chunks c = 0..3: row
  *         r's qs bytes 16j + 4c..: 2176 bytes per 16 x 256 values, as stored
+ *   tq2_0: d[16] f16 | halves h = 0, 1, chunks c = 0..7: row r's qs bytes 32h + 4c.. (bits 2t: value 128h + 32t + 4c
+ *         + k): 1056 bytes per 16 x 256 values, as stored
+ *   tq1_0: d[16] f16 | chunks c = 0..11: row r's qs bytes 4c.. | row r's 4 qh bytes: 864 bytes per 16 x 256 values,
+ *         as stored (the kernel takes each byte's base-3 digits in turn: v, 3v, 9v .. mod 256, digit = [v >= 86] +
+ *         [v >= 171], as ((v 3) >> 8) — byte adds, saturating subtractions and minima, none of vpdpbusd's pipes)
  * The integers and scales are the stored ones, unchanged: the products are vxc_qgemv_a8's (same sums, in
  * another order). Builds without AVX-512 (and q8_0 without VNNI) keep the row layout (vxc_qgemv_a8). */
 
@@ -4460,7 +4465,7 @@ static inline long p5k_qs(int enc, int p, int c) {
 static inline long p_group_bytes(int enc) {
     return enc == Q4_0 ? 288 : enc == Q4_1 ? 320 : enc == Q8_0 ? 544 : enc == Q4_K ? 2304 : enc == Q5_0 ? 352
          : enc == Q6_K ? 3360 : enc == Q5_K ? 2816 : enc == Q5_1 ? 384 : enc == Q2_K ? 1344 : enc == Q3_K ? 1760
-         : enc == IQ4_NL ? 288 : enc == IQ4_XS ? 2176 : 0;
+         : enc == IQ4_NL ? 288 : enc == IQ4_XS ? 2176 : enc == TQ2_0 ? 1056 : enc == TQ1_0 ? 864 : 0;
 }
 
 /* bytes of one tile of 16 rows (0: this encoding / build has no packed form) */
@@ -4533,6 +4538,15 @@ void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
                     }
                     for (int c = 0; c < 4; c++)
                         for (int k = 0; k < 4; k++) o[hbo + 64 + 64 * c + 4 * r + k] = b[q5_qs(enc) + 4 * c + k];
+                } else if (enc == TQ2_0) {
+                    memcpy(o + 2 * r, b + 64, 2);
+                    for (int h = 0; h < 2; h++)
+                        for (int c = 0; c < 8; c++)
+                            for (int k = 0; k < 4; k++) o[32 + 512 * h + 64 * c + 4 * r + k] = b[32 * h + 4 * c + k];
+                } else if (enc == TQ1_0) {
+                    memcpy(o + 2 * r, b + 52, 2);
+                    for (int c = 0; c < 13; c++) /* (chunk 12: the qh bytes) */
+                        for (int k = 0; k < 4; k++) o[32 + 64 * c + 4 * r + k] = b[4 * c + k];
                 } else if (enc == IQ4_XS) {
                     memcpy(o + 2 * r, b, 2);
                     memcpy(o + 32 + 2 * r, b + 2, 2);
@@ -4979,6 +4993,80 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
                     acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[b]), _mm512_mul_ps(s, _mm512_set1_ps(X->d[(b0 + b) * ng + g])), acc[b]);
             }
         }
+    } else if (enc == TQ2_0) { /* group 4h + t: bits 2t of the half's eight lines; p starts at -(sum of x's block) */
+        const __m512i m2 = _mm512_set1_epi8(3);
+        for (long sb = 0; sb < cols / 256; sb++) {
+            const uint8_t *o = T + sb * 1056;
+            if (pf) prefetch_bytes(o + cols / 256 * 1056, 1056);
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+            for (int h = 0; h < 2; h++) {
+                __m512i v[8];
+                for (int c = 0; c < 8; c++) v[c] = _mm512_loadu_si512((const void *)(o + 32 + 512 * h + 64 * c));
+#pragma GCC unroll 4
+                for (int t = 0; t < 4; t++) {
+                    long g = 8 * sb + 4 * h + t;
+                    __m512i p[8];
+                    for (int b = 0; b < NB; b++) p[b] = _mm512_set1_epi32(X->xs[(b0 + b) * ng + g]);
+#pragma GCC unroll 8
+                    for (int c = 0; c < 8; c++) {
+                        __m512i w = _mm512_and_si512(_mm512_srli_epi16(v[c], 2 * t), m2);
+                        for (int b = 0; b < NB; b++) p[b] = P_DOT(p[b], w, P_X4(X->q + (b0 + b) * cols + 32 * g + 4 * c));
+                    }
+                    for (int b = 0; b < NB; b++)
+                        acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[b]), _mm512_mul_ps(d, _mm512_set1_ps(X->d[(b0 + b) * ng + g])), acc[b]);
+                }
+            }
+        }
+    } else if (enc == TQ1_0) { /* groups 0..4: digit j of chunks 0..7; 5, 6: digits 2j - 10, 2j - 9 of chunks 8..11 against
+                                * the group's halves; 7: digit 4 of chunks 8..11, then digits 0..3 of the qh chunk */
+        const __m512i one = _mm512_set1_epi8(1), c85 = _mm512_set1_epi8(85), c170 = _mm512_set1_epi8((char)170);
+#define TQ_DIG(v) _mm512_add_epi8(_mm512_min_epu8(_mm512_subs_epu8((v), c85), one), _mm512_min_epu8(_mm512_subs_epu8((v), c170), one))
+#define TQ_X3(v) _mm512_add_epi8((v), _mm512_add_epi8((v), (v)))
+        for (long sb = 0; sb < cols / 256; sb++) {
+            const uint8_t *o = T + sb * 864;
+            if (pf) prefetch_bytes(o + cols / 256 * 864, 864);
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+            __m512i p[8];
+            const int8_t *xq = X->q + b0 * cols + 256 * sb;
+            __m512i v[8];
+            for (int c = 0; c < 8; c++) v[c] = _mm512_loadu_si512((const void *)(o + 32 + 64 * c));
+            for (int j = 0; j < 8; j++) {
+                long g = 8 * sb + j;
+                for (int b = 0; b < NB; b++) p[b] = _mm512_set1_epi32(X->xs[(b0 + b) * ng + g]);
+                if (j < 5) {
+#pragma GCC unroll 8
+                    for (int c = 0; c < 8; c++) {
+                        __m512i w = TQ_DIG(v[c]);
+                        for (int b = 0; b < NB; b++) p[b] = P_DOT(p[b], w, P_X4(xq + b * cols + 32 * j + 4 * c));
+                        if (j < 4) v[c] = TQ_X3(v[c]);
+                    }
+                    if (j == 4) /* chunks 8..11 next, at digit 0 */
+                        for (int c = 0; c < 4; c++) v[c] = _mm512_loadu_si512((const void *)(o + 32 + 64 * (8 + c)));
+                } else {
+                    for (int e = 0; e < 2; e++) { /* group 7's second half: the qh chunk's digits 0..3 */
+                        if (j == 7 && e == 1) {
+                            __m512i q = _mm512_loadu_si512((const void *)(o + 32 + 64 * 12));
+                            for (int k = 0; k < 4; k++) {
+                                __m512i w = TQ_DIG(q);
+                                for (int b = 0; b < NB; b++) p[b] = P_DOT(p[b], w, P_X4(xq + b * cols + 32 * j + 16 + 4 * k));
+                                q = TQ_X3(q);
+                            }
+                            break;
+                        }
+#pragma GCC unroll 4
+                        for (int c = 0; c < 4; c++) {
+                            __m512i w = TQ_DIG(v[c]);
+                            for (int b = 0; b < NB; b++) p[b] = P_DOT(p[b], w, P_X4(xq + b * cols + 32 * j + 16 * e + 4 * c));
+                            v[c] = TQ_X3(v[c]);
+                        }
+                    }
+                }
+                for (int b = 0; b < NB; b++)
+                    acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[b]), _mm512_mul_ps(d, _mm512_set1_ps(X->d[(b0 + b) * ng + g])), acc[b]);
+            }
+        }
+#undef TQ_DIG
+#undef TQ_X3
     } else if (enc == Q2_K || enc == Q3_K) {
         const long GB = p_group_bytes(enc);
         for (long sb = 0; sb < cols / 256; sb++) {
@@ -5195,6 +5283,8 @@ static void p_rows_any(int enc, const uint8_t *P, const a8_x *X, float *yt, long
     case Q3_K: p_rows(Q3_K, P, X, yt, ys, rows, cols, B, t, TB); break;
     case IQ4_NL: p_rows(IQ4_NL, P, X, yt, ys, rows, cols, B, t, TB); break;
     case IQ4_XS: p_rows(IQ4_XS, P, X, yt, ys, rows, cols, B, t, TB); break;
+    case TQ1_0: p_rows(TQ1_0, P, X, yt, ys, rows, cols, B, t, TB); break;
+    case TQ2_0: p_rows(TQ2_0, P, X, yt, ys, rows, cols, B, t, TB); break;
     default: p_rows(Q4_K, P, X, yt, ys, rows, cols, B, t, TB); break;
     }
 }
