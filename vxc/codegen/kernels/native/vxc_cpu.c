@@ -2571,11 +2571,20 @@ static inline __attribute__((always_inline)) void q_w512(int enc, const uint8_t 
         w[1] = _mm512_permutex2var_ps(lut0, i01, lut0h);
         w[2] = _mm512_permutex2var_ps(lut1, i10, lut1h);
         w[3] = _mm512_permutex2var_ps(lut1, i11, lut1h);
-    } else if (q_tern(enc)) { /* the codes less 1, widened, times d */
-        __m256i q = _mm256_sub_epi8(tq_codes(enc, row, u), _mm256_set1_epi8(1));
-        __m512 sv = _mm512_set1_ps(s[u]);
-        w[0] = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))));
-        w[1] = _mm512_mul_ps(sv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))));
+    } else if (q_tern(enc)) { /* each code's weight looked up in the table d (c - 1) (vpermps reads an index's low 4 bits:
+                               * entry i is d ((i & 3) - 1)); tq2_0 straight from the stored bytes shifted by 2 (j & 3) */
+        const __m512 lut = _mm512_mul_ps(_mm512_set1_ps(s[u]), _mm512_setr_ps(-1, 0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2));
+        if (enc == TQ2_0) {
+            long j = u & 7;
+            const uint8_t *p = row + 66 * (u >> 3) + 32 * (j >> 2);
+            const int sh = 2 * (int)(j & 3);
+            w[0] = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)), sh), lut);
+            w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16))), sh), lut);
+        } else {
+            __m256i q = tq_codes(enc, row, u);
+            w[0] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q)), lut);
+            w[1] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1)), lut);
+        }
     } else if (enc == Q2_K || enc == Q3_K) { /* group u & 7 of super-block u / 8: 2 bits of 32 qs bytes (q3_k: with its
                                               * hmask bit, less 4), widened, scaled per 16 (q2_k: plus its min) */
         long j = u & 7;
