@@ -108,7 +108,7 @@ GGUF_MINIS = {
     "gguf/qwen2-f32": dict(arch="qwen2", encodings={}),
     "gguf/llama-grid": dict(arch="llama", encodings={
         "token_embd": "IQ3_S", "attn_q": "IQ2_XXS", "attn_k": "IQ2_XS", "attn_v": "IQ3_XXS", "attn_output": "IQ2_S",
-        "ffn_gate": "IQ1_S", "ffn_up": "IQ1_M", "ffn_down": "Q6_K", "output": "Q8_0"}),
+        "ffn_gate": "IQ1_S", "ffn_up": "IQ1_M", "ffn_down": "TQ1_0", "output": "TQ2_0"}),
 }
 
 
@@ -187,7 +187,7 @@ ATTR_NAMES = ("state", "layer", "role", "mixer", "true", "nan", "inf", "x", "_",
 WORDS = ("true", "false", "nan", "inf", "fp32", "compute", "bf16", "f32", "f16", "i64", "bool", "u8", "PreOnly",
          "PrePost", "PreMixer", "PreFfn", "fixed", "per_token", "recurrent", "kv_rows", "latent_rows", "conv_history",
          "silu", "gelu", "mxfp4", "layer", "state", "role", "bank", "experts", "slice", "gather", "none", "x",
-         "q4_0", "q4_1", "q5_0", "q8_0", "q2_k", "q4_k", "q6_k", "iq4_xs", "iq2_xxs", "iq3_s", "iq1_m", "blocks", "scales", "format", "gguf",
+         "q4_0", "q4_1", "q5_0", "q8_0", "q2_k", "q4_k", "q6_k", "iq4_xs", "iq2_xxs", "iq3_s", "iq1_m", "tq1_0", "tq2_0", "blocks", "scales", "format", "gguf",
          "safetensors")
 
 

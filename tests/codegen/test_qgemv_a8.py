@@ -128,11 +128,11 @@ def test_native_at_the_floor(name, rows, nblk, B):
 
 
 @pytest.mark.native
-@pytest.mark.parametrize("name", ["q2_k", "q3_k", "iq4_xs"])
+@pytest.mark.parametrize("name", ["q2_k", "q3_k", "iq4_xs", "tq1_0"])
 def test_expanded_tiles_from_many_rows_equal_their_rows_alone(name):
-    """From 16 (q3_k, iq4_xs) / 32 (q2_k) rows of x an AVX-512 VNNI + VBMI build expands a packed tile before the
-    products (a prefill's path): q3_k / q2_k into their values times their sub-block scales, iq4_xs into its levels
-    and group scales. At the floor of the twin, and every row bit for bit the row computed alone (the one-row path,
+    """From 16 (q3_k, iq4_xs) / 32 (q2_k) / 9 (tq1_0) rows of x an AVX-512 VNNI + VBMI build expands a packed tile
+    before the products (a prefill's path): q3_k / q2_k into their values times their sub-block scales, iq4_xs into
+    its levels and group scales, tq1_0's base-3 digits into tq2_0's 2-bit codes. At the floor of the twin, and every row bit for bit the row computed alone (the one-row path,
     which combines q3_k / q2_k sub-block sums in integers the same way)."""
     rng = np.random.default_rng(zlib.crc32(f"expand {name}".encode()))
     b = make_blocks(name, 37, 4, rng)

@@ -4787,6 +4787,45 @@ static void k23x_reserve(long need) {
     k23x_cap = need;
 }
 
+/* rows of x from which a packed tq1_0 tile's base-3 digits are expanded once into tq2_0's packed layout (its 2-bit
+ * codes, the same d) for all passes over the tile, rather than taken again in each pass of 8 rows */
+#ifndef TQ1X_FROM
+#define TQ1X_FROM 9
+#endif
+/* one packed tq1_0 super-block (864 bytes) as the packed tq2_0 one of the same values (1056 bytes): line (h, c) of
+ * the latter holds group 4h + t's chunk c at bits 2t (see vxc_qpack's layouts) */
+static inline __attribute__((always_inline)) void tq1_expand(const uint8_t *o, uint8_t *E) {
+    const __m512i one = _mm512_set1_epi8(1), c85 = _mm512_set1_epi8(85), c170 = _mm512_set1_epi8((char)170);
+#define TQ_DIG(v) _mm512_add_epi8(_mm512_min_epu8(_mm512_subs_epu8((v), c85), one), _mm512_min_epu8(_mm512_subs_epu8((v), c170), one))
+#define TQ_X3(v) _mm512_add_epi8((v), _mm512_add_epi8((v), (v)))
+    memcpy(E, o, 32);
+    for (int c = 0; c < 8; c++) { /* groups 0..3 (digits 0..3 of chunk c), and group 4's chunk c (digit 4) */
+        __m512i v = _mm512_loadu_si512((const void *)(o + 32 + 64 * c)), l0 = _mm512_setzero_si512();
+        for (int k = 0; k < 4; k++) {
+            l0 = _mm512_or_si512(l0, _mm512_slli_epi16(TQ_DIG(v), 2 * k));
+            v = TQ_X3(v);
+        }
+        _mm512_storeu_si512((void *)(E + 32 + 64 * c), l0);
+        _mm512_storeu_si512((void *)(E + 544 + 64 * c), TQ_DIG(v));
+    }
+    __m512i q = _mm512_loadu_si512((const void *)(o + 32 + 64 * 12));
+    for (int c = 0; c < 4; c++) { /* groups 5..7 from chunks 8..11 (their digits 0..4) and the qh chunk */
+        __m512i v = _mm512_loadu_si512((const void *)(o + 32 + 64 * (8 + c))), d[5];
+        for (int k = 0; k < 5; k++) {
+            d[k] = TQ_DIG(v);
+            v = TQ_X3(v);
+        }
+        __m512i *lo = (__m512i *)(void *)(E + 544 + 64 * c), *hi = (__m512i *)(void *)(E + 544 + 64 * (c + 4));
+        _mm512_storeu_si512((void *)lo, _mm512_or_si512(_mm512_loadu_si512((const void *)lo),
+                            _mm512_or_si512(_mm512_slli_epi16(d[0], 2), _mm512_or_si512(_mm512_slli_epi16(d[2], 4), _mm512_slli_epi16(d[4], 6)))));
+        _mm512_storeu_si512((void *)hi, _mm512_or_si512(_mm512_loadu_si512((const void *)hi),
+                            _mm512_or_si512(_mm512_slli_epi16(d[1], 2), _mm512_or_si512(_mm512_slli_epi16(d[3], 4), _mm512_slli_epi16(TQ_DIG(q), 6)))));
+        q = TQ_X3(q);
+    }
+#undef TQ_DIG
+#undef TQ_X3
+}
+
 /* super-block o of a packed tile (16 rows) expanded to E: group g = 0..7, chunk c = 0..7: 64 bytes, row r's bytes
  * 4r..4r+3 its values 4c..4c+3 of group g (times their scale, as above) */
 static inline __attribute__((always_inline)) void k23_expand(int enc, const uint8_t *o, uint8_t *E) {
@@ -5228,6 +5267,27 @@ static inline __attribute__((always_inline)) void p_rows(int enc, const uint8_t 
             case 6: iq4x_tile(k23x_buf, X, cols, b0, 6, out); break;
             case 7: iq4x_tile(k23x_buf, X, cols, b0, 7, out); break;
             default: iq4x_tile(k23x_buf, X, cols, b0, 8, out); break;
+            }
+            for (int b = 0; b < nb; b++) _mm512_mask_storeu_ps(yt + (b0 + b) * ys, m, out[b]);
+        }
+        return;
+    }
+    if (enc == TQ1_0 && B >= TQ1X_FROM) { /* the digits expanded once; the passes are tq2_0's (the same sums, in the
+                                            * same order: the same results) */
+        k23x_reserve(1056 * (cols / 256));
+        for (long sb = 0; sb < cols / 256; sb++) tq1_expand(T + 864 * sb, k23x_buf + 1056 * sb);
+        for (long b0 = 0; b0 < B; b0 += 8) {
+            int nb = (int)(B - b0 < 8 ? B - b0 : 8);
+            __m512 out[8];
+            switch (nb) {
+            case 1: p_tile(TQ2_0, k23x_buf, X, cols, b0, 1, 0, out); break;
+            case 2: p_tile(TQ2_0, k23x_buf, X, cols, b0, 2, 0, out); break;
+            case 3: p_tile(TQ2_0, k23x_buf, X, cols, b0, 3, 0, out); break;
+            case 4: p_tile(TQ2_0, k23x_buf, X, cols, b0, 4, 0, out); break;
+            case 5: p_tile(TQ2_0, k23x_buf, X, cols, b0, 5, 0, out); break;
+            case 6: p_tile(TQ2_0, k23x_buf, X, cols, b0, 6, 0, out); break;
+            case 7: p_tile(TQ2_0, k23x_buf, X, cols, b0, 7, 0, out); break;
+            default: p_tile(TQ2_0, k23x_buf, X, cols, b0, 8, 0, out); break;
             }
             for (int b = 0; b < nb; b++) _mm512_mask_storeu_ps(yt + (b0 + b) * ys, m, out[b]);
         }
