@@ -9,7 +9,7 @@ sum_c W[r, c] x[b, c]`` is ``[B, rows]`` fp32.
   ``gguf.quants``; every encoding of the table), then an fp32 matmul. It materialises the decoded weight:
   the oracle and the fallback, not the fast path.
 - native (``vxc_qgemv``): every encoding of the table (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k,
-  iq4_nl, iq4_xs with int8_block32 packed tiles; the grid formats iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs,
+  iq4_nl, iq4_xs and the ternary tq1_0 / tq2_0 with int8_block32 packed tiles; the grid formats iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs,
   iq3_s: fp32 x — each weight row decoded to fp32 once for all rows of x, from ``TILED_FROM`` rows decoded tiles into
   torch's GEMM; int8_block32 — integer products on AVX-512 VNNI builds (a row kernel, from 16 rows of x a tiled
   int8 GEMM), elsewhere x rounded to its int8 blocks' values and the fp32 path)
