@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-FORMATS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "q4_1")
-MIXES = ("q4_k_m", "q5_k_m", "q3_k_m", "q2_k")
+FORMATS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "q4_1", "iq4_nl", "iq4_xs")
+MIXES = ("q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "iq4_nl", "iq4_xs")
 
 
 def _build() -> Path:

@@ -215,6 +215,10 @@ def test_q3_k_m_and_q2_k_choices(src, tmp_path):
     assert [f3[f"l{i}.FfnDown"] for i in (0, 1, 15)] == ["q5_1", "q5_0", "q5_0"]  # q5_k for i < 16/16 only
     assert [f3[f"l{i}.AttnV"] for i in (0, 1, 2, 15)] == ["q5_1", "q5_1", "q5_0", "q5_0"]  # q5_k for i < 2
     assert (f3["l3.AttnO"], f3["l3.AttnQ"], f3["LmHead"], f3["Embedding"]) == ("q5_0", "q4_0", "q8_0", "q4_0")
+    f4 = choose_formats(m, "iq4_xs", quantisable_roles())[0]  # q5_k -> q5_1, q6_k -> q8_0, iq4_xs -> iq4_nl (rows of 64)
+    assert [f4[f"l{i}.FfnDown"] for i in (0, 1, 2, 15)] == ["q5_1", "q5_1", "iq4_nl", "iq4_nl"]  # q5_k for i < 16/8
+    assert {f4[f"l{i}.AttnV"] for i in range(16)} == {"q5_1"}  # q5_k: n_gqa 4
+    assert (f4["LmHead"], f4["l3.AttnQ"], f4["Embedding"]) == ("q8_0", "iq4_nl", "iq4_nl")
     f2 = choose_formats(m, "q2_k", quantisable_roles())[0]
     assert {f2[f"l{i}.AttnV"] for i in range(16)} == {"q5_0"}  # q4_k: n_gqa 4
     assert (f2["l0.FfnDown"], f2["l7.AttnO"], f2["l7.AttnK"], f2["LmHead"]) == ("q4_0", "q4_0", "q4_0", "q8_0")
@@ -257,6 +261,29 @@ def test_ternary_schemes_and_parity(src, cli, capsys, scheme):
         "q6_k", "q4_k", "q4_0", scheme, scheme)
     assert f"fact quantized {scheme}" in text and f"gguf.quants.quantize ({scheme})" in text
     assert "more_bits class head: q6_k; more_bits class embed: q4_k" in text
+    _blocks_at_the_floor(f"quantized-{scheme}", src, out, got, capsys)
+
+
+# iq4_nl / iq4_xs on hf_k (2 layers, n_gqa 2), by hand from llama.cpp's llama_tensor_get_type for IQ4_NL / IQ4_XS
+# without an importance matrix: q6_k the head; V would take q5_k only where n_gqa >= 4, down only on layers i < 2/8
+# (none); down's 288-wide rows fall back from iq4_xs to iq4_nl; the rest (Q, K, V, O, gate, up, the embedding) the
+# base format. (tests/ggml_quant_check.py: llama-quantize's IQ4_NL / IQ4_XS choices and bytes on four files, identical)
+IQ4_MIX = {"iq4_nl": {"iq4_nl": 15, "q6_k": 1}, "iq4_xs": {"iq4_xs": 13, "iq4_nl": 2, "q6_k": 1}}
+
+
+@pytest.mark.parametrize("scheme", ["iq4_nl", "iq4_xs"])
+def test_iq4_schemes_and_parity(src, cli, capsys, scheme):
+    """vxc quantize --scheme iq4_nl / iq4_xs: the choices above, ggml's searched iq4 bytes (the encoders:
+    tests/runtime/test_ggml_blocks.py), at the floor of transformers on gguf-py's decode of the same blocks."""
+    out = src / scheme / "q.vxir"
+    r = cli("quantize", src / "hf_k.vxir", "-o", out, "--scheme", scheme)
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    got = dict(re.findall(r"^  operand %(\S+) f32\[\d+,\d+\] = (i?q\d_\w+)\(blocks \$t\d+\)", text, re.M))
+    mix = IQ4_MIX[scheme]
+    assert {f: list(got.values()).count(f) for f in mix} == mix and len(got) == sum(mix.values())
+    assert (got["LmHead"], got["l0.FfnDown"], got["l1.AttnV"], got["Embedding"]) == ("q6_k", "iq4_nl", scheme, scheme)
+    assert f"fact quantized {scheme}" in text and f"quantize_{scheme} without an importance matrix" in text
     _blocks_at_the_floor(f"quantized-{scheme}", src, out, got, capsys)
 
 

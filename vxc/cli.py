@@ -109,7 +109,7 @@ def lower(
 def quantize(
     model: Path = typer.Argument(..., help="a .vxir file, a model directory or a GGUF file"),
     output: Path = typer.Option(..., "-o", "--output", help="the .vxir to write (its weights: OUTPUT.safetensors)"),
-    scheme: str = typer.Option(..., "--scheme", help="q8_0, q4_0, q4_1 (one ggml block format), q4_k_m / q5_k_m / q3_k_m / q2_k (the mixes) or tq1_0 / tq2_0 (ternary, q6_k head)"),
+    scheme: str = typer.Option(..., "--scheme", help="q8_0, q4_0, q4_1 (one ggml block format), q4_k_m / q5_k_m / q3_k_m / q2_k (the mixes) tq1_0 / tq2_0 (ternary, q6_k head) or iq4_nl / iq4_xs (llama.cpp's IQ4 mixes)"),
     keep: List[str] = typer.Option([], "--keep", help="a role to leave unquantised (repeatable)"),
     activations: Optional[str] = typer.Option(None, "--activations", help="int8_block32: the products of encoded weights quantise their input per 32-value block to int8 (declared on each operand; default: fp32 as given)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable result"),

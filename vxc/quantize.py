@@ -1,4 +1,4 @@
-"""``vxc quantize MODEL -o OUT.vxir --scheme q8_0|q4_0|q4_1|q4_k_m|q5_k_m|q3_k_m|q2_k|tq1_0|tq2_0 [--keep ROLE ...]``: data
+"""``vxc quantize MODEL -o OUT.vxir --scheme q8_0|q4_0|q4_1|q4_k_m|q5_k_m|q3_k_m|q2_k|tq1_0|tq2_0|iq4_nl|iq4_xs [--keep ROLE ...]``: data
 preparation, not execution.
 
 Every operand whose role the operator declarations mark ``quantise=True`` (a projection, the embedding / head
@@ -20,6 +20,10 @@ table: ``vxc.ir.operators.decl.RoleSpec``) is encoded in a ggml block format, un
 - ``q2_k``: the Q2_K mix: q2_k for most matrices; q6_k for ``head``; q3_k for ``down`` and ``attn_out``; for
   ``value`` q4_k when ``n_head / n_head_kv >= 4`` (llama.cpp's ``n_gqa()``, here the first layer's mixer
   attributes ``heads // kv_heads``; 0 where it declares no ``kv_heads``), q3_k otherwise.
+- ``iq4_nl`` / ``iq4_xs``: llama.cpp's IQ4_NL / IQ4_XS files as its quantize tool writes them without an importance
+  matrix: the format for most matrices (ggml's ``quantize_iq4_nl`` / ``quantize_iq4_xs`` scale search, byte for
+  byte); q6_k for ``head``; q5_k for ``value`` where ``n_head / n_head_kv >= 4`` and for ``down`` on the layers
+  ``i < n/8``; iq4_xs falls back to iq4_nl where rows are not whole 256-value blocks.
 - ``tq1_0`` / ``tq2_0``: the ternary formats (values -d, 0, d per 256; for models trained ternary, as BitNet
   b1.58 / TriLM are: any other model loses most of its quality), as the quantize tool's TQ1_0 / TQ2_0: q6_k for
   ``head``, q4_k for ``embed`` (an untied token-embedding table; a tied one is ``head``), the ternary format
@@ -77,6 +81,7 @@ RULES = {
     MORE_BITS_RULE: lambda i, n, gqa: i is not None and use_more_bits(i, n),
     "i < n/16": lambda i, n, gqa: i is not None and i < n // 16,
     "i < 2": lambda i, n, gqa: i is not None and i < 2,
+    "i < n/8": lambda i, n, gqa: i is not None and i < n // 8,
     GQA4: lambda i, n, gqa: gqa >= 4,
 }
 
@@ -101,6 +106,11 @@ def _ternary(name: str) -> Scheme:
                   f"gguf.quants.quantize ({name}) / ggml's quantize_row_q4_K_ref / quantize_row_q6_K_ref")
 
 
+def _iq4(name: str) -> Scheme:
+    return Scheme(name, name, (("head", ALWAYS, "q6_k"), ("value", GQA4, "q5_k"), ("down", "i < n/8", "q5_k")),
+                  f"ggml's quantize_{name} without an importance matrix / quantize_row_q5_K_ref / quantize_row_q6_K_ref")
+
+
 SCHEMES = {s.name: s for s in (
     Scheme("q8_0", "q8_0"), Scheme("q4_0", "q4_0"), Scheme("q4_1", "q4_1"),
     _k_m("q4_k_m", "q4_k"), _k_m("q5_k_m", "q5_k"),
@@ -110,11 +120,12 @@ SCHEMES = {s.name: s for s in (
     Scheme("q2_k", "q2_k", (("head", ALWAYS, "q6_k"), ("down", ALWAYS, "q3_k"), ("value", GQA4, "q4_k"),
                             ("value", ALWAYS, "q3_k"), ("attn_out", ALWAYS, "q3_k")),
            "ggml's quantize_row_q2_K_ref / q3_K_ref / q4_K_ref / q6_K_ref"),
-    _ternary("tq1_0"), _ternary("tq2_0"),
+    _ternary("tq1_0"), _ternary("tq2_0"), _iq4("iq4_nl"), _iq4("iq4_xs"),
 )}
 assert all(r in RULES for s in SCHEMES.values() for _, r, _ in s.more)
 # a format whose block does not divide a row: the 32-value format the quantize tool falls back to
-FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "tq1_0": "q4_0", "tq2_0": "q4_0"}
+FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "tq1_0": "q4_0", "tq2_0": "q4_0",
+            "iq4_xs": "iq4_nl"}
 
 
 class QuantizeError(VxcError):

@@ -800,6 +800,90 @@ def _q_q3_k(x: Tensor) -> Tensor:
     return torch.cat((hmask, _pack_2bit(L & 3), scales, d16), dim=1)
 
 
+def _best_index_iq4(v: Tensor) -> Tensor:
+    """ggml's ``best_index_int8(16, kvalues_iq4nl, v)``: the nearest of the 16 levels (ties to the upper one; below
+    the first 0, above the last 15, NaN 15 as its binary search ends), int32."""
+    lv = torch.tensor(IQ4_LEVELS, dtype=torch.float32, device=v.device)
+    mu = (lv <= v.unsqueeze(-1)).sum(-1).clamp(1, 15)  # val[mu - 1] <= v < val[mu] inside the range
+    lo, hi = lv[mu - 1], lv[mu]
+    idx = torch.where((v - lo) < (hi - v), mu - 1, mu)
+    idx = torch.where(v <= lv[0], torch.zeros_like(idx), idx)
+    idx = torch.where((v >= lv[15]) | torch.isnan(v), torch.full_like(idx, 15), idx)
+    return idx.to(torch.int32)
+
+
+def _iq4_sums(x: Tensor, w: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
+    """``sumqx += w*q*x; sumq2 += w*q*q`` over each group's 32 values in order (q the chosen levels)."""
+    q = torch.tensor(IQ4_LEVELS, dtype=torch.float32, device=x.device)[idx.long()]
+    wq = w * q
+    return _seq_sum(wq * x), _seq_sum(wq * q)
+
+
+def _iq4_group_scales(x: Tensor) -> Tensor:
+    """quantize_row_iq4_nl_impl's per-32 scale search (no importance matrix, ``ntry`` 7, as ggml's quantize tool runs it):
+    ``x [G, 32]`` -> the scale ``d`` of each group (0 for a group whose largest magnitude is below 1e-15)."""
+    w = x * x
+    at = x.abs().argmax(dim=1, keepdim=True)  # ``if (ax > amax)`` from 0: the first largest magnitude
+    mx = x.gather(1, at)
+    amax = mx.abs().squeeze(1)
+    live = amax >= _f32c(x, _GROUP_MAX_EPS)
+    mxs = torch.where(live[:, None], mx, torch.ones_like(mx))
+    d = (-mxs) / _f32c(x, -127.0)
+    sqx, sq2 = _iq4_sums(x, w, _best_index_iq4((torch.ones_like(d) / d) * x))
+    d = torch.where(sq2 > 0, sqx / torch.where(sq2 > 0, sq2, torch.ones_like(sq2)), torch.zeros_like(sq2))
+    best = d * sqx
+    for itry in range(-7, 8):
+        idv = _f32c(x, float(itry - 127)) / mxs
+        sqx, sq2 = _iq4_sums(x, w, _best_index_iq4(idv * x))
+        take = (sq2 > 0) & (sqx * sqx > best * sq2)
+        nd = sqx / torch.where(sq2 > 0, sq2, torch.ones_like(sq2))
+        d = torch.where(take, nd, d)
+        best = torch.where(take, nd * sqx, best)
+    return torch.where(live, d, torch.zeros_like(d))
+
+
+def _iq4_pack(L: Tensor) -> Tensor:
+    """Codes ``[N, 32 k]`` -> ``[N, 16 k]`` bytes: per 32 values, code ``j`` low and ``j + 16`` high (q4_0's order)."""
+    q = L.to(torch.uint8).view(L.shape[0], L.shape[1] // 32, 2, 16)
+    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(L.shape[0], L.shape[1] // 2)
+
+
+@_chunked
+def _q_iq4_nl(x: Tensor) -> Tensor:
+    """quantize_iq4_nl without an importance matrix (the quantize tool's IQ4_NL): the group's searched scale stored
+    as f16, the codes the nearest levels of ``x / d`` (d the fp32 scale; 0 -> every code 8, the level 1)."""
+    d = _iq4_group_scales(x)
+    idd = torch.where(d != 0, torch.ones_like(d) / torch.where(d != 0, d, torch.ones_like(d)), torch.zeros_like(d))
+    L = _best_index_iq4(idd[:, None] * x)
+    return torch.cat((_f16_bytes(d[:, None]), _iq4_pack(L)), dim=1)
+
+
+@_chunked
+def _q_iq4_xs(x: Tensor) -> Tensor:
+    """quantize_iq4_xs without an importance matrix (the quantize tool's IQ4_XS): each 32-value group's scale searched
+    as iq4_nl's, then ``d = -max_scale / 32`` (max_scale the first of largest magnitude), each group's 6-bit scale
+    ``l = clamp(nearest_int(s / d), -32, 31)``, its codes the nearest levels of ``x / (d l)``."""
+    n = x.shape[0]
+    if n == 0:
+        return torch.zeros(0, 136, dtype=torch.uint8, device=x.device)
+    sc = _iq4_group_scales(x.reshape(n * 8, 32)).view(n, 8)
+    ms = sc.gather(1, _first_max(sc.abs()))  # ``if (abs_d > amax_scale)`` from 0: a NaN scale never chosen
+    ms = torch.where(ms.abs() > 0, ms, torch.zeros_like(ms))
+    d = (-ms) / _f32c(x, 32.0)
+    idd = torch.where(d != 0, torch.ones_like(d) / torch.where(d != 0, d, torch.ones_like(d)), torch.zeros_like(d))
+    ls = _nearest_int(idd * sc).clamp(-32, 31)
+    dl = d * ls.to(torch.float32)
+    idl = torch.where(dl != 0, torch.ones_like(dl) / torch.where(dl != 0, dl, torch.ones_like(dl)), torch.zeros_like(dl))
+    L = _best_index_iq4((idl[:, :, None] * x.view(n, 8, 32)).reshape(n, 256))
+    u = (ls + 32).to(torch.int32)
+    lo = (u & 15).to(torch.uint8)
+    scales_l = lo[:, 0::2] | (lo[:, 1::2] << 4)
+    hb = (u >> 4) << (2 * torch.arange(8, dtype=torch.int32, device=x.device))
+    sh = hb.sum(dim=1, dtype=torch.int32)
+    scales_h = torch.stack((sh & 255, sh >> 8), dim=1).to(torch.uint8)
+    return torch.cat((_f16_bytes(d), scales_h, scales_l, _iq4_pack(L)), dim=1)
+
+
 def _ternary(x: Tensor) -> tuple[Tensor, Tensor]:
     """tq1_0 / tq2_0 (gguf-py's encoders; ggml's ``quantize_row_tq*_0_ref``): ``d`` the block's absolute maximum,
     codes ``roundf(x / d) + 1`` (0..2, through ``x * (1 / d)``; all 1 where ``d = 0``)."""
@@ -834,7 +918,7 @@ def _q_tq1_0(x: Tensor) -> Tensor:
 QUANTIZE: dict[str, Callable[[Tensor], Tensor]] = {
     "q8_0": _q_q8_0, "q4_0": _q_q4_0, "q4_1": _q_q4_1, "q5_0": _q_q5_0, "q5_1": _q_q5_1,
     "q2_k": _q_q2_k, "q3_k": _q_q3_k, "q4_k": _q_q4_k, "q5_k": _q_q5_k, "q6_k": _q_q6_k,
-    "tq1_0": _q_tq1_0, "tq2_0": _q_tq2_0,
+    "tq1_0": _q_tq1_0, "tq2_0": _q_tq2_0, "iq4_nl": _q_iq4_nl, "iq4_xs": _q_iq4_xs,
 }
 
 
@@ -844,7 +928,8 @@ def quantize(encoding_name: str, x: Tensor) -> Tensor:
     q5_0, q5_1) and the ternary tq1_0 / tq2_0 byte-for-byte what ``gguf.quants.quantize`` gives; q2_k, q3_k, q4_k, q5_k and q6_k what ggml's
     reference encoders (``quantize_row_q2_K_ref`` / ``q3_K_ref`` / ``q4_K_ref`` / ``q5_K_ref`` / ``q6_K_ref``, the
     ggml quantize tool without an importance matrix) write (gguf-py has no k-quant encoder;
-    ``tests/ggml_quant_check.py`` compares with a ggml build)."""
+    ``tests/ggml_quant_check.py`` compares with a ggml build); iq4_nl / iq4_xs what ggml's ``quantize_iq4_nl`` /
+    ``quantize_iq4_xs`` write without an importance matrix (the quantize tool's IQ4_NL / IQ4_XS; checked there too)."""
     enc = encoding(encoding_name)
     if enc.name not in QUANTIZE:
         raise GGMLError(f"{enc.name}: vxc does not encode this format (it encodes {', '.join(QUANTIZE)})")
