@@ -804,7 +804,7 @@ def _best_index_iq4(v: Tensor) -> Tensor:
     """ggml's ``best_index_int8(16, kvalues_iq4nl, v)``: the nearest of the 16 levels (ties to the upper one; below
     the first 0, above the last 15, NaN 15 as its binary search ends), int32."""
     lv = torch.tensor(IQ4_LEVELS, dtype=torch.float32, device=v.device)
-    mu = (lv <= v.unsqueeze(-1)).sum(-1).clamp(1, 15)  # val[mu - 1] <= v < val[mu] inside the range
+    mu = torch.bucketize(v, lv, right=True).clamp(1, 15)  # val[mu - 1] <= v < val[mu] inside the range
     lo, hi = lv[mu - 1], lv[mu]
     idx = torch.where((v - lo) < (hi - v), mu - 1, mu)
     idx = torch.where(v <= lv[0], torch.zeros_like(idx), idx)
