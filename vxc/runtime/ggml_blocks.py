@@ -430,14 +430,16 @@ def _high_bits(q: Tensor) -> Tensor:
     return (bits * weights).sum(dim=2).to(torch.uint8)
 
 
-def _q_q8_0(x: Tensor) -> Tensor:
-    d = _div(x.abs().amax(dim=1, keepdim=True), 127.0)
-    v = x * _inv(d)
-    # roundf (half away from zero), exactly as the reference computes it
+def _roundf(v: Tensor) -> Tensor:
+    """C's ``roundf`` (half away from zero), exactly as the references compute it."""
     a = v.abs()
     fl = torch.floor(a)
-    r = torch.sign(v) * (fl + torch.floor(2 * (a - fl)))
-    q = torch.nan_to_num(r, nan=0.0).clamp(-127, 127).to(torch.int8).view(torch.uint8)
+    return torch.sign(v) * (fl + torch.floor(2 * (a - fl)))
+
+
+def _q_q8_0(x: Tensor) -> Tensor:
+    d = _div(x.abs().amax(dim=1, keepdim=True), 127.0)
+    q = torch.nan_to_num(_roundf(x * _inv(d)), nan=0.0).clamp(-127, 127).to(torch.int8).view(torch.uint8)
     return torch.cat((_f16_bytes(d), q), dim=1)
 
 
@@ -843,9 +845,8 @@ def _iq4_group_scales(x: Tensor) -> Tensor:
 
 
 def _iq4_pack(L: Tensor) -> Tensor:
-    """Codes ``[N, 32 k]`` -> ``[N, 16 k]`` bytes: per 32 values, code ``j`` low and ``j + 16`` high (q4_0's order)."""
-    q = L.to(torch.uint8).view(L.shape[0], L.shape[1] // 32, 2, 16)
-    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(L.shape[0], L.shape[1] // 2)
+    """Codes ``[N, 32 k]`` -> ``[N, 16 k]`` bytes, each 32 values nibble-packed as q4_0's (``_nibble_pack``)."""
+    return _nibble_pack(L.to(torch.uint8).reshape(-1, 32)).reshape(L.shape[0], L.shape[1] // 2)
 
 
 @_chunked
@@ -853,8 +854,7 @@ def _q_iq4_nl(x: Tensor) -> Tensor:
     """quantize_iq4_nl without an importance matrix (the quantize tool's IQ4_NL): the group's searched scale stored
     as f16, the codes the nearest levels of ``x / d`` (d the fp32 scale; 0 -> every code 8, the level 1)."""
     d = _iq4_group_scales(x)
-    idd = torch.where(d != 0, torch.ones_like(d) / torch.where(d != 0, d, torch.ones_like(d)), torch.zeros_like(d))
-    L = _best_index_iq4(idd[:, None] * x)
+    L = _best_index_iq4(_inv(d)[:, None] * x)
     return torch.cat((_f16_bytes(d[:, None]), _iq4_pack(L)), dim=1)
 
 
@@ -870,11 +870,8 @@ def _q_iq4_xs(x: Tensor) -> Tensor:
     ms = sc.gather(1, _first_max(sc.abs()))  # ``if (abs_d > amax_scale)`` from 0: a NaN scale never chosen
     ms = torch.where(ms.abs() > 0, ms, torch.zeros_like(ms))
     d = (-ms) / _f32c(x, 32.0)
-    idd = torch.where(d != 0, torch.ones_like(d) / torch.where(d != 0, d, torch.ones_like(d)), torch.zeros_like(d))
-    ls = _nearest_int(idd * sc).clamp(-32, 31)
-    dl = d * ls.to(torch.float32)
-    idl = torch.where(dl != 0, torch.ones_like(dl) / torch.where(dl != 0, dl, torch.ones_like(dl)), torch.zeros_like(dl))
-    L = _best_index_iq4((idl[:, :, None] * x.view(n, 8, 32)).reshape(n, 256))
+    ls = _nearest_int(_inv(d) * sc).clamp(-32, 31)
+    L = _best_index_iq4((_inv(d * ls.to(torch.float32))[:, :, None] * x.view(n, 8, 32)).reshape(n, 256))
     u = (ls + 32).to(torch.int32)
     lo = (u & 15).to(torch.uint8)
     scales_l = lo[:, 0::2] | (lo[:, 1::2] << 4)
@@ -888,11 +885,7 @@ def _ternary(x: Tensor) -> tuple[Tensor, Tensor]:
     """tq1_0 / tq2_0 (gguf-py's encoders; ggml's ``quantize_row_tq*_0_ref``): ``d`` the block's absolute maximum,
     codes ``roundf(x / d) + 1`` (0..2, through ``x * (1 / d)``; all 1 where ``d = 0``)."""
     d = x.abs().amax(dim=1, keepdim=True)
-    v = x * _inv(d)
-    a = v.abs()
-    fl = torch.floor(a)
-    r = torch.sign(v) * (fl + torch.floor(2 * (a - fl)))  # roundf: half away from zero
-    return d, (r.to(torch.int32) + 1).to(torch.uint8)
+    return d, (_roundf(x * _inv(d)).to(torch.int32) + 1).to(torch.uint8)
 
 
 def _q_tq2_0(x: Tensor) -> Tensor:

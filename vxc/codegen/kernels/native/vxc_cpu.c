@@ -4596,6 +4596,15 @@ void vxc_qpack(int enc, const void *W, uint8_t *out, long rows, long cols) {
 #endif
 #define P_X4(p) _mm512_set1_epi32(*(const int32_t *)(const void *)(p)) /* 4 x bytes in every lane */
 
+/* tq1_0's base-3 digits, 64 bytes at a time: digit 0 of byte v is ((v 3) >> 8) = [v >= 86] + [v >= 171] (saturating
+ * subtractions and minima); the next digit is that of 3 v mod 256 (byte adds). None of them on vpdpbusd's pipes. */
+static inline __attribute__((always_inline)) __m512i tq_digit512(__m512i v) {
+    const __m512i one = _mm512_set1_epi8(1);
+    return _mm512_add_epi8(_mm512_min_epu8(_mm512_subs_epu8(v, _mm512_set1_epi8(85)), one),
+                           _mm512_min_epu8(_mm512_subs_epu8(v, _mm512_set1_epi8((char)170)), one));
+}
+static inline __attribute__((always_inline)) __m512i tq_times3_512(__m512i v) { return _mm512_add_epi8(v, _mm512_add_epi8(v, v)); }
+
 /* iq4: the 16 levels + 128 (unsigned bytes), in each 128-bit lane (vpshufb's table) */
 static inline __m512i iq4_levels_u8(void) {
     return _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_KV)), _mm512_set1_epi8((char)0x80));
@@ -4795,35 +4804,30 @@ static void k23x_reserve(long need) {
 /* one packed tq1_0 super-block (864 bytes) as the packed tq2_0 one of the same values (1056 bytes): line (h, c) of
  * the latter holds group 4h + t's chunk c at bits 2t (see vxc_qpack's layouts) */
 static inline __attribute__((always_inline)) void tq1_expand(const uint8_t *o, uint8_t *E) {
-    const __m512i one = _mm512_set1_epi8(1), c85 = _mm512_set1_epi8(85), c170 = _mm512_set1_epi8((char)170);
-#define TQ_DIG(v) _mm512_add_epi8(_mm512_min_epu8(_mm512_subs_epu8((v), c85), one), _mm512_min_epu8(_mm512_subs_epu8((v), c170), one))
-#define TQ_X3(v) _mm512_add_epi8((v), _mm512_add_epi8((v), (v)))
     memcpy(E, o, 32);
     for (int c = 0; c < 8; c++) { /* groups 0..3 (digits 0..3 of chunk c), and group 4's chunk c (digit 4) */
         __m512i v = _mm512_loadu_si512((const void *)(o + 32 + 64 * c)), l0 = _mm512_setzero_si512();
         for (int k = 0; k < 4; k++) {
-            l0 = _mm512_or_si512(l0, _mm512_slli_epi16(TQ_DIG(v), 2 * k));
-            v = TQ_X3(v);
+            l0 = _mm512_or_si512(l0, _mm512_slli_epi16(tq_digit512(v), 2 * k));
+            v = tq_times3_512(v);
         }
         _mm512_storeu_si512((void *)(E + 32 + 64 * c), l0);
-        _mm512_storeu_si512((void *)(E + 544 + 64 * c), TQ_DIG(v));
+        _mm512_storeu_si512((void *)(E + 544 + 64 * c), tq_digit512(v));
     }
     __m512i q = _mm512_loadu_si512((const void *)(o + 32 + 64 * 12));
     for (int c = 0; c < 4; c++) { /* groups 5..7 from chunks 8..11 (their digits 0..4) and the qh chunk */
         __m512i v = _mm512_loadu_si512((const void *)(o + 32 + 64 * (8 + c))), d[5];
         for (int k = 0; k < 5; k++) {
-            d[k] = TQ_DIG(v);
-            v = TQ_X3(v);
+            d[k] = tq_digit512(v);
+            v = tq_times3_512(v);
         }
         __m512i *lo = (__m512i *)(void *)(E + 544 + 64 * c), *hi = (__m512i *)(void *)(E + 544 + 64 * (c + 4));
         _mm512_storeu_si512((void *)lo, _mm512_or_si512(_mm512_loadu_si512((const void *)lo),
                             _mm512_or_si512(_mm512_slli_epi16(d[0], 2), _mm512_or_si512(_mm512_slli_epi16(d[2], 4), _mm512_slli_epi16(d[4], 6)))));
         _mm512_storeu_si512((void *)hi, _mm512_or_si512(_mm512_loadu_si512((const void *)hi),
-                            _mm512_or_si512(_mm512_slli_epi16(d[1], 2), _mm512_or_si512(_mm512_slli_epi16(d[3], 4), _mm512_slli_epi16(TQ_DIG(q), 6)))));
-        q = TQ_X3(q);
+                            _mm512_or_si512(_mm512_slli_epi16(d[1], 2), _mm512_or_si512(_mm512_slli_epi16(d[3], 4), _mm512_slli_epi16(tq_digit512(q), 6)))));
+        q = tq_times3_512(q);
     }
-#undef TQ_DIG
-#undef TQ_X3
 }
 
 /* super-block o of a packed tile (16 rows) expanded to E: group g = 0..7, chunk c = 0..7: 64 bytes, row r's bytes
@@ -5067,10 +5071,7 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
         }
     } else if (enc == TQ1_0) { /* groups 0..4: digit j of chunks 0..7; 5, 6: digits 2j - 10, 2j - 9 of chunks 8..11 against
                                 * the group's halves; 7: digit 4 of chunks 8..11, then digits 0..3 of the qh chunk */
-        const __m512i one = _mm512_set1_epi8(1), c85 = _mm512_set1_epi8(85), c170 = _mm512_set1_epi8((char)170);
-#define TQ_DIG(v) _mm512_add_epi8(_mm512_min_epu8(_mm512_subs_epu8((v), c85), one), _mm512_min_epu8(_mm512_subs_epu8((v), c170), one))
-#define TQ_X3(v) _mm512_add_epi8((v), _mm512_add_epi8((v), (v)))
-        for (long sb = 0; sb < cols / 256; sb++) {
+            for (long sb = 0; sb < cols / 256; sb++) {
             const uint8_t *o = T + sb * 864;
             if (pf) prefetch_bytes(o + cols / 256 * 864, 864);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
@@ -5084,9 +5085,9 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
                 if (j < 5) {
 #pragma GCC unroll 8
                     for (int c = 0; c < 8; c++) {
-                        __m512i w = TQ_DIG(v[c]);
+                        __m512i w = tq_digit512(v[c]);
                         for (int b = 0; b < NB; b++) p[b] = P_DOT(p[b], w, P_X4(xq + b * cols + 32 * j + 4 * c));
-                        if (j < 4) v[c] = TQ_X3(v[c]);
+                        if (j < 4) v[c] = tq_times3_512(v[c]);
                     }
                     if (j == 4) /* chunks 8..11 next, at digit 0 */
                         for (int c = 0; c < 4; c++) v[c] = _mm512_loadu_si512((const void *)(o + 32 + 64 * (8 + c)));
@@ -5095,17 +5096,17 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
                         if (j == 7 && e == 1) {
                             __m512i q = _mm512_loadu_si512((const void *)(o + 32 + 64 * 12));
                             for (int k = 0; k < 4; k++) {
-                                __m512i w = TQ_DIG(q);
+                                __m512i w = tq_digit512(q);
                                 for (int b = 0; b < NB; b++) p[b] = P_DOT(p[b], w, P_X4(xq + b * cols + 32 * j + 16 + 4 * k));
-                                q = TQ_X3(q);
+                                q = tq_times3_512(q);
                             }
                             break;
                         }
 #pragma GCC unroll 4
                         for (int c = 0; c < 4; c++) {
-                            __m512i w = TQ_DIG(v[c]);
+                            __m512i w = tq_digit512(v[c]);
                             for (int b = 0; b < NB; b++) p[b] = P_DOT(p[b], w, P_X4(xq + b * cols + 32 * j + 16 * e + 4 * c));
-                            v[c] = TQ_X3(v[c]);
+                            v[c] = tq_times3_512(v[c]);
                         }
                     }
                 }
@@ -5113,8 +5114,6 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
                     acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p[b]), _mm512_mul_ps(d, _mm512_set1_ps(X->d[(b0 + b) * ng + g])), acc[b]);
             }
         }
-#undef TQ_DIG
-#undef TQ_X3
     } else if (enc == Q2_K || enc == Q3_K) {
         const long GB = p_group_bytes(enc);
         for (long sb = 0; sb < cols / 256; sb++) {
