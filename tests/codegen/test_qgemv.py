@@ -535,3 +535,34 @@ def test_qembedding_native_is_bit_exact(name):
     assert calls == ["vxc_qembedding"]
     want = torch.from_numpy(np.ascontiguousarray(gq.dequantize(b[ids.numpy()], qtype(name)))).float()
     assert torch.equal(y, want) and torch.equal(y.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("name", ["iq3_s", "iq2_xs", "iq1_m"])
+def test_grid_prefill_tiles_feed_bias_and_gating(name):
+    """qgemv's decoded-tile path (the grid formats with fp32 activations, TILED_FROM rows of x and more) returns
+    ``[B, rows]`` row-major as its other paths do: qlinear adds its bias and qswiglu multiplies silu(gate) by up on
+    that memory in native calls. (A transposed view there once summed the wrong elements from a 32-token prompt on:
+    qswiglu's relative error ~1.4, a qwen2-style bias added across rows.) Against fp64 oracles of both ops, and the
+    rows past TILED_FROM equal to the same rows run below it, within the floor."""
+    from vxc.codegen.kernels import qdense
+
+    assert N.available(), N.status()
+    rng = np.random.default_rng(41)
+    cols = ENCODINGS[name].block_size  # one 256-value super-block a row
+    g, u, d = (make_blocks(name, r, 1, rng) for r in (cols, cols, 24))  # gate / up [256, 256], down [24, 256]
+    gt, ut, dt = (torch.from_numpy(a) for a in (g, u, d))
+    bias = torch.from_numpy(rng.standard_normal(cols).astype(np.float32))
+    x = torch.from_numpy(rng.standard_normal((quant.TILED_FROM + 5, cols)).astype(np.float32))
+    xd = x.double()
+    wg, wu, wd = (torch.from_numpy(np.ascontiguousarray(gq.dequantize(a, qtype(name)))).double() for a in (g, u, d))
+    want_lin = xd @ wg.T + bias.double()
+    want_ffn = (torch.nn.functional.silu(xd @ wg.T) * (xd @ wu.T)) @ wd.T
+    lin = qdense.qlinear_native(x, name, gt, bias)
+    ffn = qdense.qswiglu_native(x, name, gt, name, ut, name, dt)
+    assert lin.is_contiguous() and ffn.is_contiguous()
+    R.assert_kernel_at_floor(lin, qdense.qlinear_twin(x, name, gt, bias), want_lin, f"{name} qlinear + bias, tiles")
+    R.assert_kernel_at_floor(ffn, qdense.qswiglu_twin(x, name, gt, name, ut, name, dt), want_ffn, f"{name} qswiglu, tiles")
+    few = x[:5].contiguous()  # below TILED_FROM: the row kernel
+    R.assert_kernel_at_floor(qdense.qswiglu_native(few, name, gt, name, ut, name, dt), ffn[:5], want_ffn[:5],
+                             f"{name} qswiglu, row kernel against tiles")

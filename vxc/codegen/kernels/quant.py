@@ -284,7 +284,9 @@ def qgemm_tiled(code: int, blocks: Tensor, x: Tensor) -> Tensor:
         if wh is not w:
             wh[:n].copy_(w[:n])
         torch.mm(wh[:n], x.T, out=yt[r0:r0 + n])
-    return yt.T.to(torch.float32)
+    # [B, rows] laid out row-major, as every qgemv returns it: its callers hand the result's memory to native calls
+    # (a bias, silu(gate) * up) that read it that way — a transposed view there summed the wrong elements
+    return yt.T.to(torch.float32).contiguous()
 
 
 def dequantize_native(encoding_name: str, blocks: Tensor) -> Tensor:
