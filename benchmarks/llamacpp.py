@@ -111,6 +111,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--vxc-activations", default=None, choices=("int8_block32",),
                     help="lower the quantised files with this activation precision (vxc lower --activations): "
                          "int8 blocks of 32 as llama.cpp's q8_0 / q8_1 / q8_K dot products take them")
+    ap.add_argument("--vxc-dtype", default=None, choices=("fp32", "bf16"),
+                    help="vxc's session dtype on the files other than bf16 ones (default fp32; bf16: a bf16 session, "
+                         "which keeps a quantised file's blocks resident too unless --vxc-encoded off)")
     ap.add_argument("--vxc-kv-dtype", default=None, choices=("fp32", "bf16", "fp16"),
                     help="vxc's KV cache element type (vxc exec --kv-dtype; default: the compute dtype); llama.cpp "
                          "keeps its default f16 cache")
@@ -234,7 +237,7 @@ def prepare_vxc(args, e: dict, workdir: Path) -> None:
         e["step_bytes"], e["step_bytes_from"] = lw["decode_step_bytes"], "vxc describe"
     else:
         e["step_bytes"], e["step_bytes_from"] = facts["decode_step_bytes"], "GGUF tensor sizes"
-    e["vxc_dtype"] = "bf16" if e["precision"] == "bf16" else "fp32"
+    e["vxc_dtype"] = "bf16" if e["precision"] == "bf16" else (args.vxc_dtype or "fp32")
 
 
 def timing(args, entries: list[dict], llama: Path, prefill: list[int], load: int) -> list[dict]:

@@ -157,6 +157,31 @@ def test_triton_qmoe_shared_at_the_floor():
 
 
 @triton_case
+def test_triton_forms_in_a_bf16_session():
+    """A bf16 session's encoded forms on Triton: x widened to fp32 (exact), the products and the gating summed in
+    fp32, the output rounded once to bf16 — within one bf16 rounding of the twin's (GEMV and GEMM tiles); the
+    gathered rows bit for bit the twin's."""
+    rng = np.random.default_rng(zlib.crc32(b"bf16 session"))
+    names = ("q4_k", "q8_0", "q6_k")
+    wg, wu = (torch.from_numpy(make_blocks(n, 256, 256 // ENCODINGS[n].block_size, rng)) for n in names[:2])
+    wd = torch.from_numpy(make_blocks(names[2], 70, 1, rng))
+    bias = torch.from_numpy(rng.standard_normal(256).astype(np.float32)).to(torch.bfloat16)
+    for B in (3, 17):
+        x = _x(rng, B, 256).to(torch.bfloat16)
+        dev = [a.to(DEV) for a in (x, wg, wu, wd, bias)]
+        pairs = [(qdense.qlinear_triton(dev[0], names[0], dev[1], dev[4]), qdense.qlinear_twin(x, names[0], wg, bias)),
+                 (qdense.qswiglu_triton(dev[0], names[0], dev[1], names[1], dev[2], names[2], dev[3]),
+                  qdense.qswiglu_twin(x, names[0], wg, names[1], wu, names[2], wd))]
+        for got, twin in pairs:
+            assert got.dtype == twin.dtype == torch.bfloat16
+            g, t = got.cpu().float(), twin.float()
+            assert torch.all((g - t).abs() <= 2.0 ** -8 * t.abs() + 1e-4), float((g - t).abs().max())
+    ids = torch.tensor([5, 0, 255, 5, 17], dtype=torch.int64)
+    got = qdense.qembedding_triton(ids.to(DEV), names[1], wu.to(DEV), "bf16").cpu()
+    assert got.dtype == torch.bfloat16 and torch.equal(got, qdense.qembedding_twin(ids, names[1], wu, "bf16"))
+
+
+@triton_case
 def test_gguf_miniature_end_to_end_on_triton(tmp_path, monkeypatch, vxc_sub):
     import transformers
 

@@ -205,6 +205,60 @@ def test_encoded_weights_stay_resident_as_stored(lowered, monkeypatch):
     assert not any(n.startswith("w_") and b.dim() == 2 for n, b in eng.root.named_buffers())  # no decoded matrix
 
 
+@pytest.mark.native
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_bf16_session_reads_the_stored_blocks(lowered, arch, monkeypatch):
+    """A bf16 session keeps the encoded weights as stored blocks too (no bf16 copy: ~2-3.5x the bytes of these
+    formats): the products take bf16 x, sum in fp32 over the weights' exact values and round once to bf16, the
+    gather rounds its rows. Its logits are bf16, as far from transformers' fp32 logits on the same file as
+    transformers' own bf16 run is (at most 1.25x its max-abs error — the rule of the real-model tier), argmax equal
+    wherever the fp32 margin exceeds both errors, and its replayed steps bit-identical to the graph's (the rounding
+    is a native call, so a step stays replayed)."""
+    from vxc.runtime.session import Session
+
+    monkeypatch.setenv("VXC_ENCODED", "1")
+    d = lowered[arch]
+    ir = d / "m.vxir"
+    eng = P.engine_for(ir, max_context=64, dtype=torch.bfloat16)
+    kernels = {c.kernel for c in eng.lowered["decode"].groups()}
+    assert {"qlinear", "qswiglu", "qembedding"} <= kernels and not {"linear", "swiglu", "embedding"} & kernels
+    blocks = {n: b for n, b in eng.root.named_buffers() if n.startswith("wq_")}
+    assert blocks and all(b.dtype == torch.uint8 for b in blocks.values())
+    assert not any(n.startswith("w_") and b.dim() == 2 for n, b in eng.root.named_buffers())  # no decoded matrix
+    fp32 = {n: b for n, b in P.engine_for(ir, max_context=64).root.named_buffers() if n.startswith("wq_")}
+    assert {n: b.numel() for n, b in blocks.items()} == {n: b.numel() for n, b in fp32.items()}  # the same blocks
+    graph = P.engine_for(ir, max_context=64, dtype=torch.bfloat16, replay=False)
+
+    g = torch.Generator().manual_seed(7)
+    V = MINI_LLAMA["vocab"]
+    ids = torch.randint(0, V, (40,), generator=g).tolist()  # past TILED_FROM: the decoded-tile prefill in bf16
+    s = Session(eng)
+    full = s.prefill(ids)
+    assert full.dtype == torch.bfloat16
+    import transformers
+
+    m32 = transformers.AutoModelForCausalLM.from_pretrained(str(d), gguf_file="m.gguf", dtype=torch.float32).eval()
+    with torch.no_grad():
+        r32 = m32(torch.tensor([ids])).logits[0, :, :V]
+        h16 = m32.to(torch.bfloat16)(torch.tensor([ids])).logits[0, :, :V].float()
+    err, hf_err = P.maxabs(full[:, :V].float(), r32), P.maxabs(h16, r32)
+    assert 0 < err <= 1.25 * hf_err, (err, hf_err)
+    top2 = r32.topk(2, -1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 2 * max(err, hf_err)
+    assert clear.sum() >= len(ids) // 4  # (bf16 errors are wide against these miniatures' margins)
+    assert torch.equal(full[:, :V].float().argmax(-1)[clear], r32.argmax(-1)[clear])
+
+    def steps(engine):
+        t = Session(engine)
+        t.prefill(ids[:12])
+        return [t.step(x) for x in ids[12:24]]
+
+    got, want = steps(eng), steps(graph)
+    assert eng.replay_status().startswith("replaying"), eng.replay_status()
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b), f"step {i}: max diff {(a - b).abs().max().item():.3e}"
+
+
 # ---------------------------------------------------------------- real trained weights
 
 

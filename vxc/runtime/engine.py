@@ -62,8 +62,11 @@ class Engine:
         self.weights = Weights(module, Path(model_dir))
         # fp32 compute keeps ggml block-encoded weights resident as stored (zero-copy views of the mapping) and
         # runs the encoded kernel forms; other dtypes decode them at load
-        self.encoded_weights = dtype == torch.float32 and encoded_resident()
-        self.lowered = {v: lower_plan(self.plan, v, self.encoded_weights) for v in VARIANTS}
+        # ggml blocks stay resident in fp32 and bf16 sessions (bf16: the dense products and gathers, their fp32 sums
+        # rounded once; MoE banks decoded at load); an fp16 session decodes every encoded weight at load
+        self.encoded_weights = dtype in (torch.float32, torch.bfloat16) and encoded_resident()
+        compute = "bf16" if dtype == torch.bfloat16 else "fp32"
+        self.lowered = {v: lower_plan(self.plan, v, self.encoded_weights, compute) for v in VARIANTS}
         root = torch.nn.Module()
         provider = provider or StateProvider()
         # the growing row regions' element type where it is not the compute dtype (None: it is)
@@ -206,10 +209,11 @@ class Engine:
 
 
 def encoded_resident() -> bool:
-    """ggml-encoded weights stay resident as stored blocks (zero-copy views of the file's mapping) under fp32
-    compute, read by the native block GEMV (``vxc::qgemv``: each weight decoded in registers to the fp32 value
-    ``gguf.quants.dequantize`` gives it, at the fp32 floor of the reference). ``VXC_ENCODED=0`` decodes them at
-    load instead (fp32 copies: ~4-7x the memory)."""
+    """ggml-encoded weights stay resident as stored blocks (zero-copy views of the file's mapping) under fp32 and
+    bf16 compute, read by the native block GEMV (``vxc::qgemv``: each weight decoded in registers to the fp32 value
+    ``gguf.quants.dequantize`` gives it, at the fp32 floor of the reference; a bf16 session's products take bf16 x
+    and round their fp32 sums once). ``VXC_ENCODED=0`` decodes them at load instead (copies in the session dtype:
+    ~2-7x the memory)."""
     import os
 
     return os.environ.get("VXC_ENCODED", "1") != "0"

@@ -1,11 +1,13 @@
 """The dense kernels over ggml block-quantised weights kept resident as stored (no decoded copy): ``qlinear``,
 ``qswiglu``, ``qembedding`` — what the lowering emits in place of ``linear`` / ``swiglu`` / ``embedding`` when
-an operand declares a ggml encoding and the engine keeps encoded weights resident (fp32 compute).
+an operand declares a ggml encoding and the engine keeps encoded weights resident (fp32 or bf16 sessions).
 
 Each is composed of ``vxc::qgemv`` (:mod:`.quant`: native on CPU for every ggml encoding of the table, decoded in
 registers; the fp32-decode twin otherwise) for every projection, one per call on all rows of ``x`` (the weight
 is read once for the whole call), and torch for the elementwise parts; ``qembedding`` decodes only the rows
-it gathers. Outputs are fp32, the compute dtype of the encoded path.
+it gathers. Every product is computed in fp32 from the weights' exact values (x widened where it is bf16); the
+output takes x's dtype (``qembedding``: ``out_dtype``), rounded once to nearest-even where that is bf16 — a bf16
+session reads the same blocks, no bf16 copy of them.
 
 Native forms (CPU, the encodings ``quant.NATIVE_ENCODINGS`` decodes): each kernel as native calls only —
 ``vxc_qgemv`` per projection, ``vxc_qbias`` / ``vxc_qsilu_mul`` for the elementwise parts, ``vxc_qembedding``
@@ -35,39 +37,40 @@ def _q(enc: str, blocks: Tensor, x: Tensor, act: str) -> Tensor:
 
 @kernel("qlinear")
 def qlinear(x: Tensor, encoding: str, blocks: Tensor, bias: Optional[Tensor], activations: str = "fp32") -> Tensor:
-    """``x [T, cols] @ Wᵀ (+ bias)`` with W as ggml blocks ``[rows, row_bytes]``: ``[T, rows]`` fp32 (x held as
-    int8 blocks first under ``activations`` int8_block32: see ``quant.ACTIVATIONS``)."""
+    """``x [T, cols] @ Wᵀ (+ bias)`` with W as ggml blocks ``[rows, row_bytes]``: ``[T, rows]`` in x's dtype, summed
+    in fp32 (x held as int8 blocks first under ``activations`` int8_block32: see ``quant.ACTIVATIONS``)."""
     check_activations(activations)
 
 
 @qlinear.fake
 def _(x, encoding, blocks, bias, activations="fp32"):
-    return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
+    return x.new_empty(x.shape[0], blocks.shape[0])
 
 
 @qlinear.impl("torch")
 def qlinear_twin(x, encoding, blocks, bias, activations="fp32"):
     y = _q(encoding, blocks, x, activations)
-    return y if bias is None else y + bias.to(torch.float32)
+    return (y if bias is None else y + bias.to(torch.float32)).to(x.dtype)
 
 
 @kernel("qswiglu")
 def qswiglu(x: Tensor, encoding_gate: str, w_gate: Tensor, encoding_up: str, w_up: Tensor, encoding_down: str,
             w_down: Tensor, activations: str = "fp32") -> Tensor:
-    """``down(silu(gate(x)) * up(x))`` with each projection as ggml blocks: ``[T, d]`` fp32 (each projection's
-    input held as int8 blocks under ``activations`` int8_block32)."""
+    """``down(silu(gate(x)) * up(x))`` with each projection as ggml blocks: ``[T, d]`` in x's dtype, every
+    product and the gating in fp32 (each projection's input held as int8 blocks under ``activations``
+    int8_block32)."""
     check_activations(activations)
 
 
 @qswiglu.fake
 def _(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, activations="fp32"):
-    return x.new_empty(x.shape[0], w_down.shape[0], dtype=torch.float32)
+    return x.new_empty(x.shape[0], w_down.shape[0])
 
 
 @qswiglu.impl("torch")
 def qswiglu_twin(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, activations="fp32"):
     h = F.silu(_q(encoding_gate, w_gate, x, activations)) * _q(encoding_up, w_up, x, activations)
-    return _q(encoding_down, w_down, h, activations)
+    return _q(encoding_down, w_down, h, activations).to(x.dtype)
 
 
 @kernel("qmoe_shared")
@@ -97,19 +100,26 @@ def _shared_add(x: Tensor, routed: Tensor, h: Tensor, branch_gate: Optional[Tens
     return routed.float() + h
 
 
+# qembedding's out_dtype names (a gather has no input of the session's dtype to follow)
+OUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
 @kernel("qembedding", device_arg=2)
-def qembedding(ids: Tensor, encoding: str, table: Tensor) -> Tensor:
-    """The rows ``ids`` of a ggml-block table ``[vocab, row_bytes]``, decoded: ``[T, d]`` fp32."""
+def qembedding(ids: Tensor, encoding: str, table: Tensor, out_dtype: str = "fp32") -> Tensor:
+    """The rows ``ids`` of a ggml-block table ``[vocab, row_bytes]``, decoded: ``[T, d]`` fp32 (``out_dtype``
+    bf16: each value then rounded to nearest-even)."""
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"qembedding's out_dtype is one of {', '.join(OUT_DTYPES)}, not {out_dtype!r}")
 
 
 @qembedding.fake
-def _(ids, encoding, table):
-    return table.new_empty(ids.shape[0], logical_cols(encoding, int(table.shape[1])), dtype=torch.float32)
+def _(ids, encoding, table, out_dtype="fp32"):
+    return table.new_empty(ids.shape[0], logical_cols(encoding, int(table.shape[1])), dtype=OUT_DTYPES[out_dtype])
 
 
 @qembedding.impl("torch")
-def qembedding_twin(ids, encoding, table):
-    return dequantize(encoding, table.index_select(0, ids.reshape(-1)), torch.float32)
+def qembedding_twin(ids, encoding, table, out_dtype="fp32"):
+    return dequantize(encoding, table.index_select(0, ids.reshape(-1)), torch.float32).to(OUT_DTYPES[out_dtype])
 
 
 # ------------------------------------------------------------------------------------------------ native
@@ -120,6 +130,18 @@ _QSILU_MUL = N.declare("vxc_qsilu_mul", P, P, P, L)
 _QSWIGLU_A8P = N.declare("vxc_qswiglu_a8p", I, P, I, P, P, P, L, L, L, I)
 _SHARED_ADD = N.declare("vxc_shared_add", P, P, P, P, P, L, L)
 _QEMBEDDING = N.declare("vxc_qembedding", I, P, P, P, L, L, L)
+_TO_BF16 = N.declare("vxc_to_bf16", P, P, L)
+
+
+def _as(y: Tensor, dtype: torch.dtype) -> Tensor:
+    """The fp32 output ``y`` of a native call in ``dtype`` (fp32 or bf16: ``vxc_to_bf16``, a recorded native call,
+    so a replayed step keeps it)."""
+    if dtype == torch.float32:
+        return y
+    out = N.empty(*y.shape, dtype=dtype)
+    if y.numel():
+        N.call(_TO_BF16, y.data_ptr(), out.data_ptr(), y.numel())
+    return out
 
 
 def _qn(enc: str, blocks: Tensor, x: Tensor, act: str) -> Tensor:
@@ -136,7 +158,7 @@ def qlinear_native(x, encoding, blocks, bias, activations="fp32"):
     y = _qn(encoding, blocks, x, activations)
     if bias is not None:
         N.call(_QBIAS, y.data_ptr(), bias.data_ptr(), int(y.shape[0]), int(y.shape[1]), N.BF[bias.dtype])
-    return y
+    return _as(y, x.dtype)
 
 
 @qswiglu.impl("native")
@@ -152,7 +174,7 @@ def qswiglu_native(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w
         u = _qn(encoding_up, w_up, x, activations)
         h = N.empty(*g.shape, dtype=torch.float32)
         N.call(_QSILU_MUL, g.data_ptr(), u.data_ptr(), h.data_ptr(), g.numel())
-    return _qn(encoding_down, w_down, h, activations)
+    return _as(_qn(encoding_down, w_down, h, activations), x.dtype)
 
 
 def _gate_up_packed(x, encoding_gate, w_gate, encoding_up, w_up, activations) -> Optional[Tensor]:
@@ -183,7 +205,7 @@ def qmoe_shared_native(x, routed, encoding_gate, w_gate, encoding_up, w_up, enco
             and x.dtype == routed.dtype == torch.float32
             and (branch_gate is None or (branch_gate.dtype == torch.float32 and branch_gate.numel() == x.shape[1]))):
         raise NotCovered(N.OPERANDS)
-    h = qswiglu_native(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, activations)
+    h = qswiglu_native(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, activations)  # (x fp32)
     out = N.empty(*routed.shape, dtype=torch.float32)
     N.call(_SHARED_ADD, x.data_ptr(), h.data_ptr(), routed.data_ptr(), N.ptr(branch_gate), out.data_ptr(),
            int(x.shape[0]), int(x.shape[1]))
@@ -191,7 +213,7 @@ def qmoe_shared_native(x, routed, encoding_gate, w_gate, encoding_up, w_up, enco
 
 
 @qembedding.impl("native")
-def qembedding_native(ids, encoding, table):
+def qembedding_native(ids, encoding, table, out_dtype="fp32"):
     code = NATIVE_ENCODINGS.get(encoding)
     if code is None:
         raise NotCovered(ENCODING)
@@ -204,7 +226,7 @@ def qembedding_native(ids, encoding, table):
         # a table read in place from a weights file's mapping: the pages each gather faults in are released again
         drop = table.numel() if in_file_mapping(table) else 0
         N.call(_QEMBEDDING, code, table.data_ptr(), ids.data_ptr(), out.data_ptr(), int(ids.shape[0]), cols, drop)
-    return out
+    return _as(out, OUT_DTYPES[out_dtype])
 
 
 # ------------------------------------------------------------------------------------------------ triton
@@ -236,7 +258,7 @@ def _qembedding_kernel(ids_ptr, w_ptr, out_ptr, T, cols, row_bytes, ENC: tl.cons
 
 
 @qembedding.impl("triton")
-def qembedding_triton(ids, encoding, table):
+def qembedding_triton(ids, encoding, table, out_dtype="fp32"):
     code = TRITON_ENCODINGS.get(encoding)
     if code is None:
         raise NotCovered(TRITON_ENCODING)
@@ -247,7 +269,7 @@ def qembedding_triton(ids, encoding, table):
         grid = (triton.cdiv(T, _QEMB_BLOCK_N), cols // 32)
         _qembedding_kernel[grid](ids, table, out, T, cols, int(table.shape[1]), ENC=code,
                                  TSIZE=_ggml_encoding(encoding).type_size, BLOCK_N=_QEMB_BLOCK_N)
-    return out
+    return out.to(OUT_DTYPES[out_dtype])
 
 
 def _qt(enc: str, blocks: Tensor, x: Tensor, act: str) -> Tensor:
@@ -257,7 +279,7 @@ def _qt(enc: str, blocks: Tensor, x: Tensor, act: str) -> Tensor:
 @qlinear.impl("triton")
 def qlinear_triton(x, encoding, blocks, bias, activations="fp32"):
     y = _qt(encoding, blocks, x, activations)
-    return y if bias is None else y + bias.to(torch.float32)
+    return (y if bias is None else y + bias.to(torch.float32)).to(x.dtype)
 
 
 @qswiglu.impl("triton")
@@ -266,7 +288,7 @@ def qswiglu_triton(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w
         if e not in TRITON_ENCODINGS:
             raise NotCovered(TRITON_ENCODING)
     a = activations
-    return _qt(encoding_down, w_down, F.silu(_qt(encoding_gate, w_gate, x, a)) * _qt(encoding_up, w_up, x, a), a)
+    return _qt(encoding_down, w_down, F.silu(_qt(encoding_gate, w_gate, x, a)) * _qt(encoding_up, w_up, x, a), a).to(x.dtype)
 
 
 @qmoe_shared.impl("triton")

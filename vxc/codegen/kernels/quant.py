@@ -471,7 +471,7 @@ def qgemv_triton(encoding_name, blocks, x, activations="fp32"):
         raise NotCovered(TRITON_ENCODING)
     if activations == "int8_block32":  # x as its int8 blocks' values d q (torch, on x's device), then the fp32 GEMV
         x = dequantize_activations(x)
-    blocks, x = blocks.contiguous(), x.contiguous()
+    blocks, x = blocks.contiguous(), x.to(torch.float32).contiguous()  # (a bf16 session's x widened: exact)
     rows, cols, B = int(blocks.shape[0]), int(x.shape[1]), int(x.shape[0])
     y = torch.empty(B, rows, dtype=torch.float32, device=x.device)
     if not (rows and B):

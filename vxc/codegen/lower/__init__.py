@@ -32,11 +32,12 @@ class Unsupported(Exception):
     pass
 
 
-def lower_plan(g: nx.DiGraph, variant: str, encoded_weights: bool = False) -> Lowered:
+def lower_plan(g: nx.DiGraph, variant: str, encoded_weights: bool = False, compute: str = "fp32") -> Lowered:
     """``encoded_weights``: operands declaring a ggml encoding stay as stored blocks, read by the encoded
-    kernel forms (qlinear, qswiglu, qembedding; fp32 compute); otherwise they are decoded at load."""
+    kernel forms (qlinear, qswiglu, qembedding, and in fp32 the MoE forms); otherwise they are decoded at load.
+    ``compute``: the session's dtype name (fp32 or bf16; the encoded forms' outputs take it)."""
     assert variant in VARIANTS
-    e = Emitter(variant, encoded_weights)
+    e = Emitter(variant, encoded_weights, compute)
     hidden: Val | None = None  # output of the last op; the norms carry the residual stream (e.residual)
     branch_in: Val | None = None  # the input of the last op that was not beside another (what a parallel op reads)
     for p in plan_ops(g):

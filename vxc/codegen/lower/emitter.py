@@ -94,11 +94,17 @@ ROPE_KEYS = ("rotary_dim", "rotary_base", "rope_type", "rope_factor", "rope_low_
 # plain kernel -> its form over ggml block-encoded weights, and which arguments are weights
 ENCODED_FORMS = {"linear": ("qlinear", (1,)), "swiglu": ("qswiglu", (1, 2, 3)), "embedding": ("qembedding", (1,)),
                  "moe_experts": ("qmoe_experts", (3, 4, 5)), "moe_shared": ("qmoe_shared", (2, 3, 4))}
+# the forms whose output follows a bf16 session's dtype (the MoE forms compute fp32 only: a bf16 session decodes
+# expert banks at load)
+HALF_FORMS = ("linear", "swiglu", "embedding")
 
 
 class Emitter:
-    def __init__(self, variant: str, encoded_weights: bool = False):
-        self.encoded_weights = encoded_weights  # keep ggml-encoded operands as stored blocks (fp32 compute)
+    def __init__(self, variant: str, encoded_weights: bool = False, compute: str = "fp32"):
+        self.encoded_weights = encoded_weights  # keep ggml-encoded operands as stored blocks
+        if compute not in ("fp32", "bf16"):
+            raise ValueError(f"encoded kernel forms compute in fp32 or bf16 sessions, not {compute}")
+        self.compute = compute
         self.out = Lowered(variant)
         self.n = 0
         self.decode = variant == "decode"
@@ -109,7 +115,7 @@ class Emitter:
         return f"{hint}{self.n}"
 
     def kernel(self, p: PlanOp, kernel: str, args: list, note: str, nouts: int = 1, hint: str = "v") -> list[Val]:
-        if self.encoded_weights and kernel in ENCODED_FORMS:
+        if self.encoded_weights and kernel in ENCODED_FORMS and (self.compute == "fp32" or kernel in HALF_FORMS):
             kernel, args, note = self._encoded(p, kernel, args, note)
         outs = [self.fresh(hint) for _ in range(nouts)]
         self.out.calls.append(Call(outs, kernel, args, p.id, note))
@@ -137,6 +143,8 @@ class Emitter:
                 out += [encs[positions.index(i)], Weight(a.sym, encoded=True)]
             else:
                 out.append(a)
+        if form == "qembedding" and self.compute != "fp32":  # a gather has no input dtype to follow: told
+            out.append(self.compute)
         if form != "qembedding":  # a gather takes no activations; the products take what their weights declare
             if len(acts) > 1:
                 raise ValueError(f"{p.id}: the weights of one {kernel} declare different activation precisions "

@@ -178,7 +178,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 56
+#define VXC_ABI_VERSION 57
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -3835,6 +3835,13 @@ void vxc_qdequant(int enc, const void *W, float *out, long r0, long r1, long col
 void vxc_qbias(float *y, const void *bias, long B, long N, int bf) {
     for (long b = 0; b < B; b++)
         for (long n = 0; n < N; n++) y[b * N + n] += ld(bias, n, bf);
+}
+
+/* dst [n] bf16 = src [n] fp32 rounded to nearest, ties to even (as torch's .to(bfloat16)): an encoded product's fp32
+ * output handed to a bf16 session */
+void vxc_to_bf16(const float *src, bf16_t *dst, long n) {
+#pragma omp parallel for schedule(static) if (n >= 65536)
+    for (long i = 0; i < n; i++) dst[i] = f2bf(src[i]);
 }
 
 /* h [n] fp32 = silu(g) * u: qswiglu's activation between its up and down projections */
