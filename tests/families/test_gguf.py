@@ -584,10 +584,16 @@ def test_k_quant_mix_file_against_transformers(tmp_path, vxc_sub, capsys, monkey
         assert text.count(f"= {enc}(blocks") == n, enc
     V = MINI_LLAMA["vocab"]
     f = P.Family(f"gguf-{mix}-{activations}", build=None, reference="hf", vocab=V, padded_vocab=V)
+    from vxc.codegen import kernels
+
+    kernels.reset_fallbacks()
     p = P.measure(f, tmp_path, tmp_path / "m.vxir", _reference(tmp_path, f))
     with capsys.disabled():
         print(f"\n{mix} ({activations}): {p.row()}")
     assert p.deterministic, p.row()
+    # every kernel ran its native form, the 48-token prefill included (the grid formats' decoded-tile products once
+    # handed on a transposed view, and every op after them fell back to its torch twin)
+    assert kernels.fallbacks() == {}, kernels.fallbacks()
     if activations == "fp32":
         assert p.greedy_match and p.distinct >= P.MIN_DISTINCT, (p.greedy_vxc, p.greedy_ref)
         assert p.argmax == 1.0 and p.excluded < p.positions // 4, p.row()
