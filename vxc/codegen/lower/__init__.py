@@ -34,7 +34,7 @@ class Unsupported(Exception):
 
 def lower_plan(g: nx.DiGraph, variant: str, encoded_weights: bool = False, compute: str = "fp32") -> Lowered:
     """``encoded_weights``: operands declaring a ggml encoding stay as stored blocks, read by the encoded
-    kernel forms (qlinear, qswiglu, qembedding, and in fp32 the MoE forms); otherwise they are decoded at load.
+    kernel forms (qlinear, qswiglu, qembedding, qmoe_experts, qmoe_shared); otherwise they are decoded at load.
     ``compute``: the session's dtype name (fp32 or bf16; the encoded forms' outputs take it)."""
     assert variant in VARIANTS
     e = Emitter(variant, encoded_weights, compute)

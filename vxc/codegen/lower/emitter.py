@@ -94,9 +94,6 @@ ROPE_KEYS = ("rotary_dim", "rotary_base", "rope_type", "rope_factor", "rope_low_
 # plain kernel -> its form over ggml block-encoded weights, and which arguments are weights
 ENCODED_FORMS = {"linear": ("qlinear", (1,)), "swiglu": ("qswiglu", (1, 2, 3)), "embedding": ("qembedding", (1,)),
                  "moe_experts": ("qmoe_experts", (3, 4, 5)), "moe_shared": ("qmoe_shared", (2, 3, 4))}
-# the forms whose output follows a bf16 session's dtype (the MoE forms compute fp32 only: a bf16 session decodes
-# expert banks at load)
-HALF_FORMS = ("linear", "swiglu", "embedding")
 
 
 class Emitter:
@@ -115,7 +112,7 @@ class Emitter:
         return f"{hint}{self.n}"
 
     def kernel(self, p: PlanOp, kernel: str, args: list, note: str, nouts: int = 1, hint: str = "v") -> list[Val]:
-        if self.encoded_weights and kernel in ENCODED_FORMS and (self.compute == "fp32" or kernel in HALF_FORMS):
+        if self.encoded_weights and kernel in ENCODED_FORMS:  # (each sums in fp32; its output in the session's dtype)
             kernel, args, note = self._encoded(p, kernel, args, note)
         outs = [self.fresh(hint) for _ in range(nouts)]
         self.out.calls.append(Call(outs, kernel, args, p.id, note))

@@ -3844,6 +3844,12 @@ void vxc_to_bf16(const float *src, bf16_t *dst, long n) {
     for (long i = 0; i < n; i++) dst[i] = f2bf(src[i]);
 }
 
+/* dst [n] fp32 = src [n] bf16 (exact): a bf16 session's operands of the encoded MoE forms, which compute in fp32 */
+void vxc_from_bf16(const bf16_t *src, float *dst, long n) {
+#pragma omp parallel for schedule(static) if (n >= 65536)
+    for (long i = 0; i < n; i++) dst[i] = bf2f(src[i]);
+}
+
 /* h [n] fp32 = silu(g) * u: qswiglu's activation between its up and down projections */
 void vxc_qsilu_mul(const float *g, const float *u, float *h, long n) {
 #pragma omp parallel for schedule(static) if (n >= 16384)
