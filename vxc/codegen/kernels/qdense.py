@@ -186,8 +186,8 @@ def qswiglu_native(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w
         h = N.empty(*g.shape, dtype=torch.float32)
         N.call(_QSILU_MUL, g.data_ptr(), u.data_ptr(), h.data_ptr(), g.numel())
     # h stays fp32 in a bf16 session too. (Rounded to bf16, a prefill's down product would take the bf16 GEMM on
-    # decoded tiles: qwen3-shape q4_0 prefill 181 -> 237 tok/s, but SmolLM2's bf16 logits 0.75 -> 0.94 from the fp32
-    # reference against transformers' own bf16 0.66: not kept)
+    # decoded tiles: a 0.6B benchmark shape's q4_0 prefill 181 -> 237 tok/s, but the 135M real model's bf16 logits
+    # 0.75 -> 0.94 from the fp32 reference against the reference library's own bf16 0.66: not kept; README)
     return _as(_qn(encoding_down, w_down, h, activations), x.dtype)
 
 
