@@ -226,6 +226,28 @@ def test_empty_and_opcheck():
     assert torch.ops.vxc.qgemv("q4_0", blocks, x[:0]).shape == (0, 6)
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_encoded_forms_opcheck_in_the_session_dtype(dtype):
+    """The encoded forms' fake (meta) outputs carry the dtype their implementations return — x's (qmoe_shared:
+    routed's; qembedding: out_dtype) — in fp32 and bf16 sessions, so tracing a decode step (torch.compile) sees the
+    real graph's dtypes."""
+    from torch.library import opcheck
+
+    ops = torch.ops.vxc
+    utils = ("test_schema", "test_faketensor")
+    rng = np.random.default_rng(3)
+    g, u = (torch.from_numpy(make_blocks("q4_0", 96, 2, rng)) for _ in range(2))
+    d = torch.from_numpy(make_blocks("q8_0", 64, 3, rng))
+    x, routed, bias = torch.randn(3, 64, dtype=dtype), torch.randn(3, 64, dtype=dtype), torch.randn(96, dtype=dtype)
+    opcheck(ops.qlinear.default, (x, "q4_0", g, bias, "fp32"), test_utils=utils)
+    opcheck(ops.qswiglu.default, (x, "q4_0", g, "q4_0", u, "q8_0", d, "fp32"), test_utils=utils)
+    opcheck(ops.qmoe_shared.default, (x, routed, "q4_0", g, "q4_0", u, "q8_0", d, torch.randn(1, 64, dtype=dtype),
+                                      "fp32"), test_utils=utils)
+    name = "fp32" if dtype == torch.float32 else "bf16"
+    opcheck(ops.qembedding.default, (torch.tensor([0, 5, 95]), "q4_0", g, name), test_utils=utils)
+    assert ops.qlinear(x, "q4_0", g, bias, "fp32").dtype == ops.qembedding(torch.tensor([1]), "q4_0", g, name).dtype == dtype
+
 FALLBACK_CHECK = r"""
 import numpy as np, torch
 from tests.codegen import test_qgemv as T

@@ -83,7 +83,7 @@ def qmoe_shared(x: Tensor, routed: Tensor, encoding_gate: str, w_gate: Tensor, e
 
 @qmoe_shared.fake
 def _(x, routed, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, branch_gate, activations="fp32"):
-    return torch.empty_like(routed, dtype=torch.float32)
+    return torch.empty_like(routed)
 
 
 @qmoe_shared.impl("torch")
