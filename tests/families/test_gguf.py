@@ -556,15 +556,17 @@ def test_qwen3moe_bf16_session_reads_the_banks(lowered_moe, monkeypatch):
     assert all(a.dtype == torch.bfloat16 and torch.equal(a, b) for a, b in zip(got, want))
 
 
-@pytest.mark.parametrize("which", ["fp32", "a8"])
-def test_batched_decode_equals_single(lowered, lowered_a8, which):
+@pytest.mark.parametrize("which", ["fp32", "a8", "bf16"])
+def test_batched_decode_equals_single(lowered, lowered_a8, which, monkeypatch):
     """Sequence slots on the encoded weights: a batched decode step (the block GEMM over B rows) equals each
     sequence's single-sequence decode (tests/runtime/batch_check.py); with int8_block32 activations too (each row
-    quantised on its own, so B rows and one row compute the same products)."""
+    quantised on its own, so B rows and one row compute the same products), and in a bf16 session on the same blocks
+    (each row's fp32 sums as its single step's, so the same bf16 roundings)."""
     from tests.runtime import batch_check as BC
 
-    ir = lowered["llama"] / "m.vxir" if which == "fp32" else lowered_a8
-    BC.assert_batched(ir, MINI_LLAMA["vocab"])
+    monkeypatch.setenv("VXC_ENCODED", "1")
+    ir = lowered_a8 if which == "a8" else lowered["llama"] / "m.vxir"
+    BC.assert_batched(ir, MINI_LLAMA["vocab"], **({"dtype": torch.bfloat16} if which == "bf16" else {}))
 
 
 # a Q5_K_M-style mix: q5_k in most matrices (the native q5_k decoders), q6_k where the mix keeps more bits
