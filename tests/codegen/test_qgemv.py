@@ -300,6 +300,13 @@ def test_native_decode_bit_exact(name, rows, nblk):
     assert got.shape == want.shape
     same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
     assert same.all(), f"{name}: {int((~same).sum())} weights differ from gguf-py's decode"
+    # vxc_qdequant_bf16 (a bf16 prefill's tiles): gguf-py's value rounded to nearest-even by torch, bit for bit
+    want16 = torch.from_numpy(want).to(torch.bfloat16)
+    got16 = torch.full((rows, want.shape[1]), 7.0, dtype=torch.bfloat16)
+    N.call(quant._QDEQUANT_BF16, quant.NATIVE_ENCODINGS[name], torch.from_numpy(b).data_ptr(), got16.data_ptr(), 0,
+           rows, want.shape[1])
+    same16 = (got16.view(torch.int16) == want16.view(torch.int16)) | (want16.isnan() & got16.isnan())
+    assert bool(same16.all()), f"{name}: {int((~same16).sum())} bf16 weights differ from gguf-py's decode rounded"
 
 
 @pytest.mark.native
@@ -430,7 +437,7 @@ def test_grid_int8_gemm_at_the_floor(name, nblk):
 @pytest.mark.native
 @pytest.mark.parametrize("name", ["q8_0", "q4_1", "q4_k"])
 def test_bf16_prefill_tiles(name):
-    """From TILED_FROM bf16 rows of x, tiles of rows are decoded (vxc_qdequant) and multiplied by torch's bf16
+    """From TILED_FROM bf16 rows of x, tiles of rows are decoded (vxc_qdequant_bf16) and multiplied by torch's bf16
     GEMM. Against the fp64 product of the same x with the weights rounded to bf16 (what decoding at load
     gives): within one rounding of the result to bf16 (2^-8 relative, fp32 accumulation) plus an
     fp32-accumulation term."""
@@ -443,14 +450,14 @@ def test_bf16_prefill_tiles(name):
     cols = 3 * ENCODINGS[name].block_size
     x = torch.from_numpy(rng.standard_normal((quant.TILED_FROM + 3, cols)).astype(np.float32)).to(dtype)
     old = quant.TILE_BYTES
-    quant.TILE_BYTES = 64 * cols * 4  # 64 rows a tile: five tiles, the last partial
+    quant.TILE_BYTES = 64 * cols * 2  # 64 bf16 rows a tile: five tiles, the last partial
     try:
         rec = N.Recorder()
         with N.recording(rec):
             got = quant.qgemv_native(name, blocks, x)
     finally:
         quant.TILE_BYTES = old
-    assert [c for c, _ in rec.calls] == ["vxc_qdequant"] * 5, rec.calls
+    assert [c for c, _ in rec.calls] == ["vxc_qdequant_bf16"] * 5, rec.calls
     assert rec.failed is not None  # a step with torch's GEMM in it is never replayed
     assert got.dtype == torch.float32 and got.shape == (x.shape[0], rows)
     wh = torch.from_numpy(np.ascontiguousarray(gq.dequantize(b, qtype(name)))).to(dtype).double()

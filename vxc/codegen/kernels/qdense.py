@@ -5,9 +5,10 @@ an operand declares a ggml encoding and the engine keeps encoded weights residen
 Each is composed of ``vxc::qgemv`` (:mod:`.quant`: native on CPU for every ggml encoding of the table, decoded in
 registers; the fp32-decode twin otherwise) for every projection, one per call on all rows of ``x`` (the weight
 is read once for the whole call), and torch for the elementwise parts; ``qembedding`` decodes only the rows
-it gathers. Every product is computed in fp32 from the weights' exact values (x widened where it is bf16); the
-output takes x's dtype (``qembedding``: ``out_dtype``), rounded once to nearest-even where that is bf16 — a bf16
-session reads the same blocks, no bf16 copy of them.
+it gathers. Every product is computed in fp32 from the weights' exact values (x widened where it is bf16) — but a
+bf16 prefill's, from ``quant.TILED_FROM`` rows of x: tiles of the weights decoded and rounded to bf16 (as weights
+decoded at load are) in torch's bf16 GEMM; the output takes x's dtype (``qembedding``: ``out_dtype``), rounded once
+to nearest-even where that is bf16 — a bf16 session reads the same blocks, no bf16 copy of them.
 
 Native forms (CPU, the encodings ``quant.NATIVE_ENCODINGS`` decodes): each kernel as native calls only —
 ``vxc_qgemv`` per projection, ``vxc_qbias`` / ``vxc_qsilu_mul`` for the elementwise parts, ``vxc_qembedding``
@@ -57,8 +58,8 @@ def qlinear_twin(x, encoding, blocks, bias, activations="fp32"):
 def qswiglu(x: Tensor, encoding_gate: str, w_gate: Tensor, encoding_up: str, w_up: Tensor, encoding_down: str,
             w_down: Tensor, activations: str = "fp32") -> Tensor:
     """``down(silu(gate(x)) * up(x))`` with each projection as ggml blocks: ``[T, d]`` in x's dtype, every
-    product and the gating in fp32 (each projection's input held as int8 blocks under ``activations``
-    int8_block32)."""
+    product and the gating in fp32, the gated h rounded to x's dtype before the down projection (each projection's
+    input is x's dtype; held as int8 blocks under ``activations`` int8_block32)."""
     check_activations(activations)
 
 
@@ -70,7 +71,7 @@ def _(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, activa
 @qswiglu.impl("torch")
 def qswiglu_twin(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w_down, activations="fp32"):
     h = F.silu(_q(encoding_gate, w_gate, x, activations)) * _q(encoding_up, w_up, x, activations)
-    return _q(encoding_down, w_down, h, activations).to(x.dtype)
+    return _q(encoding_down, w_down, h.to(x.dtype), activations).to(x.dtype)
 
 
 @kernel("qmoe_shared")
@@ -185,10 +186,9 @@ def qswiglu_native(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w
         u = _qn(encoding_up, w_up, x, activations)
         h = N.empty(*g.shape, dtype=torch.float32)
         N.call(_QSILU_MUL, g.data_ptr(), u.data_ptr(), h.data_ptr(), g.numel())
-    # h stays fp32 in a bf16 session too. (Rounded to bf16, a prefill's down product would take the bf16 GEMM on
-    # decoded tiles: a 0.6B benchmark shape's q4_0 prefill 181 -> 237 tok/s, but the 135M real model's bf16 logits
-    # 0.75 -> 0.94 from the fp32 reference against the reference library's own bf16 0.66: not kept; README)
-    return _as(_qn(encoding_down, w_down, h, activations), x.dtype)
+    # h takes x's dtype, as every projection's input in a session does (a bf16 prefill's down product then runs on
+    # decoded bf16 tiles, not the fp32 register path: README, "bf16 sessions on a GGUF's blocks")
+    return _as(_qn(encoding_down, w_down, _as(h, x.dtype), activations), x.dtype)
 
 
 def _gate_up_packed(x, encoding_gate, w_gate, encoding_up, w_up, activations) -> Optional[Tensor]:
@@ -303,7 +303,7 @@ def qswiglu_triton(x, encoding_gate, w_gate, encoding_up, w_up, encoding_down, w
             raise NotCovered(TRITON_ENCODING)
     a = activations
     h = F.silu(_qt(encoding_gate, w_gate, x, a)) * _qt(encoding_up, w_up, x, a)
-    return _qt(encoding_down, w_down, h, a).to(x.dtype)
+    return _qt(encoding_down, w_down, h.to(x.dtype), a).to(x.dtype)
 
 
 @qmoe_shared.impl("triton")

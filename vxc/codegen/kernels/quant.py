@@ -29,6 +29,8 @@ row_bytes]`` of whole blocks, an ``x`` whose columns are not the weight's logica
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
@@ -153,6 +155,7 @@ def qgemv_twin(encoding_name, blocks, x, activations="fp32"):
 # vxc_qgemv(enc, W, x, y, rows, cols, B, bf); vxc_qdequant(enc, W, out, r0, r1, cols)
 _QGEMV = N.declare("vxc_qgemv", I, P, P, P, L, L, L, I)
 _QDEQUANT = N.declare("vxc_qdequant", I, P, P, L, L, L)
+_QDEQUANT_BF16 = N.declare("vxc_qdequant_bf16", I, P, P, L, L, L)
 # vxc_qgemv_a8(enc, W, x, y, rows, cols, B, bf): int8_block32 activations
 _QGEMV_A8 = N.declare("vxc_qgemv_a8", I, P, P, P, L, L, L, I)
 _QUANTIZE_A8 = N.declare("vxc_quantize_a8", P, P, P, L, L)
@@ -268,25 +271,41 @@ def qgemv_native(encoding_name, blocks, x, activations="fp32"):
 
 
 def qgemm_tiled(code: int, blocks: Tensor, x: Tensor) -> Tensor:
-    """Prefill in half precision (many bf16 / fp16 rows of x): a tile of weight rows at a time decoded by
-    ``vxc_qdequant`` (the fp32 values ``dequantize`` gives, then rounded to x's dtype as a weight decoded at
-    load is), multiplied by torch's GEMM in x's dtype, the next tile decoded into the same buffer — never the
-    whole matrix at once. fp32 out, as every qgemv."""
+    """Prefill in half precision (many bf16 / fp16 rows of x): a tile of weight rows at a time decoded to the fp32
+    values ``dequantize`` gives and rounded to x's dtype as a weight decoded at load is (bf16: ``vxc_qdequant_bf16``,
+    one pass; fp16 / fp32: ``vxc_qdequant``, then a copy), multiplied by torch's GEMM in x's dtype, the next tile
+    decoded into the same (reused) buffer — never the whole matrix at once. fp32 ``[B, rows]`` out, row-major, as
+    every qgemv returns it: its callers hand the result's memory to native calls (a bias, silu(gate) * up)."""
     N.refuse_capture("qgemv's tiled path multiplies with torch's GEMM (not a native call)")
-    rows, cols = int(blocks.shape[0]), int(x.shape[1])
-    step = max(4, min(rows, TILE_BYTES // (4 * max(cols, 1))))
-    w = torch.empty(step, cols, dtype=torch.float32)
-    wh = w if x.dtype == torch.float32 else torch.empty(step, cols, dtype=x.dtype)
-    yt = torch.empty(rows, int(x.shape[0]), dtype=x.dtype)
+    rows, cols, B = int(blocks.shape[0]), int(x.shape[1]), int(x.shape[0])
+    direct = x.dtype == torch.bfloat16
+    step = max(4, min(rows, TILE_BYTES // (x.element_size() * max(cols, 1))))
+    w = None if direct else _tile(step * cols, torch.float32)
+    wh = w if x.dtype == torch.float32 else _tile(step * cols, x.dtype, 1)
+    y = torch.empty(B, rows, dtype=torch.float32)
     for r0 in range(0, rows, step):
         n = min(step, rows - r0)
-        N.call(_QDEQUANT, code, blocks.data_ptr(), w.data_ptr(), r0, r0 + n, cols)
-        if wh is not w:
-            wh[:n].copy_(w[:n])
-        torch.mm(wh[:n], x.T, out=yt[r0:r0 + n])
-    # [B, rows] laid out row-major, as every qgemv returns it: its callers hand the result's memory to native calls
-    # (a bias, silu(gate) * up) that read it that way — a transposed view there summed the wrong elements
-    return yt.T.to(torch.float32).contiguous()
+        if direct:
+            N.call(_QDEQUANT_BF16, code, blocks.data_ptr(), wh.data_ptr(), r0, r0 + n, cols)
+        else:
+            N.call(_QDEQUANT, code, blocks.data_ptr(), w.data_ptr(), r0, r0 + n, cols)
+            if wh is not w:
+                wh[: n * cols].copy_(w[: n * cols])
+        y[:, r0:r0 + n] = torch.mm(x, wh[: n * cols].view(n, cols).T)  # rounded to x's dtype, then widened: exact
+    return y
+
+
+_TILES = threading.local()
+
+
+def _tile(numel: int, dtype: torch.dtype, slot: int = 0) -> Tensor:
+    """A flat buffer of at least ``numel`` elements, kept per thread, dtype and slot for the next tiled call (a fresh
+    multi-MB buffer per call cost its page faults at every projection of a prefill)."""
+    bufs = _TILES.__dict__.setdefault("bufs", {})
+    t = bufs.get((dtype, slot))
+    if t is None or t.numel() < numel:
+        t = bufs[(dtype, slot)] = torch.empty(numel, dtype=dtype)
+    return t
 
 
 def dequantize_native(encoding_name: str, blocks: Tensor) -> Tensor:

@@ -178,7 +178,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 57
+#define VXC_ABI_VERSION 58
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -3824,6 +3824,25 @@ void vxc_qdequant(int enc, const void *W, float *out, long r0, long r1, long col
             const uint8_t *row = (const uint8_t *)W + r * rb;
             float *o = out + (r - r0) * cols;
             q_dequant_row_any(enc, row, cols, o, s, mn);
+        }
+        free(s);
+    }
+}
+
+/* vxc_qdequant with bf16 out: each row decoded to its fp32 values in a per-thread row buffer and rounded to nearest,
+ * ties to even (as torch's .to(bfloat16) of vxc_qdequant's output, bit for bit), one pass over the tile: a bf16
+ * prefill's decoded tiles (quant.qgemm_tiled) without the fp32 tile and its copy */
+void vxc_qdequant_bf16(int enc, const void *W, bf16_t *out, long r0, long r1, long cols) {
+    if (enc < 0 || enc >= Q_COUNT || r1 <= r0) return;
+    long rb = cols / Q_BLOCK[enc] * Q_TSIZE[enc], ns = q_ns(enc, cols), nm = q_nm(enc, cols);
+#pragma omp parallel
+    {
+        float *s = (float *)malloc((size_t)(ns + nm + 1 + cols) * sizeof(float)), *mn = s + ns, *o = mn + nm + 1;
+#pragma omp for schedule(static)
+        for (long r = r0; r < r1; r++) {
+            q_dequant_row_any(enc, (const uint8_t *)W + r * rb, cols, o, s, mn);
+            bf16_t *d = out + (r - r0) * cols;
+            for (long i = 0; i < cols; i++) d[i] = f2bf(o[i]);
         }
         free(s);
     }
