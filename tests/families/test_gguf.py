@@ -299,6 +299,21 @@ def test_encoded_decode_is_replayed_bit_identically(lowered, arch, monkeypatch):
 # ---------------------------------------------------------------- int8_block32 activations
 
 
+def test_lower_notes_the_fp32_activation_products(lowered, vxc_sub, tmp_path):
+    """``vxc lower x.gguf`` keeps the exact fp32 products by default and says so, naming how many encoded operands
+    and the int8_block32 option; lowered with int8_block32 it says nothing of it."""
+    d = lowered["llama"]
+    r = vxc_sub("lower", d / "m.gguf", "-o", tmp_path / "x.vxir")
+    assert r.exit_code == 0, r.stderr
+    text = (tmp_path / "x.vxir").read_text()
+    encoded = len(re.findall(r"^  operand %\S+ \S+ = (?!mxfp4)[a-z0-9_]+\(blocks ", text, re.M))
+    assert encoded >= 5, text
+    assert f"note: {encoded} ggml-encoded operands multiply fp32 activations as given" in r.stdout, r.stdout
+    assert "--activations int8_block32" in r.stdout
+    r = vxc_sub("lower", d / "m.gguf", "-o", tmp_path / "y.vxir", "--activations", "int8_block32")
+    assert r.exit_code == 0 and "note:" not in r.stdout, r.stdout
+
+
 @pytest.fixture(scope="module")
 def lowered_a8(lowered, vxc_sub):
     """The llama miniature's file lowered again with ``--activations int8_block32``."""
