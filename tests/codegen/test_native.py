@@ -593,8 +593,9 @@ def test_moe_shared(dtype, gated):
 
 
 def test_moe_ops_take_the_native_path_for_up_to_16_tokens():
-    """Through torch.ops.vxc: up to 16 tokens (a batched decode step's rows) run natively, one recorded call per token,
-    each row exactly what the same token alone gives; 17 tokens run the twin."""
+    """Through torch.ops.vxc: up to 16 tokens (a batched decode step's rows) run natively — the router one recorded call
+    per token, the experts and the shared expert one call for all the tokens from two on — each row exactly what the
+    same token alone gives; 17 tokens run the twin."""
 
     E, d, I = 5, 40, 24
     gate, w_down = _moe_banks(E, I, d, I, torch.float32)
@@ -612,19 +613,59 @@ def test_moe_ops_take_the_native_path_for_up_to_16_tokens():
             vals, idx = torch.ops.vxc.moe_router(x, W, None, None, "softmax_topk", 2, True, 1.0, 1, 1)
             shared = torch.ops.vxc.moe_shared(x, got, wg, wu, wd, None)
         names = [n for n, _ in rec.calls]
-        assert (names == ["vxc_moe_ffn_step"] * T_ + ["vxc_moe_router_step"] * T_ + ["vxc_moe_ffn_step"] * T_) \
-            == expect_native, names
+        ffn = ["vxc_moe_ffn_step"] if T_ == 1 else ["vxc_moe_ffn_rows"]
+        assert (names == ffn + ["vxc_moe_router_step"] * T_ + ffn) == expect_native, names
         assert (rec.failed is None) == expect_native
         close(got, moe.experts_twin(x, weights, experts, gate, up, w_down, None, None, "separate", "silu", None, None),
               torch.float32)
         if expect_native and T_ > 1:
-            for t in (0, T_ - 1):
+            for t in range(T_):
                 one = torch.ops.vxc.moe_experts(x[t:t + 1], weights[t:t + 1], experts[t:t + 1], gate, up, w_down, None,
                                                 None, "separate", "silu", None, None)
                 assert torch.equal(got[t:t + 1], one)
                 v1, i1 = torch.ops.vxc.moe_router(x[t:t + 1], W, None, None, "softmax_topk", 2, True, 1.0, 1, 1)
                 assert torch.equal(vals[t:t + 1], v1) and torch.equal(idx[t:t + 1], i1)
                 assert torch.equal(shared[t:t + 1], torch.ops.vxc.moe_shared(x[t:t + 1], one, wg, wu, wd, None))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["separate", "fused_interleaved"])
+def test_moe_rows_are_each_rows_one_token_call(dtype, layout):
+    """vxc_moe_ffn_rows (a batched step's experts, each selected expert read once for all the rows that chose it)
+    gives every row the bits the one-token call gives it: experts shared between rows and not, a row whose experts
+    all belong to another rank, the clamped GLU with biases (fused) and SwiGLU (separate), banks holding experts 3..8
+    of 12; and the shared expert, σ-gated per row."""
+    E, d, I, lo = 12, 70, 29, 3  # I odd: the fused layout's last block holds one gate/up pair
+    fused = layout == "fused_interleaved"
+    w_in, w_down = _moe_banks(E, 2 * I if fused else I, d, I, dtype, scale=0.8)
+    w_up = None if fused else r(E, I, d, scale=0.8, dtype=dtype)
+    b_in = r(E, 2 * I, dtype=dtype) if fused else None
+    b_down = r(E, d, dtype=dtype) if fused else None
+    act, alpha, limit = ("clamped_glu", 1.702, 7.0) if fused else ("silu", None, None)
+    held = lambda t: None if t is None else t[lo:lo + 6]  # noqa: E731
+    T = 11
+    x = r(T, d, scale=2.0, dtype=dtype)
+    experts = torch.tensor([[4, 7, 1, 8], [7, 4, 3, 5], [0, 1, 2, 11], [8, 3, 4, 7], [5, 6, 7, 8], [3, 4, 5, 6],
+                            [9, 4, 10, 3], [4, 8, 7, 3], [6, 5, 1, 0], [3, 8, 4, 9], [7, 6, 5, 4]])
+    weights = torch.rand(T, 4)
+    args = (weights, experts, held(w_in), held(w_up), held(w_down), held(b_in), held(b_down), layout, act, alpha, limit,
+            lo)
+    got = native(lambda *a: moe.experts_native(*a), x, *args, expect="vxc_moe_ffn_rows")
+    for t in range(T):
+        one = native(lambda *a: moe.experts_native(*a), x[t:t + 1], weights[t:t + 1], experts[t:t + 1], *args[2:],
+                     expect="vxc_moe_ffn_step")
+        assert torch.equal(got[t:t + 1], one), t
+    assert torch.equal(got[2], torch.zeros_like(got[2]))  # experts 0, 1, 2, 11: none held
+    mask = ((experts >= lo) & (experts < lo + 6)).float()  # the held slots: the others add nothing
+    exact = R.experts_fp64(x, weights * mask, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit)
+    close(got, moe.experts_twin(x, *args), dtype, exact)
+    routed = r(T, d, dtype=dtype)
+    g, u, dn, bg = r(I, d, scale=0.3, dtype=dtype), r(I, d, scale=0.3, dtype=dtype), r(d, I, scale=0.3, dtype=dtype), \
+        r(1, d, scale=0.3, dtype=dtype)
+    shared = native(lambda *a: moe.shared_native(*a), x, routed, g, u, dn, bg, expect="vxc_moe_ffn_rows")
+    for t in range(T):
+        one = native(lambda *a: moe.shared_native(*a), x[t:t + 1], routed[t:t + 1], g, u, dn, bg, expect="vxc_moe_ffn_step")
+        assert torch.equal(shared[t:t + 1], one), t
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

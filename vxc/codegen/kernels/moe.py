@@ -427,6 +427,9 @@ MAX_STEP_ROWS = 16
 MAX_ROUTER_EXPERTS = 4096  # the router step keeps its logits on the stack
 MAX_ROUTER_GROUPS = 256
 _MOE_FFN_STEP = N.declare("vxc_moe_ffn_step", P, P, P, L, P, P, P, P, P, P, P, P, L, L, L, L, L, I, I, Fc, Fc, I, L, L)
+# the same for T rows (a batched decode step): each row bit for bit the one-row call's, each selected expert read once
+# for all the rows that chose it (the shared expert once for all T)
+_MOE_FFN_ROWS = N.declare("vxc_moe_ffn_rows", P, P, P, L, P, P, P, P, P, P, P, P, L, L, L, L, L, I, I, Fc, Fc, I, L, L, L)
 _MOE_ROUTER_STEP = N.declare("vxc_moe_router_step", P, P, P, P, P, P, L, L, I, L, I, Fc, L, L, I, I, I)
 
 
@@ -439,8 +442,9 @@ def _bank(t: Optional[Tensor], dtype: torch.dtype) -> bool:
 
 @moe_experts.impl("native")
 def experts_native(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout, act, alpha, limit, expert_offset=0):
-    """The routed experts of each token (up to ``MAX_STEP_ROWS``: one call per token; only the experts the banks
-    hold: the kernel skips the others, whatever their id)."""
+    """The routed experts of each token (up to ``MAX_STEP_ROWS``; one call for all of them from two tokens, reading
+    each selected expert once for every token that chose it; only the experts the banks hold: the kernel skips the
+    others, whatever their id)."""
     T = x.shape[0]
     if not 1 <= T <= MAX_STEP_ROWS:
         raise NotCovered(N.SEQUENCE)
@@ -454,19 +458,21 @@ def experts_native(x, weights, experts, w_in, w_up, w_down, b_in, b_down, layout
         raise NotCovered(N.LIMITS)
     d, I_ = x.shape[1], w_down.shape[2]
     out = N.empty(T, d, dtype=x.dtype)
-    es = x.element_size()
-    for t in range(T):
-        N.call(_MOE_FFN_STEP, x.data_ptr() + t * d * es, experts.data_ptr() + t * k * 8, weights.data_ptr() + t * k * 4,
-               k, w_in.data_ptr(), N.ptr(w_up), w_down.data_ptr(), N.ptr(b_in), N.ptr(b_down), None, None,
-               out.data_ptr() + t * d * es, d, I_, w_in.stride(0), 0 if w_up is None else w_up.stride(0),
-               w_down.stride(0), int(layout == "fused_interleaved"), _MOE_ACT[act], 0.0 if alpha is None else alpha,
-               0.0 if limit is None else limit, BF[x.dtype], expert_offset, w_down.shape[0])
+    args = (k, w_in.data_ptr(), N.ptr(w_up), w_down.data_ptr(), N.ptr(b_in), N.ptr(b_down), None, None,
+            out.data_ptr(), d, I_, w_in.stride(0), 0 if w_up is None else w_up.stride(0), w_down.stride(0),
+            int(layout == "fused_interleaved"), _MOE_ACT[act], 0.0 if alpha is None else alpha,
+            0.0 if limit is None else limit, BF[x.dtype], expert_offset, w_down.shape[0])
+    if T == 1:
+        N.call(_MOE_FFN_STEP, x.data_ptr(), experts.data_ptr(), weights.data_ptr(), *args)
+    else:
+        N.call(_MOE_FFN_ROWS, x.data_ptr(), experts.data_ptr(), weights.data_ptr(), *args, T)
     return out
 
 
 @moe_shared.impl("native")
 def shared_native(x, routed, w_gate, w_up, w_down, branch_gate):
-    """The shared expert of each token (up to ``MAX_STEP_ROWS``: one call per token) added to the routed sum."""
+    """The shared expert of each token (up to ``MAX_STEP_ROWS``; from two tokens one call, its weights read once for
+    all of them) added to the routed sum."""
     T = x.shape[0]
     if not 1 <= T <= MAX_STEP_ROWS:
         raise NotCovered(N.SEQUENCE)
@@ -476,12 +482,12 @@ def shared_native(x, routed, w_gate, w_up, w_down, branch_gate):
         raise NotCovered(N.OPERANDS)
     d, I_ = x.shape[1], w_down.shape[1]
     out = N.empty(T, d, dtype=x.dtype)
-    es = x.element_size()
-    for t in range(T):
-        N.call(_MOE_FFN_STEP, x.data_ptr() + t * d * es, None, None, 1, w_gate.data_ptr(), w_up.data_ptr(),
-               w_down.data_ptr(), None, None, N.ptr(branch_gate),
-               routed.data_ptr() + t * d * es, out.data_ptr() + t * d * es, d, I_, 0, 0, 0, 0, 1, 0.0, 0.0,
-               BF[x.dtype], 0, 0)
+    args = (None, None, 1, w_gate.data_ptr(), w_up.data_ptr(), w_down.data_ptr(), None, None, N.ptr(branch_gate),
+            routed.data_ptr(), out.data_ptr(), d, I_, 0, 0, 0, 0, 1, 0.0, 0.0, BF[x.dtype], 0, 0)
+    if T == 1:
+        N.call(_MOE_FFN_STEP, x.data_ptr(), *args)
+    else:
+        N.call(_MOE_FFN_ROWS, x.data_ptr(), *args, T)
     return out
 
 

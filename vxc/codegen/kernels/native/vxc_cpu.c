@@ -178,7 +178,7 @@ static inline void act_row(float *v, long n, int a) {
 
 /* The ABI version: bumped whenever a function's signature or meaning changes (native.py reads it from here
  * and checks the loaded library's vxc_abi_version() against it). */
-#define VXC_ABI_VERSION 58
+#define VXC_ABI_VERSION 59
 
 
 int vxc_abi_version(void) { return VXC_ABI_VERSION; }
@@ -1616,6 +1616,123 @@ void vxc_moe_ffn_step(const void *x, const int64_t *experts, const float *weight
         }
     }
     for (long i = 0; i < d; i++) st(out, i, acc[i], bf);
+    free(acc);
+    free(h);
+}
+
+/* vxc_moe_ffn_step for T rows of a batched decode step (T <= 16; x, init, out [T, d]; experts / weights [T, k]),
+ * each row's values bit for bit the one-row call's: the same dot products, the same roundings, its experts added in
+ * ascending order. What changes is the loop order: each selected expert is visited once for every row that chose it
+ * (experts in ascending order; within one, its rows), each block of four weight rows dotted with every such row
+ * while it is in cache, so a step reads an expert's matrices from memory once however many of its rows chose it
+ * (the shared expert — experts NULL — once for all T rows, where T one-row calls read it T times). */
+void vxc_moe_ffn_rows(const void *x, const int64_t *experts, const float *weights, long k, const void *w_in,
+                      const void *w_up, const void *w_down, const void *b_in, const void *b_down,
+                      const void *branch_gate, const void *init, void *out, long d, long I, long se_in, long se_up,
+                      long se_down, int fused, int a, float alpha, float limit, int bf, long e0, long ne, long T) {
+    if (T <= 0) return;
+    if (T > 16 || k > 64) { /* (the Python side never asks: one-row calls) */
+        long es = bf ? 2 : 4;
+        for (long t = 0; t < T; t++)
+            vxc_moe_ffn_step((const char *)x + t * d * es, experts ? experts + t * k : NULL, weights ? weights + t * k : NULL,
+                             k, w_in, w_up, w_down, b_in, b_down, branch_gate, init ? (const char *)init + t * d * es : NULL,
+                             (char *)out + t * d * es, d, I, se_in, se_up, se_down, fused, a, alpha, limit, bf, e0, ne);
+        return;
+    }
+    const long es = bf ? 2 : 4;
+    /* the (expert, row, weight) triples of every row, as the one-row call filters and orders them: sorted by expert,
+     * then row (a stable insertion sort: a row's own experts stay in its ascending order) */
+    long pe[16 * 64], pr[16 * 64];
+    float pw[16 * 64];
+    long np = 0;
+    for (long t = 0; t < T; t++) {
+        long kk = experts ? k : 1;
+        for (long s = 0; s < kk && s < 64; s++) {
+            long e = experts ? experts[t * k + s] - e0 : 0;
+            if (experts && ne > 0 && (e < 0 || e >= ne)) continue; /* another rank's expert */
+            float w = weights ? weights[t * k + s] : 1.0f;
+            if (branch_gate) {
+                float acc4[4];
+                dot4(branch_gate, (const char *)x + t * d * es, 0, d, 1, bf, acc4);
+                w = sigm(rnd(acc4[0], bf));
+            }
+            long j = np++;
+            for (; j > 0 && (pe[j - 1] > e || (pe[j - 1] == e && pr[j - 1] > t)); j--) {
+                pe[j] = pe[j - 1]; pr[j] = pr[j - 1]; pw[j] = pw[j - 1];
+            }
+            pe[j] = e; pr[j] = t; pw[j] = w;
+        }
+    }
+    float *acc = (float *)malloc((size_t)(T * d) * sizeof(float));
+    void *h = malloc((size_t)(T * I) * sizeof(float)); /* each row's activation, at the activation dtype */
+    for (long t = 0; t < T; t++)
+        for (long i = 0; i < d; i++) acc[t * d + i] = init ? ld(init, t * d + i, bf) : 0.0f;
+    long rows_in = fused ? 2 * I : I;
+#pragma omp parallel
+    {
+        for (long p0 = 0; p0 < np;) {
+            long p1 = p0 + 1;
+            while (p1 < np && pe[p1] == pe[p0]) p1++; /* pairs p0 .. p1 - 1: expert pe[p0] and its rows */
+            long e = pe[p0];
+            const char *Wi = (const char *)w_in + (size_t)(e * se_in) * es;
+            const char *Wu = w_up ? (const char *)w_up + (size_t)(e * se_up) * es : NULL;
+            const char *Wd = (const char *)w_down + (size_t)(e * se_down) * es;
+            long step = fused ? 2 : 4; /* intermediate units per block of four rows */
+#pragma omp for schedule(static)
+            for (long j0 = 0; j0 < I; j0 += step) {
+                long n = I - j0 < step ? I - j0 : step;
+                for (long q = p0; q < p1; q++) {
+                    long t = pr[q];
+                    const char *xt = (const char *)x + t * d * es;
+                    float g[4], u[4];
+                    if (fused) {
+                        float gu[4];
+                        dot4(Wi, xt, 2 * j0, d, 2 * n, bf, gu);
+                        for (long r = 0; r < n; r++) {
+                            g[r] = rnd(gu[2 * r], bf);
+                            u[r] = rnd(gu[2 * r + 1], bf);
+                            if (b_in) {
+                                g[r] += ld(b_in, e * rows_in + 2 * (j0 + r), bf);
+                                u[r] += ld(b_in, e * rows_in + 2 * (j0 + r) + 1, bf);
+                            }
+                        }
+                    } else {
+                        dot4(Wi, xt, j0, d, n, bf, g);
+                        dot4(Wu, xt, j0, d, n, bf, u);
+                        for (long r = 0; r < n; r++) { g[r] = rnd(g[r], bf); u[r] = rnd(u[r], bf); }
+                    }
+                    for (long r = 0; r < n; r++) {
+                        float v;
+                        if (a == 1) {
+                            v = silu(g[r]) * u[r];
+                        } else {
+                            float gg = g[r] < limit ? g[r] : limit;
+                            float uu = u[r] < -limit ? -limit : (u[r] > limit ? limit : u[r]);
+                            v = (uu + 1.0f) * (gg * sigm(gg * alpha));
+                        }
+                        st(h, t * I + j0 + r, v, bf);
+                    }
+                }
+            }
+#pragma omp for schedule(static)
+            for (long n0 = 0; n0 < d; n0 += 4) {
+                long n = d - n0 < 4 ? d - n0 : 4;
+                for (long q = p0; q < p1; q++) {
+                    long t = pr[q];
+                    float y[4];
+                    dot4(Wd, (const char *)h + t * I * es, n0, I, n, bf, y);
+                    for (long r = 0; r < n; r++) {
+                        float v = rnd(y[r], bf);
+                        if (b_down) v += ld(b_down, e * d + n0 + r, bf);
+                        acc[t * d + n0 + r] += v * pw[q];
+                    }
+                }
+            }
+            p0 = p1;
+        }
+    }
+    for (long t = 0; t < T; t++)
+        for (long i = 0; i < d; i++) st(out, t * d + i, acc[t * d + i], bf);
     free(acc);
     free(h);
 }
