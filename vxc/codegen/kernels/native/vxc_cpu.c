@@ -1521,6 +1521,42 @@ void vxc_moe_router_step(const void *x, const void *W, const void *bias, const v
     for (long s = 0; s < k; s++) vals[s] *= scaling;
 }
 
+/* One block of n (<= 4; fused: <= 2) intermediate units j0 .. j0 + n - 1 of an expert for one token x [d]: the gate
+ * and up dots (fused: interleaved rows 2j, 2j + 1 of Wi, with their biases from b_in + bo), each rounded to the
+ * activation dtype, the activation (a 1: silu(g)·u; else the clamped GLU) stored at h[ho ..] at that dtype. */
+static inline __attribute__((always_inline)) void moe_act_block(const void *Wi, const void *Wu, const void *x, long j0,
+                                                                 long n, long d, int fused, const void *b_in, long bo,
+                                                                 int a, float alpha, float limit, int bf, void *h, long ho) {
+    float g[4], u[4];
+    if (fused) {
+        float gu[4];
+        dot4(Wi, x, 2 * j0, d, 2 * n, bf, gu);
+        for (long r = 0; r < n; r++) {
+            g[r] = rnd(gu[2 * r], bf);
+            u[r] = rnd(gu[2 * r + 1], bf);
+            if (b_in) {
+                g[r] += ld(b_in, bo + 2 * (j0 + r), bf);
+                u[r] += ld(b_in, bo + 2 * (j0 + r) + 1, bf);
+            }
+        }
+    } else {
+        dot4(Wi, x, j0, d, n, bf, g);
+        dot4(Wu, x, j0, d, n, bf, u);
+        for (long r = 0; r < n; r++) { g[r] = rnd(g[r], bf); u[r] = rnd(u[r], bf); }
+    }
+    for (long r = 0; r < n; r++) {
+        float v;
+        if (a == 1) {
+            v = silu(g[r]) * u[r];
+        } else {
+            float gg = g[r] < limit ? g[r] : limit;
+            float uu = u[r] < -limit ? -limit : (u[r] > limit ? limit : u[r]);
+            v = (uu + 1.0f) * (gg * sigm(gg * alpha));
+        }
+        st(h, ho + r, v, bf);
+    }
+}
+
 /* moe.experts_twin / moe.shared_twin for one token (T = 1): the k selected experts in ascending id order, each
  * y_e = down(act(gate x, up x)) (+ biases), accumulated as acc += y_e * weight_e onto acc = init (the routed sum
  * for the shared expert, else 0), then rounded once to the activation dtype.
@@ -1573,34 +1609,7 @@ void vxc_moe_ffn_step(const void *x, const int64_t *experts, const float *weight
 #pragma omp for schedule(static)
             for (long j0 = 0; j0 < I; j0 += step) {
                 long n = I - j0 < step ? I - j0 : step;
-                float g[4], u[4];
-                if (fused) {
-                    float gu[4];
-                    dot4(Wi, x, 2 * j0, d, 2 * n, bf, gu);
-                    for (long r = 0; r < n; r++) {
-                        g[r] = rnd(gu[2 * r], bf);
-                        u[r] = rnd(gu[2 * r + 1], bf);
-                        if (b_in) {
-                            g[r] += ld(b_in, e * rows_in + 2 * (j0 + r), bf);
-                            u[r] += ld(b_in, e * rows_in + 2 * (j0 + r) + 1, bf);
-                        }
-                    }
-                } else {
-                    dot4(Wi, x, j0, d, n, bf, g);
-                    dot4(Wu, x, j0, d, n, bf, u);
-                    for (long r = 0; r < n; r++) { g[r] = rnd(g[r], bf); u[r] = rnd(u[r], bf); }
-                }
-                for (long r = 0; r < n; r++) {
-                    float v;
-                    if (a == 1) {
-                        v = silu(g[r]) * u[r];
-                    } else {
-                        float gg = g[r] < limit ? g[r] : limit;
-                        float uu = u[r] < -limit ? -limit : (u[r] > limit ? limit : u[r]);
-                        v = (uu + 1.0f) * (gg * sigm(gg * alpha));
-                    }
-                    st(h, j0 + r, v, bf);
-                }
+                moe_act_block(Wi, Wu, x, j0, n, d, fused, b_in, e * rows_in, a, alpha, limit, bf, h, j0);
             }
 #pragma omp for schedule(static)
             for (long n0 = 0; n0 < d; n0 += 4) {
@@ -1684,34 +1693,7 @@ void vxc_moe_ffn_rows(const void *x, const int64_t *experts, const float *weight
                 for (long q = p0; q < p1; q++) {
                     long t = pr[q];
                     const char *xt = (const char *)x + t * d * es;
-                    float g[4], u[4];
-                    if (fused) {
-                        float gu[4];
-                        dot4(Wi, xt, 2 * j0, d, 2 * n, bf, gu);
-                        for (long r = 0; r < n; r++) {
-                            g[r] = rnd(gu[2 * r], bf);
-                            u[r] = rnd(gu[2 * r + 1], bf);
-                            if (b_in) {
-                                g[r] += ld(b_in, e * rows_in + 2 * (j0 + r), bf);
-                                u[r] += ld(b_in, e * rows_in + 2 * (j0 + r) + 1, bf);
-                            }
-                        }
-                    } else {
-                        dot4(Wi, xt, j0, d, n, bf, g);
-                        dot4(Wu, xt, j0, d, n, bf, u);
-                        for (long r = 0; r < n; r++) { g[r] = rnd(g[r], bf); u[r] = rnd(u[r], bf); }
-                    }
-                    for (long r = 0; r < n; r++) {
-                        float v;
-                        if (a == 1) {
-                            v = silu(g[r]) * u[r];
-                        } else {
-                            float gg = g[r] < limit ? g[r] : limit;
-                            float uu = u[r] < -limit ? -limit : (u[r] > limit ? limit : u[r]);
-                            v = (uu + 1.0f) * (gg * sigm(gg * alpha));
-                        }
-                        st(h, t * I + j0 + r, v, bf);
-                    }
+                    moe_act_block(Wi, Wu, xt, j0, n, d, fused, b_in, e * rows_in, a, alpha, limit, bf, h, t * I + j0);
                 }
             }
 #pragma omp for schedule(static)
