@@ -8,9 +8,8 @@ Per model: fp32 greedy continuations of 64 tokens on plain prompts (and, for Smo
 the file's template) identical to transformers' — or, if they part, only where transformers' own top-2 margin at
 that step is within 10x the floor tolerance (a near-tie, reported); a ~300-token paragraph's prefill logits at the
 floor (fp32 vs the fp32 and fp64 reference, decode == prefill) with argmax agreement; bf16 no further from the
-fp32 reference than transformers' own bf16 in RMS (×1.25: the two round different products) and in max-abs ×2 (a
-single bf16 logit is a lottery: SmolLM2's position 0 read 0.47-0.94 off across equally accurate vxc variants, whose
-RMS stayed 0.118-0.121 against transformers' 0.115); and through the CLI: the chat
+fp32 reference than transformers' own bf16 (×1.25, in max-abs and in RMS: the two round different products); and
+through the CLI: the chat
 prompt token-identical to transformers' ``apply_chat_template``, generation that stops at the model's EOS with
 the stop token left out of the text, and the streamed text equal to the final text; the GGUF tokenizer
 token-identical to transformers'. Skipped when the files are absent
@@ -206,8 +205,8 @@ def test_paragraph_at_the_floor_and_bf16(real, capsys):
               f"{vxc_bf16_rms:.4f}, transformers {hf_bf16_err:.3f} / {hf_bf16_rms:.4f}")
     assert err <= fl["tol"] and err64 <= fl["tol"] and err_step <= fl["tol"]
     assert agree == 1.0 and excluded <= len(ids) // 50
+    assert vxc_bf16_err <= 1.25 * hf_bf16_err, (vxc_bf16_err, hf_bf16_err)
     assert vxc_bf16_rms <= 1.25 * hf_bf16_rms, (vxc_bf16_rms, hf_bf16_rms)
-    assert vxc_bf16_err <= 2.0 * hf_bf16_err, (vxc_bf16_err, hf_bf16_err)
 
 
 def test_chat_eos_and_streaming_through_the_cli(smollm2, vxc_sub):
