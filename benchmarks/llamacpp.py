@@ -119,9 +119,10 @@ def parse_args() -> argparse.Namespace:
                          "keeps its default f16 cache")
     ap.add_argument("--small", action="store_true", help="tiny geometries (smoke run, < 3 minutes)")
     ap.add_argument("--agreement", action="store_true", help="the agreement mode (perplexity, top-1, greedy)")
-    ap.add_argument("--requantize-real", default=None, choices=tuple(QUANT_TYPES),
-                    help="run the real models on their files requantised to this mix (llama-quantize "
-                         "--allow-requantize; e.g. q3_k_m, q2_k: mixes no registry package ships)")
+    ap.add_argument("--requantize-real", default=None,
+                    help="comma-separated: run the real models on their files requantised to these types "
+                         "(llama-quantize --allow-requantize; f32, bf16 or one of the quantised mixes, e.g. q3_k_m, "
+                         "q2_k: files no registry package ships; a file's own type is the file itself)")
     ap.add_argument("--requantize-pure", action="store_true",
                     help="with --requantize-real: llama-quantize --pure, the mix's base type (q3_k_m: Q3_K) on every "
                          "matrix whose rows allow it")
@@ -207,9 +208,14 @@ def files_for(args, models: list[str], precisions: list[str], workdir: Path, lla
     for m in models:
         if m in REAL_MODELS:
             if args.requantize_real:
-                entries.append({"model": m, "precision": args.requantize_real,
-                                "gguf": requantized_real_gguf(m, args.requantize_real, workdir, llama, args.threads,
-                                                              args.requantize_pure)})
+                types = args.requantize_real.split(",")
+                if bad := [p for p in types if p not in QUANT_TYPES and p not in ("f32", "bf16")]:
+                    raise SystemExit(f"--requantize-real {','.join(bad)}: not f32, bf16 or one of {', '.join(QUANT_TYPES)}")
+                for p in types:
+                    own = p == REAL_MODELS[m]["precision"] and not args.requantize_pure
+                    entries.append({"model": m, "precision": p,
+                                    "gguf": real_gguf(m, workdir) if own else
+                                    requantized_real_gguf(m, p, workdir, llama, args.threads, args.requantize_pure)})
             else:
                 entries.append({"model": m, "precision": REAL_MODELS[m]["precision"], "gguf": real_gguf(m, workdir)})
             continue

@@ -212,7 +212,10 @@ def requantized_real_gguf(model: str, precision: str, workdir: Path, llama_cpp: 
     src = real_gguf(model, workdir)
     out = src.with_name(f"{src.stem}.requantized-{precision}{'-pure' if pure else ''}.gguf")
     if not out.is_file():
-        qtype = QUANT_TYPES[precision].removesuffix("_M") if pure else QUANT_TYPES[precision]
+        if precision not in QUANT_TYPES and precision not in CONVERTER_TYPES:
+            raise SystemExit(f"--requantize-real {precision}: not one of {', '.join((*CONVERTER_TYPES, *QUANT_TYPES))}")
+        qtype = precision.upper() if precision in CONVERTER_TYPES else QUANT_TYPES[precision]
+        qtype = qtype.removesuffix("_M") if pure else qtype
         quantize(llama_cpp, src, out, qtype, threads, requantize=True, pure=pure)
     return out
 

@@ -81,6 +81,22 @@ def test_swiglu(dtype):
     close(native(dense.swiglu_native, x, wg, wu, wd, expect="vxc_swiglu_up"), dense.swiglu_twin(x, wg, wu, wd), dtype)
 
 
+def test_swiglu_prefill_form():
+    """fp32 past the batched rows (a prefill chunk): torch's GEMMs with silu(g) · u in one native pass, at the twin's
+    tolerance and against fp64; a capture is refused (the GEMMs are not native calls); bf16 keeps the twin."""
+    T, K, H = 45, 203, 70
+    x = r(T, K)
+    wg, wu, wd = r(H, K, scale=0.1), r(H, K, scale=0.1), r(K, H, scale=0.1)
+    rec = N.Recorder()
+    with N.recording(rec):
+        got = dense.swiglu_native(x, wg, wu, wd)
+    assert [name for name, _ in rec.calls] == ["vxc_gated_act"] and "swiglu" in rec.failed
+    g, u = x.double() @ wg.double().T, x.double() @ wu.double().T
+    close(got, dense.swiglu_twin(x, wg, wu, wd), torch.float32, exact=(torch.nn.functional.silu(g) * u) @ wd.double().T)
+    with pytest.raises(kernels.NotCovered):
+        dense.swiglu_native(x.bfloat16(), wg.bfloat16(), wu.bfloat16(), wd.bfloat16())
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("T, K", [(2, 203), (5, 203), (16, 203), (7, 2101), (9, 389)])
 def test_gemv_and_swiglu_over_rows(dtype, T, K):
@@ -134,36 +150,31 @@ def test_gated_rmsnorm(dtype, norm_before_gate, act, group):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_elementwise_kernels_take_a_prefill_chunk(dtype):
-    """gated_act (each activation), scale and activation run natively at a prefill chunk's size in fp32 (128 x 2048
-    values: they had fallen back to torch past 65536, a Gemma 3 prefill's gelu products included) and up to 65536
-    values in bf16 (past that, torch's vectorised twin: as fast): on two threads, equal to one thread and to the same
-    values one row at a time, and at the twin's tolerance."""
+    """gated_act (each activation), scale and activation run natively at a prefill chunk's size (128 x 2048 values:
+    they had fallen back to torch past 65536, a Gemma 3 prefill's gelu products included; bf16 is widened by chunks
+    of 512 values, and a width of 2047 leaves a chunk's tail at every row): on two threads, equal to one thread and
+    to the same values one row at a time, and at the twin's tolerance."""
     from vxc.codegen.kernels import activation, elementwise
-    from vxc.codegen.kernels.registry import NotCovered
 
     lib = N.load()
-    rows = 128 if dtype == torch.float32 else 32  # 32 x 2048 = 65536: bf16's largest native call
-    g, u = r(rows, 2048, dtype=dtype), r(rows, 2048, dtype=dtype)
-    calls = [(elementwise.gated_act_native, elementwise.gated_act_twin, (g, u, a), "vxc_gated_act")
-             for a in ("none", "silu", "gelu_tanh")]
-    calls += [(elementwise.scale_native, elementwise.scale_twin, (g, 0.37), "vxc_scale"),
-              (activation.activation_native, activation.activation_twin, (g, "relu2"), "vxc_activation")]
-    for fn, twin, args, name in calls:
-        try:
-            lib.vxc_set_threads(2)
-            two = native(fn, *args, expect=name)
-            lib.vxc_set_threads(1)
-            one = native(fn, *args, expect=name)
-        finally:
-            lib.vxc_set_threads(max(1, torch.get_num_threads()))
-        assert torch.equal(one, two), name
-        row = tuple(a[5:6] if isinstance(a, torch.Tensor) else a for a in args)
-        assert torch.equal(native(fn, *row, expect=name)[0], two[5]), name
-        close(two, twin(*args), dtype)
-        if dtype != torch.float32:  # one row more: the twin's
-            big = tuple(torch.cat([a, a[:1]]) if isinstance(a, torch.Tensor) else a for a in args)
-            with pytest.raises(NotCovered):
-                fn(*big)
+    for width in (2048, 2047):
+        g, u = r(128, width, dtype=dtype), r(128, width, dtype=dtype)
+        calls = [(elementwise.gated_act_native, elementwise.gated_act_twin, (g, u, a), "vxc_gated_act")
+                 for a in ("none", "silu", "gelu_tanh")]
+        calls += [(elementwise.scale_native, elementwise.scale_twin, (g, 0.37), "vxc_scale"),
+                  (activation.activation_native, activation.activation_twin, (g, "relu2"), "vxc_activation")]
+        for fn, twin, args, name in calls:
+            try:
+                lib.vxc_set_threads(2)
+                two = native(fn, *args, expect=name)
+                lib.vxc_set_threads(1)
+                one = native(fn, *args, expect=name)
+            finally:
+                lib.vxc_set_threads(max(1, torch.get_num_threads()))
+            assert torch.equal(one, two), name
+            row = tuple(a[5:6] if isinstance(a, torch.Tensor) else a for a in args)
+            assert torch.equal(native(fn, *row, expect=name)[0], two[5]), name
+            close(two, twin(*args), dtype)
 
 
 def test_gated_rmsnorm_rows_do_not_depend_on_the_thread_count():
@@ -458,13 +469,22 @@ def test_attention_prefill_kernel_bf16_form():
     assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
 
 
-def test_attention_prefill_declines_bf16():
-    """bf16 sequences keep torch's fused half-precision kernel."""
+@pytest.mark.parametrize("amx", [True, False], ids=["amx", "no-amx"])
+def test_attention_prefill_bf16_follows_the_cpu(amx, monkeypatch):
+    """bf16 sequences keep torch's fused half-precision kernel where the CPU has AMX tiles, and take the native
+    form (fp32 inside, within a bf16 rounding of the twin) where it has not."""
     dt = torch.bfloat16
+    monkeypatch.setattr(N, "_AMX", amx)
     q, k, v = r(6, 4, 16, dtype=dt), r(6, 2, 16, dtype=dt), r(6, 2, 16, dtype=dt)
     kc, vc = torch.zeros(32, 2, 16, dtype=dt), torch.zeros(32, 2, 16, dtype=dt)
-    with pytest.raises(kernels.NotCovered):
-        attention.attention_native(q, k, v, kc, vc, 0, 0.3, 0, None)
+    if amx:
+        with pytest.raises(kernels.NotCovered):
+            attention.attention_native(q, k, v, kc, vc, 0, 0.3, 0, None)
+        return
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = native(attention.attention_native, q, k, v, kc, vc, 0, 0.3, 0, None, expect="vxc_attention_prefill")
+    close(got, attention.attention_twin(q, k, v, kc2, vc2, 0, 0.3), dt)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
 
 
 @pytest.mark.parametrize("sinks", [False, True])
@@ -495,7 +515,7 @@ def test_embedding():
         assert torch.equal(native(dense.embedding_native, ids, table, expect="vxc_embedding"), F.embedding(ids, table))
 
 
-def test_uncovered_cases_run_the_twin_and_say_so():
+def test_uncovered_cases_run_the_twin_and_say_so(monkeypatch):
     """Non-contiguous weights, sequences where only the single-token form is native, kernels with no native
     form: the native implementation declines (``NotCovered``), the op runs the twin, a capture is refused and
     the fallback is counted."""
@@ -508,7 +528,8 @@ def test_uncovered_cases_run_the_twin_and_say_so():
         got = torch.ops.vxc.linear(x, w, None)
     assert rec.calls == [] and "linear ran its torch twin" in rec.failed
     torch.testing.assert_close(got, dense.linear_twin(x, w, None))
-    rec = N.Recorder()  # a bf16 sequence: torch's fused half-precision kernel
+    rec = N.Recorder()  # a bf16 sequence on a CPU with AMX tiles: torch's fused half-precision kernel
+    monkeypatch.setattr(N, "_AMX", True)
     q, k, v = r(2, 4, 8, dtype=torch.bfloat16), r(2, 2, 8, dtype=torch.bfloat16), r(2, 2, 8, dtype=torch.bfloat16)
     kc, vc = r(16, 2, 8, dtype=torch.bfloat16), r(16, 2, 8, dtype=torch.bfloat16)
     with N.recording(rec):

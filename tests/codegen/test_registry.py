@@ -28,6 +28,8 @@ def test_every_kernel_has_a_twin_and_an_op():
 
 @pytest.mark.native
 def test_every_native_binding_is_a_library_function_with_its_signature():
+    import vxc.runtime.replay  # noqa: F401  (declares vxc_run_program: run alone, nothing else imports it)
+
     lib = N.load()
     assert lib is not None, N.status()
     assert lib.vxc_abi_version() == N.abi_version()

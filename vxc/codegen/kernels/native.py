@@ -80,6 +80,18 @@ def _cpu_key() -> str:
     return ""
 
 
+def amx_bf16() -> bool:
+    """Whether the CPU advertises AMX bf16 tiles (torch's oneDNN half-precision kernels run on them; a choice
+    between a native fp32-widening form and torch's bf16 one reads this)."""
+    global _AMX
+    if _AMX is None:
+        _AMX = "amx_bf16" in _cpu_key().split()
+    return _AMX
+
+
+_AMX: Optional[bool] = None
+
+
 def _compiler() -> Optional[str]:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
