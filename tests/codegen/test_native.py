@@ -437,6 +437,29 @@ def test_attention_prefill(T, start, Hq, Hkv, Dk, Dv, window, sinks):
     torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("T, start, Hq, Hkv, D, window, sinks", [
+    (129, 70, 16, 8, 128, 0, False),  # the 0.6B softmax-decoder heads after 70 cached positions
+    (64, 0, 4, 1, 256, 512, False),   # a Gemma-3-shaped local layer whose window hides nothing
+    (33, 10, 4, 1, 32, 7, True),      # a 7-position window and sinks (the twin's fp32 einsum path)
+    (40, 30, 6, 2, 64, 16, False),    # a window hiding rows (the twin's masked SDPA)
+])
+def test_attention_prefill_bf16_without_amx(T, start, Hq, Hkv, D, window, sinks, monkeypatch):
+    """bf16 queries on a CPU without AMX tiles take the native prefill (fp32 inside): within a bf16 rounding of the
+    twin (torch's SDPA in bf16, or its fp32 einsums where sinks join) and of the softmax in fp64, the cache rows as
+    the twin writes them."""
+    monkeypatch.setattr(N, "_AMX", False)
+    dt = torch.bfloat16
+    q, k, v = r(T, Hq, D, dtype=dt), r(T, Hkv, D, dtype=dt), r(T, Hkv, D, dtype=dt)
+    kc, vc = r(start + T, Hkv, D, dtype=dt), r(start + T, Hkv, D, dtype=dt)
+    snk = r(Hq, dtype=dt) if sinks else None
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = native(attention.attention_native, q, k, v, kc, vc, start, 0.3, window, snk, expect="vxc_attention_prefill")
+    close(got, attention.attention_twin(q, k, v, kc2, vc2, start, 0.3, window, snk), dt)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    exact = _softmax_attention_fp64(q.double(), kc.double(), vc.double(), start, 0.3, window, snk)
+    torch.testing.assert_close(got.double(), exact, **TOL[dt])
+
+
 @pytest.mark.parametrize("kv", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
 def test_attention_prefill_in_chunks_then_steps_equals_the_torch_backend(kv):
     """A 45-token prompt as chunks of 20, 20 and 5 and then ten single-token steps through torch.ops.vxc.attention,
