@@ -37,10 +37,10 @@ REAL_MODELS = {
 ALL_MODELS = RANDOM_MODELS + tuple(REAL_MODELS)
 PRECISIONS = ("f32", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "iq4_xs", "iq4_nl", "iq3_s", "iq3_m",
               "iq3_xxs", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m", "tq1_0", "tq2_0")
-QUANT_TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q3_k_m": "Q3_K_M",
-               "q2_k": "Q2_K", "iq4_xs": "IQ4_XS", "iq4_nl": "IQ4_NL", "iq3_s": "IQ3_S", "iq3_m": "IQ3_M",
-               "iq3_xxs": "IQ3_XXS", "iq2_xxs": "IQ2_XXS", "iq2_xs": "IQ2_XS", "iq2_s": "IQ2_S", "iq1_s": "IQ1_S",
-               "iq1_m": "IQ1_M", "tq1_0": "TQ1_0", "tq2_0": "TQ2_0"}  # llama-quantize's names
+QUANT_TYPES = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M",
+               "q3_k_m": "Q3_K_M", "q2_k": "Q2_K", "iq4_xs": "IQ4_XS", "iq4_nl": "IQ4_NL", "iq3_s": "IQ3_S",
+               "iq3_m": "IQ3_M", "iq3_xxs": "IQ3_XXS", "iq2_xxs": "IQ2_XXS", "iq2_xs": "IQ2_XS", "iq2_s": "IQ2_S",
+               "iq1_s": "IQ1_S", "iq1_m": "IQ1_M", "tq1_0": "TQ1_0", "tq2_0": "TQ2_0"}  # llama-quantize's names
 # IQ3_S / IQ3_M are the grid formats llama-quantize writes without an importance matrix; these need one (llama-quantize
 # refuses them without): it is computed by llama-imatrix from the f32 file over the benchmark's text (importance_matrix)
 IMATRIX_TYPES = ("iq3_xxs", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m")
