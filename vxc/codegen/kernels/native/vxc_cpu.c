@@ -722,13 +722,7 @@ static inline void add_rows_sq(const void *x, const void *res, void *new_res, lo
     }
     float *na = (float *)new_res + off;
     const float *ra = res ? (const float *)res + off : NULL;
-    if (bf) {
-        const bf16_t *xa = (const bf16_t *)x + off;
-#pragma omp simd
-        for (long i = 0; i < D; i++) r[i] = bf2f(xa[i]);
-    } else {
-        memcpy(r, (const float *)x + off, (size_t)D * sizeof(float));
-    }
+    load_row(x, off, D, bf, r);
     if (ra) { /* (no residual: x as it is, -0 kept) */
 #pragma omp simd
         for (long i = 0; i < D; i++) r[i] += ra[i];
