@@ -27,6 +27,13 @@ typedef uint16_t bf16_t;
 static inline __attribute__((always_inline)) void prefetch_bytes(const void *p, long n) {
     for (long i = 0; i < n; i += 64) __builtin_prefetch((const char *)p + i, 0, 3);
 }
+/* prefetch_bytes into L2 (``_MM_HINT_T1``) where how == 2, into L1 otherwise (the packed tiles' ``pf``) */
+static inline __attribute__((always_inline)) void prefetch_tile(const void *p, long n, int how) {
+    if (how == 2)
+        for (long i = 0; i < n; i += 64) __builtin_prefetch((const char *)p + i, 0, 2);
+    else
+        prefetch_bytes(p, n);
+}
 
 
 static inline float bf2f(bf16_t h) {
@@ -276,9 +283,15 @@ int vxc_has_avx512bf16(void) {
 #define DOT1_PF 4096
 #endif
 static int row_prefetch = 1;
+/* The fp32 row on AMD: the same line fetched into L2 instead (``_MM_HINT_T1``), measured to help there: the 168
+ * qwen3-0.6b-shaped fp32 matrices of 28 layers (1.76 GB), Zen 4, 2 threads, interleaved, best of 6: 38.7-39.5 ms
+ * without a prefetch, 39.7-41.0 into L1, 32.4-33.1 into L2 2 or 4 KB ahead (42.3 8 KB ahead); the bf16 row got
+ * slower with it (18.3 -> 21.5 ms), so it stays without. */
+static int f32_prefetch_l2 = 0;
 __attribute__((constructor)) static void vxc_tune_init(void) {
     __builtin_cpu_init();
     row_prefetch = !__builtin_cpu_is("amd");
+    f32_prefetch_l2 = __builtin_cpu_is("amd");
 }
 
 static inline float dot1_bf16(const bf16_t *w, const bf16_t *x, long K) {
@@ -311,7 +324,12 @@ static inline float dot1_f32(const float *w, const float *x, long K) {
 #if defined(__AVX512F__)
     __m512 a = _mm512_setzero_ps();
     long k = 0;
-    if (row_prefetch) {
+    if (f32_prefetch_l2) {
+        for (; k + 16 <= K; k += 16) {
+            _mm_prefetch((const char *)(w + k) + DOT1_PF, _MM_HINT_T1);
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a);
+        }
+    } else if (row_prefetch) {
         for (; k + 16 <= K; k += 16) {
             _mm_prefetch((const char *)(w + k) + DOT1_PF, _MM_HINT_T0);
             a = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a);
@@ -519,16 +537,29 @@ void vxc_swiglu_up(const void *Wg, const void *Wu, const void *x, void *h, long 
     }
 }
 
+/* The batched GEMV (a decode step of T sequences, 4 <= T <= 16 rows of x against one weight block of 4 rows at a
+ * time) fetches the NEXT block of weight rows into L2 while it computes on this one (``_MM_HINT_T1``, the same k
+ * offset PF_ROWS_AHEAD rows further on, one line per weight row and 16 fp32 / 32 bf16 values). A step of T >= 4 rows
+ * is bound by its multiply-adds, and without it the hardware did not fetch ahead while the cores were busy, so the
+ * memory stream and the arithmetic took turns. AMD EPYC Zen 4, 2 threads, the 168 qwen3-0.6b-shaped matrices of 28
+ * layers (q, k, v, o, gate + up, down; 1.76 GB fp32), interleaved in one process, best of 6: fp32 4 / 8 / 16 rows
+ * 65.9 / 91.7 / 148.2 -> 36.7 / 56.9 / 102.5 ms (a prefetch into L1 instead: 79.6 ms at 8 rows; two rows ahead:
+ * 74.9), bf16 40.1 / 54.3 / 86.7 -> 20.3 / 36.0 / 68.6 ms (into L1: no gain). Prefetches change no value. */
+#ifndef PF_ROWS_AHEAD
+#define PF_ROWS_AHEAD 4
+#endif
+
 #if defined(__AVX512BF16__)
 /* dot1_bf16 of one weight row with 4 rows of x (x row stride xs elements) at once: each weight vector is loaded
  * once for the 4 rows (an accumulator per row of x), and each result is exactly the value dot1_bf16 gives that row
- * of x alone: the same accumulator, chunks, masked tail and reduction. */
-static inline void dot1_bf16_x4(const bf16_t *w, const bf16_t *x, long xs, long K, float out[4]) {
+ * of x alone: the same accumulator, chunks, masked tail and reduction. ``pf``: where to fetch ahead into L2 step by
+ * step (NULL: nothing). */
+static inline void dot1_bf16_x4(const bf16_t *w, const bf16_t *x, long xs, long K, float out[4], const bf16_t *pf) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     const bf16_t *x1 = x + xs, *x2 = x1 + xs, *x3 = x2 + xs;
     long k = 0;
     for (; k + 32 <= K; k += 32) {
-        if (row_prefetch) _mm_prefetch((const char *)(w + k) + DOT1_PF, _MM_HINT_T0);
+        if (pf) _mm_prefetch((const char *)(pf + k), _MM_HINT_T1);
         __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(w + k));
         a0 = _mm512_dpbf16_ps(a0, wv, (__m512bh)_mm512_loadu_si512((const void *)(x + k)));
         a1 = _mm512_dpbf16_ps(a1, wv, (__m512bh)_mm512_loadu_si512((const void *)(x1 + k)));
@@ -550,93 +581,119 @@ static inline void dot1_bf16_x4(const bf16_t *w, const bf16_t *x, long xs, long 
 }
 #endif
 
-/* fp32: 4 weight rows (from w0, stride K) with 4 rows of x (stride K) at once: acc[t][r] is exactly dot1_f32 of row r
- * with row t of x alone (one accumulator per pair, the same 16-value chunks, masked tail and reduction), sixteen
- * independent chains. One row of x at a time (dot4 per row, one chain each) a batched step is bound by the
- * multiply-adds' latency: the 196 qwen3-0.6b-shaped fp32 matrices at 8 rows took 122.1 ms that way before the
- * one-accumulator change, 129.8 after it, and 89.6 this way (Zen 4, 2 threads, interleaved in one process). bf16
- * keeps a weight row at a time against 4 rows of x (dot1_bf16_x4): four interleaved bf16 rows measured 45.5 ms at
- * 4 rows of x against 36.0. */
 #if defined(__AVX512F__)
-static inline void dot4_f32_x4(const float *w0, const float *x, long K, float acc[4][4]) {
-    __m512 a[4][4];
-    for (int t = 0; t < 4; t++)
-        for (int r = 0; r < 4; r++) a[t][r] = _mm512_setzero_ps();
+/* fp32: a block of 4 weight rows (from w0, stride K) with G groups of 4 rows of x (stride K; G <= 4) at once:
+ * acc[g][t][r] is exactly dot1_f32 of weight row r with row 4g + t of x alone (one accumulator per pair, the same
+ * 16-value steps in the same order, the same masked tail and reduction). The k range is walked in chunks of ROWS_KC
+ * values, each dotted with every group while it is in L1 (sixteen independent chains a group; the accumulators wait
+ * on the stack between chunks; the first group's pass fetches the next block ahead). One row of x at a time (dot4
+ * per row, one chain each) a batched step is bound by the multiply-adds' latency: 122.1 ms at 8 rows for 196 qwen3
+ * matrices that way, 89.6 with 4 x 4 blocks (Zen 4, 2 threads); the chunks measured 2-4 % faster again than one
+ * pass over K a group. bf16 keeps a weight row at a time against 4 rows of x (dot1_bf16_x4): four interleaved bf16
+ * rows measured 45.5 ms at 4 rows of x against 36.0. */
+#ifndef ROWS_KC
+#define ROWS_KC 512
+#endif
+static inline void dot4_f32_xg(const float *w0, const float *x, long K, int G, float acc[4][4][4]) {
+    __m512 keep[4][4][4];
     const float *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
-    long k = 0;
-    for (; k + 16 <= K; k += 16) {
-        __m512 v0 = _mm512_loadu_ps(w0 + k), v1 = _mm512_loadu_ps(w1 + k);
-        __m512 v2 = _mm512_loadu_ps(w2 + k), v3 = _mm512_loadu_ps(w3 + k);
+    const long kfull = K & ~15L, ahead = PF_ROWS_AHEAD * K;
+    for (long c0 = 0;; c0 += ROWS_KC) {
+        const long c1 = c0 + ROWS_KC < kfull ? c0 + ROWS_KC : kfull;
+        for (int g = 0; g < G; g++) {
+            __m512 a[4][4];
+            const float *xg = x + (long)g * 4 * K;
+            for (int t = 0; t < 4; t++)
+                for (int r = 0; r < 4; r++) a[t][r] = c0 ? keep[g][t][r] : _mm512_setzero_ps();
+            for (long k = c0; k < c1; k += 16) {
+                __m512 v0 = _mm512_loadu_ps(w0 + k), v1 = _mm512_loadu_ps(w1 + k);
+                __m512 v2 = _mm512_loadu_ps(w2 + k), v3 = _mm512_loadu_ps(w3 + k);
+                if (g == 0) {
+                    _mm_prefetch((const char *)(w0 + ahead + k), _MM_HINT_T1);
+                    _mm_prefetch((const char *)(w1 + ahead + k), _MM_HINT_T1);
+                    _mm_prefetch((const char *)(w2 + ahead + k), _MM_HINT_T1);
+                    _mm_prefetch((const char *)(w3 + ahead + k), _MM_HINT_T1);
+                }
 #pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) {
-            __m512 xv = _mm512_loadu_ps(x + t * K + k);
-            a[t][0] = _mm512_fmadd_ps(v0, xv, a[t][0]);
-            a[t][1] = _mm512_fmadd_ps(v1, xv, a[t][1]);
-            a[t][2] = _mm512_fmadd_ps(v2, xv, a[t][2]);
-            a[t][3] = _mm512_fmadd_ps(v3, xv, a[t][3]);
+                for (int t = 0; t < 4; t++) {
+                    __m512 xv = _mm512_loadu_ps(xg + t * K + k);
+                    a[t][0] = _mm512_fmadd_ps(v0, xv, a[t][0]);
+                    a[t][1] = _mm512_fmadd_ps(v1, xv, a[t][1]);
+                    a[t][2] = _mm512_fmadd_ps(v2, xv, a[t][2]);
+                    a[t][3] = _mm512_fmadd_ps(v3, xv, a[t][3]);
+                }
+            }
+            if (c1 == kfull && kfull < K) {
+                __mmask16 m = (__mmask16)((1u << (K - kfull)) - 1);
+                __m512 v0 = _mm512_maskz_loadu_ps(m, w0 + kfull), v1 = _mm512_maskz_loadu_ps(m, w1 + kfull);
+                __m512 v2 = _mm512_maskz_loadu_ps(m, w2 + kfull), v3 = _mm512_maskz_loadu_ps(m, w3 + kfull);
+                for (int t = 0; t < 4; t++) {
+                    __m512 xv = _mm512_maskz_loadu_ps(m, xg + t * K + kfull);
+                    a[t][0] = _mm512_fmadd_ps(v0, xv, a[t][0]);
+                    a[t][1] = _mm512_fmadd_ps(v1, xv, a[t][1]);
+                    a[t][2] = _mm512_fmadd_ps(v2, xv, a[t][2]);
+                    a[t][3] = _mm512_fmadd_ps(v3, xv, a[t][3]);
+                }
+            }
+            for (int t = 0; t < 4; t++)
+                for (int r = 0; r < 4; r++) keep[g][t][r] = a[t][r];
         }
+        if (c1 == kfull) break;
     }
-    if (k < K) {
-        __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
-        __m512 v0 = _mm512_maskz_loadu_ps(m, w0 + k), v1 = _mm512_maskz_loadu_ps(m, w1 + k);
-        __m512 v2 = _mm512_maskz_loadu_ps(m, w2 + k), v3 = _mm512_maskz_loadu_ps(m, w3 + k);
-        for (int t = 0; t < 4; t++) {
-            __m512 xv = _mm512_maskz_loadu_ps(m, x + t * K + k);
-            a[t][0] = _mm512_fmadd_ps(v0, xv, a[t][0]);
-            a[t][1] = _mm512_fmadd_ps(v1, xv, a[t][1]);
-            a[t][2] = _mm512_fmadd_ps(v2, xv, a[t][2]);
-            a[t][3] = _mm512_fmadd_ps(v3, xv, a[t][3]);
-        }
-    }
-    for (int t = 0; t < 4; t++)
-        for (int r = 0; r < 4; r++) acc[t][r] = _mm512_reduce_add_ps(a[t][r]);
+    for (int g = 0; g < G; g++)
+        for (int t = 0; t < 4; t++)
+            for (int r = 0; r < 4; r++) acc[g][t][r] = _mm512_reduce_add_ps(keep[g][t][r]);
 }
 #endif
 
-/* dot4 of a block of 4 weight rows with 4 rows of x (bf16 in AVX-512 BF16 builds, fp32 in AVX-512 builds):
- * acc[t][r] equals dot4(W, x_t, n0, K, 4, bf, ...)[r], each weight row loaded once for the 4 rows of x. Returns 0
- * where not built. */
-static inline int dot4_rows4(const void *W, const void *x, long n0, long K, int bf, float acc[4][4]) {
+/* dot4 of a block of 4 weight rows with G = T / 4 groups of 4 rows of x (T <= 16): acc[g][t][r] equals
+ * dot4(W, x_{4g+t}, n0, K, 4, bf, ...)[r], each weight row read from memory once for all of them (bf16 in AVX-512
+ * BF16 builds, fp32 in AVX-512 builds). Returns 0 where not built. */
+static inline int dot4_rows(const void *W, const void *x, long n0, long K, int G, int bf, float acc[4][4][4]) {
 #if defined(__AVX512BF16__)
     if (bf) {
         const bf16_t *w = (const bf16_t *)W + n0 * K, *xb = (const bf16_t *)x;
-        for (int r = 0; r < 4; r++) {
-            float o[4];
-            dot1_bf16_x4(w + r * K, xb, K, K, o);
-            for (int t = 0; t < 4; t++) acc[t][r] = o[t];
-        }
+        for (int g = 0; g < G; g++)
+            for (int r = 0; r < 4; r++) {
+                float o[4];
+                dot1_bf16_x4(w + r * K, xb + (long)g * 4 * K, K, K, o, g == 0 ? w + (PF_ROWS_AHEAD + r) * K : NULL);
+                for (int t = 0; t < 4; t++) acc[g][t][r] = o[t];
+            }
         return 1;
     }
 #endif
 #if defined(__AVX512F__)
     if (!bf) {
-        dot4_f32_x4((const float *)W + n0 * K, (const float *)x, K, acc);
+        dot4_f32_xg((const float *)W + n0 * K, (const float *)x, K, G, acc);
         return 1;
     }
 #endif
-    (void)W; (void)x; (void)n0; (void)K; (void)bf; (void)acc;
+    (void)W; (void)x; (void)n0; (void)K; (void)G; (void)bf; (void)acc;
     return 0;
 }
 
 /* vxc_gemv over T rows of x (one decode step of T sequences): each group of 4 weight rows is read from memory
- * once and dotted with every row of x while it is in cache (bf16: 4 rows of x at a time from registers); each
- * row's result is computed exactly as vxc_gemv computes it for that row alone (the same dot products, the same
- * order), so a batched step gives every sequence the values its single-sequence step gives. */
+ * once and dotted with every row of x while it is in cache (4 rows of x at a time from registers); each row's
+ * result is computed exactly as vxc_gemv computes it for that row alone (the same dot products, the same order),
+ * so a batched step gives every sequence the values its single-sequence step gives. */
 void vxc_gemv_rows(const void *W, const void *x, const void *bias, void *y, long N, long K, long T, int bf) {
     const long es = bf ? 2 : 4;
 #pragma omp parallel for schedule(static)
     for (long n0 = 0; n0 < N; n0 += 4) {
         long rows = N - n0 < 4 ? N - n0 : 4;
         long t0 = 0;
-        float a4[4][4];
-        if (rows == 4)
-            for (; t0 + 4 <= T && dot4_rows4(W, (const char *)x + t0 * K * es, n0, K, bf, a4); t0 += 4)
+        float a4[4][4][4];
+        const int G = (int)(T / 4 < 4 ? T / 4 : 4);
+        if (rows == 4 && G > 0 && dot4_rows(W, x, n0, K, G, bf, a4)) {
+            for (int g = 0; g < G; g++)
                 for (int t = 0; t < 4; t++)
                     for (long r = 0; r < 4; r++) {
-                        float v = rnd(a4[t][r], bf);
+                        float v = rnd(a4[g][t][r], bf);
                         if (bias) v += ld(bias, n0 + r, bf);
-                        st((char *)y + (t0 + t) * N * es, n0 + r, v, bf);
+                        st((char *)y + (4 * g + t) * N * es, n0 + r, v, bf);
                     }
+            t0 = 4L * G;
+        }
         for (long t = t0; t < T; t++) {
             float acc[4];
             void *yt = (char *)y + t * N * es;
@@ -657,13 +714,15 @@ void vxc_swiglu_up_rows(const void *Wg, const void *Wu, const void *x, void *h, 
     for (long n0 = 0; n0 < N; n0 += 4) {
         long rows = N - n0 < 4 ? N - n0 : 4;
         long t0 = 0;
-        float g4[4][4], u4[4][4];
-        if (rows == 4)
-            for (; t0 + 4 <= T && dot4_rows4(Wg, (const char *)x + t0 * K * es, n0, K, bf, g4) &&
-                   dot4_rows4(Wu, (const char *)x + t0 * K * es, n0, K, bf, u4); t0 += 4)
+        float g4[4][4][4], u4[4][4][4];
+        const int G = (int)(T / 4 < 4 ? T / 4 : 4);
+        if (rows == 4 && G > 0 && dot4_rows(Wg, x, n0, K, G, bf, g4) && dot4_rows(Wu, x, n0, K, G, bf, u4)) {
+            for (int g = 0; g < G; g++)
                 for (int t = 0; t < 4; t++)
                     for (long r = 0; r < 4; r++)
-                        st((char *)h + (t0 + t) * N * es, n0 + r, rnd(silu(rnd(g4[t][r], bf)), bf) * rnd(u4[t][r], bf), bf);
+                        st((char *)h + (4 * g + t) * N * es, n0 + r, rnd(silu(rnd(g4[g][t][r], bf)), bf) * rnd(u4[g][t][r], bf), bf);
+            t0 = 4L * G;
+        }
         for (long t = t0; t < T; t++) {
             float g[4], u[4];
             const void *xt = (const char *)x + t * K * es;
@@ -5208,6 +5267,10 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
              * / 3.96 ms, 2 rows 3.78 / 4.61, 4 rows 3.04 / 5.42, 8 rows 7.59 / 11.02) */
             /* (in the first pass over the tile only: a later pass, from 8 rows of x on, reads it from cache) */
             if (row_prefetch && b0 == 0) prefetch_bytes(o + 3360, 3360);
+            /* where pf asks for L2 (AMD, from 4 rows of x: p_rows) the next tile's super-block instead: the 168
+             * qwen3-0.6b-shaped matrices of 28 layers as q6_k, Zen 4, 2 threads, interleaved, best of 6: 4 rows
+             * 15.9 -> 14.0 ms, 8 rows 29.9 -> 21.3, 16 rows 47.6 -> 39.1 */
+            if (pf == 2) prefetch_tile(o + cols / 256 * 3360, 3360, 2);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             for (int h = 0; h < 2; h++)
                 for (int cq = 0; cq < 2; cq++) { /* chunks 4cq..4cq+3: values of sub-blocks 8h + 2t + cq, t = 0..3 */
@@ -5230,7 +5293,7 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
         const __m512i kv = iq4_levels_u8();
         for (long sb = 0; sb < cols / 256; sb++) {
             const uint8_t *o = T + sb * 2176;
-            if (pf) prefetch_bytes(o + cols / 256 * 2176, 2176);
+            if (pf) prefetch_tile(o + cols / 256 * 2176, 2176, pf);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(o + 32)));
 #pragma GCC unroll 2
@@ -5261,7 +5324,7 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
         const __m512i m2 = _mm512_set1_epi8(3);
         for (long sb = 0; sb < cols / 256; sb++) {
             const uint8_t *o = T + sb * 1056;
-            if (pf) prefetch_bytes(o + cols / 256 * 1056, 1056);
+            if (pf) prefetch_tile(o + cols / 256 * 1056, 1056, pf);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             for (int h = 0; h < 2; h++) {
                 __m512i v[8];
@@ -5285,7 +5348,7 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
                                 * the group's halves; 7: digit 4 of chunks 8..11, then digits 0..3 of the qh chunk */
             for (long sb = 0; sb < cols / 256; sb++) {
             const uint8_t *o = T + sb * 864;
-            if (pf) prefetch_bytes(o + cols / 256 * 864, 864);
+            if (pf) prefetch_tile(o + cols / 256 * 864, 864, pf);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             __m512i p[8];
             const int8_t *xq = X->q + b0 * cols + 256 * sb;
@@ -5330,7 +5393,7 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
         const long GB = p_group_bytes(enc);
         for (long sb = 0; sb < cols / 256; sb++) {
             const uint8_t *o = T + sb * GB;
-            if (pf) prefetch_bytes(o + cols / 256 * GB, GB);
+            if (pf) prefetch_tile(o + cols / 256 * GB, GB, pf);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             __m512 dmin = enc == Q2_K ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32))) : _mm512_setzero_ps();
             if (NB == 1) { /* both halves at once: each chunk's lines read front to back */
@@ -5348,7 +5411,7 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
         const long GB = p_group_bytes(enc);
         for (long sb = 0; sb < cols / 256; sb++) {
             const uint8_t *o = T + sb * GB;
-            if (pf) prefetch_bytes(o + cols / 256 * GB, GB);
+            if (pf) prefetch_tile(o + cols / 256 * GB, GB, pf);
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
             __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32)));
 #pragma GCC unroll 4
@@ -5396,7 +5459,7 @@ static inline __attribute__((always_inline)) void p_tile(int enc, const uint8_t 
         const int off = p_off(enc);
         for (long g = 0; g < ng; g++) {
             const uint8_t *o = T + g * GB;
-            if (pf) prefetch_bytes(o + ng * GB, GB);
+            if (pf) prefetch_tile(o + ng * GB, GB, pf);
             __m512i p[8];
             for (int b = 0; b < NB; b++)
                 p[b] = off ? _mm512_set1_epi32(X->xs[(b0 + b) * ng + g]) : _mm512_setzero_si512(); /* a load, no multiply */
@@ -5455,13 +5518,15 @@ static inline __attribute__((always_inline)) void p_rows(int enc, const uint8_t 
      * 11.2, 16 rows 20.2-20.5 -> 15.2-15.5; a pass of 4 rows against the tile already in cache costs less than the
      * spills). Below 8 rows one pass: passes of 4 there were 25-45 % slower at 5-7 rows. It changes no value. */
     const int W = enc == Q6_K && B >= 8 ? 4 : 8;
-    /* the last pass prefetches the next tile's groups; on AMD CPUs only for the 32-value nibble formats from 4 rows
-     * of x: at one row (decode) it cost 13-32 % there (Zen 4, 2 threads, the qwen3-0.6b-shaped layers, interleaved
-     * in one process: q4_0 24.9 -> 29.8 GB/s without it, q4_k 22.2 -> 29.4, q8_0 21.2 -> 23.9); from 4 rows q4_0,
-     * q4_1 and q5_0 gain by it (4 rows 0.273 / 0.299 / 0.336 against 0.310 / 0.323 / 0.354 ms, 8 rows 0.388 /
-     * 0.409 / 0.434 against 0.485 / 0.520 / 0.543) while q4_k and q8_0 lose (4 rows 0.348 / 0.484 against 0.293 /
-     * 0.407, 8 rows 0.688 / 0.698 against 0.612 / 0.672); level at 64. It changes no value. */
-    const int pf_on = row_prefetch || (B >= 4 && (enc == Q4_0 || enc == Q4_1 || enc == Q5_0 || enc == Q5_1));
+    /* the last pass prefetches the next tile's groups (into L1: pf 1, Intel) or into L2 (pf 2: AMD CPUs, from 4 rows
+     * of x). On AMD at one row (decode) it cost 13-32 % into L1 (Zen 4, 2 threads, the qwen3-0.6b-shaped layers,
+     * interleaved in one process: q4_0 24.9 -> 29.8 GB/s without it, q4_k 22.2 -> 29.4, q8_0 21.2 -> 23.9) and
+     * 0-27 % into L2, so one row goes without. From 4 rows into L1 helped q4_0, q4_1 and q5_0 (8 rows 0.388 / 0.409 /
+     * 0.434 against 0.485 / 0.520 / 0.543 ms) while q4_k and q8_0 lost (8 rows 0.688 / 0.698 against 0.612 /
+     * 0.672); into L2 every format tried gains (the 168 matrices of 28 layers, best of 6, interleaved, without /
+     * into L1 for the nibble formats -> into L2: q4_0 4 / 8 rows 11.2 / 17.2 -> 9.8 / 16.3 ms, q8_0 15.2 / 25.9 ->
+     * 14.3 / 18.7, q4_k 12.8 / 23.6 -> 10.3 / 17.6; q6_k above). It changes no value. */
+    const int pf_on = row_prefetch ? 1 : B >= 4 ? 2 : 0;
 #if defined(K23X)
     if (enc == IQ4_XS && B >= 16) {
         k23x_reserve(IQ4X_BYTES * (cols / 256));
@@ -5532,7 +5597,7 @@ static inline __attribute__((always_inline)) void p_rows(int enc, const uint8_t 
          * rows take a pass of 4 first (0.24 / 0.27 ms; the 151936 x 1024 head from memory: 6 rows 10.6 -> 8.7 ms,
          * 7 rows 11.8 -> 9.2). The other packed formats have no such step (5-8 rows within ~15 %). No value changes. */
         if (enc == Q6_K && (nb == 6 || nb == 7)) nb = 4;
-        int pf = pf_on && b0 + nb >= B;
+        int pf = b0 + nb >= B ? pf_on : 0;
         __m512 out[8];
         switch (nb) {
         case 1: p_tile(enc, T, X, cols, b0, 1, pf, out); break;
