@@ -5,7 +5,7 @@ One run of this script:
 
 1. finds llama.cpp (``--llama-cpp DIR``, default ``$VXC_LLAMA_CPP`` or the vendored tree of the llama-cpp-python
    sdist unpacked under /tmp/lcpp): ``build/bin/llama-bench``, ``llama-quantize``, ``llama-perplexity`` (and
-   ``llama-completion`` for ``--agreement``, ``llama-imatrix`` for the IQ1 / IQ2 / IQ3_XXS files). ``--build`` downloads the sdist (pip download --no-deps --no-binary
+   ``llama-completion`` for ``--agreement``, ``llama-imatrix`` for the IQ1 / IQ2 / IQ3_XXS files, ``llama-server`` for serve_load.py). ``--build`` downloads the sdist (pip download --no-deps --no-binary
    :all: llama-cpp-python) into the work dir and builds those targets with cmake -DGGML_NATIVE=ON
    -DLLAMA_CURL=OFF first (a fresh machine; never in CI);
 2. builds (or reuses, keyed by model, geometry and precision) the GGUF files in a work dir outside the repository:

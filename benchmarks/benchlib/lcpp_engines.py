@@ -497,7 +497,7 @@ def build_commands(dest: Path, version: str | None, jobs: int, cflags: str = "")
         ["tar", "xzf", str(dest / "llama_cpp_python-*.tar.gz"), "-C", str(dest)],
         ["cmake", "-S", str(tree), "-B", str(tree / "build"), *configure_flags(cflags)],
         ["cmake", "--build", str(tree / "build"), "-j", str(jobs), "--target", "llama-bench", "llama-quantize",
-         "llama-perplexity", "llama-completion", "llama-imatrix"],
+         "llama-perplexity", "llama-completion", "llama-imatrix", "llama-server"],  # the last for serve_load.py
     ], tree
 
 

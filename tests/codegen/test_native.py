@@ -252,6 +252,36 @@ def test_conv1d_step(dtype, bias, activation):
     assert torch.equal(s1, s2)  # the history shifts exactly
 
 
+@pytest.mark.parametrize("x_dt, w_dt, s_dt", [(torch.bfloat16, torch.bfloat16, torch.float32),
+                                              (torch.bfloat16, torch.float32, torch.bfloat16),
+                                              (torch.float32, torch.bfloat16, torch.float32),
+                                              (torch.float32, torch.float32, torch.bfloat16)])
+@pytest.mark.parametrize("activation", ["silu", "none"])
+def test_conv1d_step_mixed_dtypes_wide(x_dt, w_dt, s_dt, activation):
+    """The conv step where the activations, the weight and the history have different dtypes (a Mamba2 step in
+    bf16 keeps an fp32 history; each combination has its own instance of the K = 4 loop), over 600 channels (the
+    activation runs 256 channels at a time: two whole pieces and a part) and 3 rows on slots out of order: against
+    an fp64 convolution of the same values (the history shifted exactly, the output rounded once to x's dtype),
+    and each row of the rows form bit-identical to the single-row step on its own slot."""
+    C, K, S = 600, 4, 5
+    x, w, b = r(3, C, dtype=x_dt), r(C, K, dtype=w_dt), r(C, dtype=w_dt)
+    states = r(S, C, K, dtype=s_dt)
+    slots = torch.tensor([3, 0, 4], dtype=torch.int64)
+    alone, outs = states.clone(), []
+    tol = 2e-2 if x_dt == torch.bfloat16 else 1e-5
+    for i, s in enumerate(slots.tolist()):
+        hist = torch.cat([states[s, :, 1:].double(), x[i].double()[:, None]], dim=1)
+        want = (hist * w.double()).sum(-1) + b.double()
+        if activation == "silu":
+            want = want * torch.sigmoid(want)
+        outs.append(native(conv.conv1d_step_native, x[i].clone(), w, b, activation, alone[s], expect="vxc_conv1d_step"))
+        assert torch.equal(alone[s], hist.to(s_dt))  # the history shifted exactly
+        torch.testing.assert_close(outs[-1].double(), want, rtol=tol, atol=tol)
+    assert torch.equal(alone[[1, 2]], states[[1, 2]])  # slots not stepped are untouched
+    rows = native(conv.conv1d_step_rows_native, x, w, b, activation, states, slots, expect="vxc_conv1d_step_rows")
+    assert torch.equal(rows, torch.stack(outs)) and torch.equal(states, alone)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dt_limit", [(0.0, math.inf), (0.05, 0.8)])
 def test_ssd_step(dtype, dt_limit):

@@ -872,8 +872,55 @@ void vxc_gated_rmsnorm(const void *x, const void *z, const void *weight, void *o
 
 /* channels c0 .. c1 of one conv1d step. The all-fp32 four-tap case (Mamba2's and most conv-QKV layers) without
  * the per-element dtype branches: the same history, sum order and products, so the same values. */
+/* conv_step_range's general loop for K = 4, one instance per (bf, w_bf, s_bf): the dtype branches resolved at
+ * compile time, the activation over 256 channels at a time in a vector loop. The same sums in the same order as the
+ * general loop. A Mamba2-780m-shaped bf16 step's 48 calls (3328 channels): 2.09 ms a row in the general loop. */
+static inline __attribute__((always_inline)) void conv4_range(const void *x, const void *weight, const void *bias,
+                                                              void *state, void *out, long c0, long c1, int a,
+                                                              const int bf, const int w_bf, const int s_bf) {
+    float y[256];
+    for (long b0 = c0; b0 < c1; b0 += 256) {
+        const long n = c1 - b0 < 256 ? c1 - b0 : 256;
+        for (long i = 0; i < n; i++) {
+            const long c = b0 + i;
+            float h0 = ld(state, 4 * c + 1, s_bf), h1 = ld(state, 4 * c + 2, s_bf), h2 = ld(state, 4 * c + 3, s_bf);
+            float h3 = ld(x, c, bf);
+            st(state, 4 * c, h0, s_bf);
+            st(state, 4 * c + 1, h1, s_bf);
+            st(state, 4 * c + 2, h2, s_bf);
+            st(state, 4 * c + 3, h3, s_bf);
+            float v = 0.0f;
+            v += h0 * ld(weight, 4 * c, w_bf);
+            v += h1 * ld(weight, 4 * c + 1, w_bf);
+            v += h2 * ld(weight, 4 * c + 2, w_bf);
+            v += h3 * ld(weight, 4 * c + 3, w_bf);
+            if (bias) v += ld(bias, c, w_bf);
+            y[i] = v;
+        }
+        if (a == 1) {
+#pragma omp simd
+            for (long i = 0; i < n; i++) y[i] = silu(y[i]);
+        } else if (a == 2) {
+#pragma omp simd
+            for (long i = 0; i < n; i++) y[i] = sigm(y[i]);
+        }
+        for (long i = 0; i < n; i++) st(out, b0 + i, y[i], bf);
+    }
+}
+
 static inline void conv_step_range(const void *x, const void *weight, const void *bias, void *state, void *out,
                                    long c0, long c1, long K, int a, int bf, int w_bf, int s_bf) {
+    if (K == 4 && (bf || w_bf || s_bf)) {
+        switch ((bf != 0) * 4 + (w_bf != 0) * 2 + (s_bf != 0)) {
+        case 1: conv4_range(x, weight, bias, state, out, c0, c1, a, 0, 0, 1); return;
+        case 2: conv4_range(x, weight, bias, state, out, c0, c1, a, 0, 1, 0); return;
+        case 3: conv4_range(x, weight, bias, state, out, c0, c1, a, 0, 1, 1); return;
+        case 4: conv4_range(x, weight, bias, state, out, c0, c1, a, 1, 0, 0); return;
+        case 5: conv4_range(x, weight, bias, state, out, c0, c1, a, 1, 0, 1); return;
+        case 6: conv4_range(x, weight, bias, state, out, c0, c1, a, 1, 1, 0); return;
+        default: conv4_range(x, weight, bias, state, out, c0, c1, a, 1, 1, 1); return;
+        }
+    }
     if (K == 4 && !bf && !w_bf && !s_bf) {
         const float *xf = (const float *)x, *wf = (const float *)weight, *bfp = (const float *)bias;
         float *sf = (float *)state, *of = (float *)out;
