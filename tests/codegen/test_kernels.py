@@ -354,6 +354,35 @@ def test_linear_swiglu_embedding_twins():
     close_to_naive(embedding_twin(ids, table), torch.stack([table[i].double() for i in ids.tolist()]))
 
 
+def test_fp32_gemm_takes_onednn_and_keeps_its_values(monkeypatch):
+    """fp32 GEMMs of 2 or more contiguous CPU rows run on oneDNN (``dense.ONEDNN_FP32``, 1.5-1.8x MKL on the
+    prefill's shapes), at fp32's floor against fp64 (bias or none, awkward sizes, long sums), the same values on a
+    second call; one row, bf16 and strided operands keep ``F.linear``. Where the build has no oneDNN linear the
+    twin is F.linear throughout."""
+    from vxc.codegen.kernels import dense
+
+    if dense.ONEDNN_FP32 is None:
+        pytest.skip("this torch build has no mkldnn::_linear_pointwise")
+    calls = []
+    real = dense.ONEDNN_FP32
+    monkeypatch.setattr(dense, "ONEDNN_FP32", lambda *a: calls.append(a) or real(*a))
+    for T, K, N, with_bias in [(2, 200, 97, True), (37, 2101, 131, False), (129, 640, 1030, True)]:
+        x, w, b = cpu(T, K), cpu(N, K, scale=K ** -0.5), cpu(N)
+        bias = b if with_bias else None
+        n = len(calls)
+        got = dense.gemm(x, w, bias)
+        assert len(calls) == n + 1
+        want = x.double() @ w.double().T + (b.double() if with_bias else 0)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-5)
+        assert torch.equal(got, dense.gemm(x, w, bias))
+        close_to_naive(linear_twin(x, w, bias), want)
+    n = len(calls)
+    x, w = cpu(5, 64), cpu(33, 64)
+    for args in [(x[:1], w), (x.bfloat16(), w.bfloat16()), (x.t().contiguous().t()[:, :60], w[:, :60])]:
+        dense.gemm(*args)
+    assert len(calls) == n
+
+
 # ------------------------------------------------------------------------------ (b) Triton vs the twins
 
 
