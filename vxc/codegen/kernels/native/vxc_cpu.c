@@ -897,13 +897,7 @@ static inline __attribute__((always_inline)) void conv4_range(const void *x, con
             if (bias) v += ld(bias, c, w_bf);
             y[i] = v;
         }
-        if (a == 1) {
-#pragma omp simd
-            for (long i = 0; i < n; i++) y[i] = silu(y[i]);
-        } else if (a == 2) {
-#pragma omp simd
-            for (long i = 0; i < n; i++) y[i] = sigm(y[i]);
-        }
+        act_row(y, n, a);
         for (long i = 0; i < n; i++) st(out, b0 + i, y[i], bf);
     }
 }
