@@ -98,15 +98,17 @@ def test_swiglu_prefill_form():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T, K", [(2, 203), (5, 203), (16, 203), (7, 2101), (9, 389), (8, 1040), (12, 1553),
-                                  (16, 1024), (4, 512)])
+@pytest.mark.parametrize("T, K", [(2, 203), (3, 768), (5, 203), (6, 389), (16, 203), (7, 2101), (9, 389), (8, 1040),
+                                  (12, 1553), (13, 1040), (16, 1024), (4, 512)])
 def test_gemv_and_swiglu_over_rows(dtype, T, K):
     """A batched decode step's rows (T <= dense.GEMV_MAX_ROWS): one pass over the weights for every row, each row
     bit-identical to the same row alone (so a batched step gives each sequence its single-sequence values), and
     at the twin's tolerance; fp32 against fp64 too. Past the bound the BLAS GEMM (the twin) runs. Rows of x in
     fours and a remainder, short (one-stream dot) and long (four-row dot, K > 2048) weight rows; 1 to 4 groups of
     four rows over K walked in chunks of 512 values (fp32), with and without a tail (1040: two chunks and 16 values,
-    no tail; 1553: three chunks, 16 values, a tail of 1; 512 and 1024: whole chunks)."""
+    no tail; 1553: three chunks, 16 values, a tail of 1; 512 and 1024: whole chunks), of 384 values (bf16: 768 two
+    whole chunks, 1553 four and a tail of 17, 1040 two, 256 values and a tail of 16); 1 to 3 rows of x past a
+    multiple of 4 (in the block's last group, or against a weight row at a time below 8 rows)."""
     x, w, b = r(T, K, dtype=dtype), r(1001, K, scale=K ** -0.5, dtype=dtype), r(1001, dtype=dtype)
     y = native(dense.linear_native, x, w, b, expect="vxc_gemv_rows")
     for t in range(T):

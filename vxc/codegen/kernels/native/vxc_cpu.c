@@ -550,89 +550,170 @@ void vxc_swiglu_up(const void *Wg, const void *Wu, const void *x, void *h, long 
 #endif
 
 #if defined(__AVX512BF16__)
-/* dot1_bf16 of one weight row with 4 rows of x (x row stride xs elements) at once: each weight vector is loaded
- * once for the 4 rows (an accumulator per row of x), and each result is exactly the value dot1_bf16 gives that row
- * of x alone: the same accumulator, chunks, masked tail and reduction. ``pf``: where to fetch ahead into L2 step by
- * step (NULL: nothing). */
-static inline void dot1_bf16_x4(const bf16_t *w, const bf16_t *x, long xs, long K, float out[4], const bf16_t *pf) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    const bf16_t *x1 = x + xs, *x2 = x1 + xs, *x3 = x2 + xs;
+/* dot1_bf16 of one weight row with nt rows of x (1 <= nt <= 4; x row stride xs elements) at once: each weight
+ * vector is loaded once for the nt rows (an accumulator per row of x), and each result is exactly the value
+ * dot1_bf16 gives that row of x alone: the same accumulator, chunks, masked tail and reduction. ``pf``: where to
+ * fetch ahead into L2 step by step. */
+static inline __attribute__((always_inline)) void dot1_bf16_xn(const bf16_t *w, const bf16_t *x, long xs, long K, const int nt,
+                                                               float out[4], const bf16_t *pf) {
+    __m512 a[4];
+    for (int t = 0; t < nt; t++) a[t] = _mm512_setzero_ps();
     long k = 0;
     for (; k + 32 <= K; k += 32) {
-        if (pf) _mm_prefetch((const char *)(pf + k), _MM_HINT_T1);
+        _mm_prefetch((const char *)(pf + k), _MM_HINT_T1);
         __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(w + k));
-        a0 = _mm512_dpbf16_ps(a0, wv, (__m512bh)_mm512_loadu_si512((const void *)(x + k)));
-        a1 = _mm512_dpbf16_ps(a1, wv, (__m512bh)_mm512_loadu_si512((const void *)(x1 + k)));
-        a2 = _mm512_dpbf16_ps(a2, wv, (__m512bh)_mm512_loadu_si512((const void *)(x2 + k)));
-        a3 = _mm512_dpbf16_ps(a3, wv, (__m512bh)_mm512_loadu_si512((const void *)(x3 + k)));
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) a[t] = _mm512_dpbf16_ps(a[t], wv, (__m512bh)_mm512_loadu_si512((const void *)(x + t * xs + k)));
     }
     if (k < K) {
         __mmask32 m = (__mmask32)((1ull << (K - k)) - 1);
         __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + k);
-        a0 = _mm512_dpbf16_ps(a0, wv, (__m512bh)_mm512_maskz_loadu_epi16(m, x + k));
-        a1 = _mm512_dpbf16_ps(a1, wv, (__m512bh)_mm512_maskz_loadu_epi16(m, x1 + k));
-        a2 = _mm512_dpbf16_ps(a2, wv, (__m512bh)_mm512_maskz_loadu_epi16(m, x2 + k));
-        a3 = _mm512_dpbf16_ps(a3, wv, (__m512bh)_mm512_maskz_loadu_epi16(m, x3 + k));
+        for (int t = 0; t < nt; t++) a[t] = _mm512_dpbf16_ps(a[t], wv, (__m512bh)_mm512_maskz_loadu_epi16(m, x + t * xs + k));
     }
-    out[0] = _mm512_reduce_add_ps(a0);
-    out[1] = _mm512_reduce_add_ps(a1);
-    out[2] = _mm512_reduce_add_ps(a2);
-    out[3] = _mm512_reduce_add_ps(a3);
+    for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(a[t]);
 }
 #endif
 
 #if defined(__AVX512F__)
-/* fp32: a block of 4 weight rows (from w0, stride K) with G groups of 4 rows of x (stride K; G <= 4) at once:
- * acc[g][t][r] is exactly dot1_f32 of weight row r with row 4g + t of x alone (one accumulator per pair, the same
- * 16-value steps in the same order, the same masked tail and reduction). The k range is walked in chunks of ROWS_KC
- * values, each dotted with every group while it is in L1 (sixteen independent chains a group; the accumulators wait
- * on the stack between chunks; the first group's pass fetches the next block ahead). One row of x at a time (dot4
- * per row, one chain each) a batched step is bound by the multiply-adds' latency: 122.1 ms at 8 rows for 196 qwen3
- * matrices that way, 89.6 with 4 x 4 blocks (Zen 4, 2 threads); the chunks measured 2-4 % faster again than one
- * pass over K a group. bf16 keeps a weight row at a time against 4 rows of x (dot1_bf16_x4): four interleaved bf16
- * rows measured 45.5 ms at 4 rows of x against 36.0. */
+/* fp32: a block of 4 weight rows (from w0, stride K) with T rows of x (stride K; 2 <= T <= 16) at once, in groups
+ * of 4 rows of x (the last group holds the T % 4 rows left over, if any): acc[g][t][r] is exactly dot1_f32 of
+ * weight row r with row 4g + t of x alone (one accumulator per pair, the same 16-value steps in the same order, the
+ * same masked tail and reduction). The k range is walked in chunks of ROWS_KC values, each dotted with every group
+ * while it is in L1 (up to sixteen independent chains a group; the accumulators wait on the stack between chunks;
+ * the first group's pass fetches the next block ahead). One row of x at a time (dot4 per row, one chain each) a
+ * batched step is bound by the multiply-adds' latency: 122.1 ms at 8 rows for 196 qwen3 matrices that way, 89.6
+ * with 4 x 4 blocks (Zen 4, 2 threads); the chunks measured 2-4 % faster again than one pass over K a group. The
+ * rows left over past a multiple of 4 took that one-chain path before too, which made 7 rows of x slower than 8. */
 #ifndef ROWS_KC
 #define ROWS_KC 512
 #endif
-static inline void dot4_f32_xg(const float *w0, const float *x, long K, int G, float acc[4][4][4]) {
-    __m512 keep[4][4][4];
+static inline __attribute__((always_inline)) void f32_group_pass(const float *w0, long K, const float *xg, const int nt,
+                                                                 long c0, long c1, long kfull, __m512 keep[4][4], int first) {
+    __m512 a[4][4];
     const float *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
-    const long kfull = K & ~15L, ahead = PF_ROWS_AHEAD * K;
+    const long ahead = PF_ROWS_AHEAD * K;
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < 4; r++) a[t][r] = c0 ? keep[t][r] : _mm512_setzero_ps();
+    for (long k = c0; k < c1; k += 16) {
+        __m512 v0 = _mm512_loadu_ps(w0 + k), v1 = _mm512_loadu_ps(w1 + k);
+        __m512 v2 = _mm512_loadu_ps(w2 + k), v3 = _mm512_loadu_ps(w3 + k);
+        if (first) {
+            _mm_prefetch((const char *)(w0 + ahead + k), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w1 + ahead + k), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w2 + ahead + k), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w3 + ahead + k), _MM_HINT_T1);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            __m512 xv = _mm512_loadu_ps(xg + t * K + k);
+            a[t][0] = _mm512_fmadd_ps(v0, xv, a[t][0]);
+            a[t][1] = _mm512_fmadd_ps(v1, xv, a[t][1]);
+            a[t][2] = _mm512_fmadd_ps(v2, xv, a[t][2]);
+            a[t][3] = _mm512_fmadd_ps(v3, xv, a[t][3]);
+        }
+    }
+    if (c1 == kfull && kfull < K) {
+        __mmask16 m = (__mmask16)((1u << (K - kfull)) - 1);
+        __m512 v0 = _mm512_maskz_loadu_ps(m, w0 + kfull), v1 = _mm512_maskz_loadu_ps(m, w1 + kfull);
+        __m512 v2 = _mm512_maskz_loadu_ps(m, w2 + kfull), v3 = _mm512_maskz_loadu_ps(m, w3 + kfull);
+        for (int t = 0; t < nt; t++) {
+            __m512 xv = _mm512_maskz_loadu_ps(m, xg + t * K + kfull);
+            a[t][0] = _mm512_fmadd_ps(v0, xv, a[t][0]);
+            a[t][1] = _mm512_fmadd_ps(v1, xv, a[t][1]);
+            a[t][2] = _mm512_fmadd_ps(v2, xv, a[t][2]);
+            a[t][3] = _mm512_fmadd_ps(v3, xv, a[t][3]);
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < 4; r++) keep[t][r] = a[t][r];
+}
+
+static inline void dot4_f32_xt(const float *w0, const float *x, long K, int T, float acc[4][4][4]) {
+    __m512 keep[4][4][4];
+    const int G = (T + 3) / 4;
+    const long kfull = K & ~15L;
     for (long c0 = 0;; c0 += ROWS_KC) {
         const long c1 = c0 + ROWS_KC < kfull ? c0 + ROWS_KC : kfull;
         for (int g = 0; g < G; g++) {
-            __m512 a[4][4];
             const float *xg = x + (long)g * 4 * K;
+            switch (T - 4 * g) {
+            case 1: f32_group_pass(w0, K, xg, 1, c0, c1, kfull, keep[g], g == 0); break;
+            case 2: f32_group_pass(w0, K, xg, 2, c0, c1, kfull, keep[g], g == 0); break;
+            case 3: f32_group_pass(w0, K, xg, 3, c0, c1, kfull, keep[g], g == 0); break;
+            default: f32_group_pass(w0, K, xg, 4, c0, c1, kfull, keep[g], g == 0); break;
+            }
+        }
+        if (c1 == kfull) break;
+    }
+    for (int g = 0; g < G; g++)
+        for (int t = 0; t < 4 && 4 * g + t < T; t++)
+            for (int r = 0; r < 4; r++) acc[g][t][r] = _mm512_reduce_add_ps(keep[g][t][r]);
+}
+#endif
+
+#if defined(__AVX512BF16__)
+/* bf16: a block of 4 weight rows (from w0, stride K) with G groups of 4 rows of x (stride K; 2 <= G <= 4) at once,
+ * as dot4_f32_xt does it for fp32: acc[g][t][r] is exactly dot1_bf16 of weight row r with row 4g + t of x alone (one
+ * accumulator per pair, the same 32-value steps in the same order, the same masked tail and reduction), over chunks
+ * of ROWS_KC_BF16 values, sixteen independent chains a group. The fetch of the next block into L2 is spread over the
+ * groups' passes (group g fetches weight rows g, g + G, ...), and the first group's pass also fetches its own rows
+ * 256 bytes ahead into L1. Rows of x past a multiple of 4 take bf16_rows_xn on the weights just read. Up to 7 rows
+ * of x keep a weight row at a time (dot1_bf16_xn against 4, then the rest): it streams faster there (4 rows 27.9
+ * against 35.5 ms). Against one weight row with 4 rows of x at a time (four chains, every fetch in the first group's
+ * pass, the rows past a multiple of 4 one chain each), Zen 4, 2 threads, from memory, interleaved in one process,
+ * 48 layers of Mamba2-780m-shaped in / out projections (1.4 GB): rows of x 3 / 6 / 7 / 8 / 12 / 16 56.2 / 61.7 /
+ * 71.0 / 59.8 / 82.8 / 104.6 -> 44.8 / 52.5 / 50.1 / 47.5 / 62.4 / 76.1 ms (4 and 5 rows the same); 0.6B-model-
+ * shaped (28 layers) 8 rows 35.7 -> 32.7, 16 rows 69.6 -> 58.0. */
+#ifndef ROWS_KC_BF16
+#define ROWS_KC_BF16 384
+#endif
+#ifndef ROWS_L1_AHEAD
+#define ROWS_L1_AHEAD 128
+#endif
+static inline void dot4_bf16_xg(const bf16_t *w0, const bf16_t *x, long K, int G, float acc[4][4][4]) {
+    __m512 keep[4][4][4];
+    const bf16_t *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+    const long kfull = K & ~31L, ahead = PF_ROWS_AHEAD * K;
+    for (long c0 = 0;; c0 += ROWS_KC_BF16) {
+        const long c1 = c0 + ROWS_KC_BF16 < kfull ? c0 + ROWS_KC_BF16 : kfull;
+        for (int g = 0; g < G; g++) {
+            __m512 a[4][4];
+            const bf16_t *xg = x + (long)g * 4 * K;
             for (int t = 0; t < 4; t++)
                 for (int r = 0; r < 4; r++) a[t][r] = c0 ? keep[g][t][r] : _mm512_setzero_ps();
-            for (long k = c0; k < c1; k += 16) {
-                __m512 v0 = _mm512_loadu_ps(w0 + k), v1 = _mm512_loadu_ps(w1 + k);
-                __m512 v2 = _mm512_loadu_ps(w2 + k), v3 = _mm512_loadu_ps(w3 + k);
+            for (long k = c0; k < c1; k += 32) {
+                __m512bh v0 = (__m512bh)_mm512_loadu_si512((const void *)(w0 + k));
+                __m512bh v1 = (__m512bh)_mm512_loadu_si512((const void *)(w1 + k));
+                __m512bh v2 = (__m512bh)_mm512_loadu_si512((const void *)(w2 + k));
+                __m512bh v3 = (__m512bh)_mm512_loadu_si512((const void *)(w3 + k));
+                for (int r = g; r < 4; r += G) _mm_prefetch((const char *)(w0 + ahead + r * K + k), _MM_HINT_T1);
                 if (g == 0) {
-                    _mm_prefetch((const char *)(w0 + ahead + k), _MM_HINT_T1);
-                    _mm_prefetch((const char *)(w1 + ahead + k), _MM_HINT_T1);
-                    _mm_prefetch((const char *)(w2 + ahead + k), _MM_HINT_T1);
-                    _mm_prefetch((const char *)(w3 + ahead + k), _MM_HINT_T1);
+                    _mm_prefetch((const char *)(w0 + ROWS_L1_AHEAD + k), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(w1 + ROWS_L1_AHEAD + k), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(w2 + ROWS_L1_AHEAD + k), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(w3 + ROWS_L1_AHEAD + k), _MM_HINT_T0);
                 }
 #pragma GCC unroll 4
                 for (int t = 0; t < 4; t++) {
-                    __m512 xv = _mm512_loadu_ps(xg + t * K + k);
-                    a[t][0] = _mm512_fmadd_ps(v0, xv, a[t][0]);
-                    a[t][1] = _mm512_fmadd_ps(v1, xv, a[t][1]);
-                    a[t][2] = _mm512_fmadd_ps(v2, xv, a[t][2]);
-                    a[t][3] = _mm512_fmadd_ps(v3, xv, a[t][3]);
+                    __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(xg + t * K + k));
+                    a[t][0] = _mm512_dpbf16_ps(a[t][0], v0, xv);
+                    a[t][1] = _mm512_dpbf16_ps(a[t][1], v1, xv);
+                    a[t][2] = _mm512_dpbf16_ps(a[t][2], v2, xv);
+                    a[t][3] = _mm512_dpbf16_ps(a[t][3], v3, xv);
                 }
             }
             if (c1 == kfull && kfull < K) {
-                __mmask16 m = (__mmask16)((1u << (K - kfull)) - 1);
-                __m512 v0 = _mm512_maskz_loadu_ps(m, w0 + kfull), v1 = _mm512_maskz_loadu_ps(m, w1 + kfull);
-                __m512 v2 = _mm512_maskz_loadu_ps(m, w2 + kfull), v3 = _mm512_maskz_loadu_ps(m, w3 + kfull);
+                __mmask32 m = (__mmask32)((1ull << (K - kfull)) - 1);
+                __m512bh v0 = (__m512bh)_mm512_maskz_loadu_epi16(m, w0 + kfull);
+                __m512bh v1 = (__m512bh)_mm512_maskz_loadu_epi16(m, w1 + kfull);
+                __m512bh v2 = (__m512bh)_mm512_maskz_loadu_epi16(m, w2 + kfull);
+                __m512bh v3 = (__m512bh)_mm512_maskz_loadu_epi16(m, w3 + kfull);
                 for (int t = 0; t < 4; t++) {
-                    __m512 xv = _mm512_maskz_loadu_ps(m, xg + t * K + kfull);
-                    a[t][0] = _mm512_fmadd_ps(v0, xv, a[t][0]);
-                    a[t][1] = _mm512_fmadd_ps(v1, xv, a[t][1]);
-                    a[t][2] = _mm512_fmadd_ps(v2, xv, a[t][2]);
-                    a[t][3] = _mm512_fmadd_ps(v3, xv, a[t][3]);
+                    __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, xg + t * K + kfull);
+                    a[t][0] = _mm512_dpbf16_ps(a[t][0], v0, xv);
+                    a[t][1] = _mm512_dpbf16_ps(a[t][1], v1, xv);
+                    a[t][2] = _mm512_dpbf16_ps(a[t][2], v2, xv);
+                    a[t][3] = _mm512_dpbf16_ps(a[t][3], v3, xv);
                 }
             }
             for (int t = 0; t < 4; t++)
@@ -644,55 +725,70 @@ static inline void dot4_f32_xg(const float *w0, const float *x, long K, int G, f
         for (int t = 0; t < 4; t++)
             for (int r = 0; r < 4; r++) acc[g][t][r] = _mm512_reduce_add_ps(keep[g][t][r]);
 }
+
+/* dot1_bf16_xn of each of the 4 weight rows from w with nt rows of x (nt <= 4; T = 4 * g0 + nt rows in all, these
+ * being rows 4 * g0 ...), into acc[g0][t][r]; ``pf``: the rows ahead to fetch into L2 (or the rows themselves,
+ * when the block's full groups have just read them). */
+static inline void bf16_rows_xn(const bf16_t *w, long K, const bf16_t *x, int nt, int g0, const bf16_t *pf, float acc[4][4][4]) {
+    for (int r = 0; r < 4; r++) {
+        float o[4];
+        switch (nt) {
+        case 1: dot1_bf16_xn(w + r * K, x, K, K, 1, o, pf + r * K); break;
+        case 2: dot1_bf16_xn(w + r * K, x, K, K, 2, o, pf + r * K); break;
+        case 3: dot1_bf16_xn(w + r * K, x, K, K, 3, o, pf + r * K); break;
+        default: dot1_bf16_xn(w + r * K, x, K, K, 4, o, pf + r * K); break;
+        }
+        for (int t = 0; t < nt; t++) acc[g0][t][r] = o[t];
+    }
+}
 #endif
 
-/* dot4 of a block of 4 weight rows with G = T / 4 groups of 4 rows of x (T <= 16): acc[g][t][r] equals
- * dot4(W, x_{4g+t}, n0, K, 4, bf, ...)[r], each weight row read from memory once for all of them (bf16 in AVX-512
- * BF16 builds, fp32 in AVX-512 builds). Returns 0 where not built. */
-static inline int dot4_rows(const void *W, const void *x, long n0, long K, int G, int bf, float acc[4][4][4]) {
+/* dot4 of a block of 4 weight rows with the first T rows of x (2 <= T <= 16): acc[t / 4][t % 4][r] equals
+ * dot4(W, x_t, n0, K, 4, bf, ...)[r], each weight row read from memory once for all of them (bf16 in AVX-512 BF16
+ * builds, fp32 in AVX-512 builds). Returns the number of rows of x done (0 where not built). */
+static inline long dot4_rows(const void *W, const void *x, long n0, long K, long T, int bf, float acc[4][4][4]) {
 #if defined(__AVX512BF16__)
     if (bf) {
         const bf16_t *w = (const bf16_t *)W + n0 * K, *xb = (const bf16_t *)x;
-        for (int g = 0; g < G; g++)
-            for (int r = 0; r < 4; r++) {
-                float o[4];
-                dot1_bf16_x4(w + r * K, xb + (long)g * 4 * K, K, K, o, g == 0 ? w + (PF_ROWS_AHEAD + r) * K : NULL);
-                for (int t = 0; t < 4; t++) acc[g][t][r] = o[t];
-            }
-        return 1;
+        const int G = (int)(T / 4), rem = (int)(T % 4);
+        /* up to 7 rows: a weight row at a time against 4 rows of x streams faster than four rows interleaved */
+        if (G <= 1)
+            bf16_rows_xn(w, K, xb, G ? 4 : rem, 0, w + PF_ROWS_AHEAD * K, acc);
+        else
+            dot4_bf16_xg(w, xb, K, G, acc);
+        if (G && rem) bf16_rows_xn(w, K, xb + (long)G * 4 * K, rem, G, w, acc);  /* the rows left over, weights in cache */
+        return T;
     }
 #endif
 #if defined(__AVX512F__)
     if (!bf) {
-        dot4_f32_xg((const float *)W + n0 * K, (const float *)x, K, G, acc);
-        return 1;
+        dot4_f32_xt((const float *)W + n0 * K, (const float *)x, K, (int)T, acc);
+        return T;
     }
 #endif
-    (void)W; (void)x; (void)n0; (void)K; (void)G; (void)bf; (void)acc;
+    (void)W; (void)x; (void)n0; (void)K; (void)T; (void)bf; (void)acc;
     return 0;
 }
 
 /* vxc_gemv over T rows of x (one decode step of T sequences): each group of 4 weight rows is read from memory
- * once and dotted with every row of x while it is in cache (4 rows of x at a time from registers); each row's
+ * once and dotted with up to 16 rows of x while it is in cache (4 rows of x at a time from registers); each row's
  * result is computed exactly as vxc_gemv computes it for that row alone (the same dot products, the same order),
  * so a batched step gives every sequence the values its single-sequence step gives. */
 void vxc_gemv_rows(const void *W, const void *x, const void *bias, void *y, long N, long K, long T, int bf) {
     const long es = bf ? 2 : 4;
+    const long TB = T < 16 ? T : 16;
 #pragma omp parallel for schedule(static)
     for (long n0 = 0; n0 < N; n0 += 4) {
         long rows = N - n0 < 4 ? N - n0 : 4;
         long t0 = 0;
         float a4[4][4][4];
-        const int G = (int)(T / 4 < 4 ? T / 4 : 4);
-        if (rows == 4 && G > 0 && dot4_rows(W, x, n0, K, G, bf, a4)) {
-            for (int g = 0; g < G; g++)
-                for (int t = 0; t < 4; t++)
-                    for (long r = 0; r < 4; r++) {
-                        float v = rnd(a4[g][t][r], bf);
-                        if (bias) v += ld(bias, n0 + r, bf);
-                        st((char *)y + (4 * g + t) * N * es, n0 + r, v, bf);
-                    }
-            t0 = 4L * G;
+        if (rows == 4 && TB >= 2 && (t0 = dot4_rows(W, x, n0, K, TB, bf, a4)) > 0) {
+            for (long t = 0; t < t0; t++)
+                for (long r = 0; r < 4; r++) {
+                    float v = rnd(a4[t / 4][t % 4][r], bf);
+                    if (bias) v += ld(bias, n0 + r, bf);
+                    st((char *)y + t * N * es, n0 + r, v, bf);
+                }
         }
         for (long t = t0; t < T; t++) {
             float acc[4];
@@ -710,18 +806,18 @@ void vxc_gemv_rows(const void *W, const void *x, const void *bias, void *y, long
 /* vxc_swiglu_up over T rows of x (h: [T, N]), each row as vxc_swiglu_up computes it alone. */
 void vxc_swiglu_up_rows(const void *Wg, const void *Wu, const void *x, void *h, long N, long K, long T, int bf) {
     const long es = bf ? 2 : 4;
+    const long TB = T < 16 ? T : 16;
 #pragma omp parallel for schedule(static)
     for (long n0 = 0; n0 < N; n0 += 4) {
         long rows = N - n0 < 4 ? N - n0 : 4;
         long t0 = 0;
         float g4[4][4][4], u4[4][4][4];
-        const int G = (int)(T / 4 < 4 ? T / 4 : 4);
-        if (rows == 4 && G > 0 && dot4_rows(Wg, x, n0, K, G, bf, g4) && dot4_rows(Wu, x, n0, K, G, bf, u4)) {
-            for (int g = 0; g < G; g++)
-                for (int t = 0; t < 4; t++)
-                    for (long r = 0; r < 4; r++)
-                        st((char *)h + (4 * g + t) * N * es, n0 + r, rnd(silu(rnd(g4[g][t][r], bf)), bf) * rnd(u4[g][t][r], bf), bf);
-            t0 = 4L * G;
+        if (rows == 4 && TB >= 2 && (t0 = dot4_rows(Wg, x, n0, K, TB, bf, g4)) > 0 && dot4_rows(Wu, x, n0, K, TB, bf, u4) == t0) {
+            for (long t = 0; t < t0; t++)
+                for (long r = 0; r < 4; r++)
+                    st((char *)h + t * N * es, n0 + r, rnd(silu(rnd(g4[t / 4][t % 4][r], bf)), bf) * rnd(u4[t / 4][t % 4][r], bf), bf);
+        } else {
+            t0 = 0;
         }
         for (long t = t0; t < T; t++) {
             float g[4], u[4];
