@@ -304,6 +304,12 @@ static inline float dot1_bf16(const bf16_t *w, const bf16_t *x, long K) {
             a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(w + k)), (__m512bh)_mm512_loadu_si512((const void *)(x + k)));
         }
     } else {
+        /* two steps an iteration (the same chain, the same order): built as one step an iteration beside the
+         * batched blocks of c2e8bbd, this sweep measured 4-15 % slower than the same source built before them (a
+         * code-layout effect, the same instructions at other addresses; in-process A/B, 48 Mamba2-780m-shaped
+         * layers); unrolled by two it matched the old build (28.6-43.3 against 28.6-43.3 ms); by four or eight it
+         * did not (47.5-49.4 against 41.3-41.6). */
+#pragma GCC unroll 2
         for (; k + 32 <= K; k += 32)
             a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(w + k)), (__m512bh)_mm512_loadu_si512((const void *)(x + k)));
     }
@@ -782,6 +788,10 @@ static inline long dot4_rows(const void *W, const void *x, long n0, long K, long
  * result is computed exactly as vxc_gemv computes it for that row alone (the same dot products, the same order),
  * so a batched step gives every sequence the values its single-sequence step gives. */
 void vxc_gemv_rows(const void *W, const void *x, const void *bias, void *y, long N, long K, long T, int bf) {
+    if (T == 1) {  /* the one-row kernel itself: the loop below, compiled around the blocks, streamed one row slower */
+        vxc_gemv(W, x, bias, y, N, K, bf);
+        return;
+    }
     const long es = bf ? 2 : 4;
     const long TB = T < 16 ? T : 16;
 #pragma omp parallel for schedule(static)
@@ -812,6 +822,10 @@ void vxc_gemv_rows(const void *W, const void *x, const void *bias, void *y, long
 
 /* vxc_swiglu_up over T rows of x (h: [T, N]), each row as vxc_swiglu_up computes it alone. */
 void vxc_swiglu_up_rows(const void *Wg, const void *Wu, const void *x, void *h, long N, long K, long T, int bf) {
+    if (T == 1) {
+        vxc_swiglu_up(Wg, Wu, x, h, N, K, bf);
+        return;
+    }
     const long es = bf ? 2 : 4;
     const long TB = T < 16 ? T : 16;
 #pragma omp parallel for schedule(static)
