@@ -99,7 +99,7 @@ def test_swiglu_prefill_form():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("T, K", [(2, 203), (3, 768), (5, 203), (6, 389), (16, 203), (7, 2101), (9, 389), (8, 1040),
-                                  (12, 1553), (13, 1040), (16, 1024), (4, 512)])
+                                  (12, 1553), (13, 1040), (16, 1024), (4, 512), (10, 768), (15, 1553)])
 def test_gemv_and_swiglu_over_rows(dtype, T, K):
     """A batched decode step's rows (T <= dense.GEMV_MAX_ROWS): one pass over the weights for every row, each row
     bit-identical to the same row alone (so a batched step gives each sequence its single-sequence values), and
@@ -108,7 +108,7 @@ def test_gemv_and_swiglu_over_rows(dtype, T, K):
     four rows over K walked in chunks of 512 values (fp32), with and without a tail (1040: two chunks and 16 values,
     no tail; 1553: three chunks, 16 values, a tail of 1; 512 and 1024: whole chunks), of 384 values (bf16: 768 two
     whole chunks, 1553 four and a tail of 17, 1040 two, 256 values and a tail of 16); 1 to 3 rows of x past a
-    multiple of 4 (in the block's last group, or against a weight row at a time below 8 rows)."""
+    multiple of 4 (the block's last, partial group from 5 rows: 5, 6, 7, 9, 10, 13, 15)."""
     x, w, b = r(T, K, dtype=dtype), r(1001, K, scale=K ** -0.5, dtype=dtype), r(1001, dtype=dtype)
     y = native(dense.linear_native, x, w, b, expect="vxc_gemv_rows")
     for t in range(T):

@@ -670,9 +670,8 @@ static inline void dot4_f32_xt(const float *w0, const float *x, long K, int T, f
  * accumulator per pair, the same 32-value steps in the same order, the same masked tail and reduction), over chunks
  * of ROWS_KC_BF16 values, sixteen independent chains a group. The fetch of the next block into L2 is spread over the
  * groups' passes (group g fetches weight rows g, g + G, ...), and the first group's pass also fetches its own rows
- * 256 bytes ahead into L1. Rows of x past a multiple of 4 take bf16_rows_xn on the weights just read. Up to 7 rows
- * of x keep a weight row at a time (dot1_bf16_xn against 4, then the rest): it streams faster there (4 rows 27.9
- * against 35.5 ms). Against one weight row with 4 rows of x at a time (four chains, every fetch in the first group's
+ * 256 bytes ahead into L1. Rows of x past a multiple of 4 take dot4_bf16_xt (below). Up to 4 rows of x keep a
+ * weight row at a time (dot1_bf16_xn against them): it streams faster there (4 rows 27.9 against 35.5 ms). Against one weight row with 4 rows of x at a time (four chains, every fetch in the first group's
  * pass, the rows past a multiple of 4 one chain each), Zen 4, 2 threads, from memory, interleaved in one process,
  * 48 layers of Mamba2-780m-shaped in / out projections (1.4 GB): rows of x 3 / 6 / 7 / 8 / 12 / 16 56.2 / 61.7 /
  * 71.0 / 59.8 / 82.8 / 104.6 -> 44.8 / 52.5 / 50.1 / 47.5 / 62.4 / 76.1 ms (4 and 5 rows the same); 0.6B-model-
@@ -683,6 +682,83 @@ static inline void dot4_f32_xt(const float *w0, const float *x, long K, int T, f
 #ifndef ROWS_L1_AHEAD
 #define ROWS_L1_AHEAD 128
 #endif
+/* T rows of x (5 <= T <= 16) that are not a multiple of 4: dot4_bf16_xg's block with a last, partial group of T % 4
+ * rows (each pass of a group as bf16_group_pass, the same steps, order, tail and reduction: every result exactly
+ * dot1_bf16's for that row alone). Before, the rows past a multiple of 4 took a weight row at a time: 5 / 6 / 7
+ * rows one weight row against 4 rows of x then one against the rest, 9 / 13 rows the block and then the rest on the
+ * weights in cache — up to 7 rows cost more than 8. Zen 4, 2 threads, 48 layers of Mamba2-780m-shaped in / out
+ * projections from memory, interleaved in one process, best of 6: 5 / 6 / 7 / 9 / 13 rows 46.2-52.7 / 49.3-55.2 /
+ * 51.3-56.7 / 61.4 / 76.8 -> 37.3-45.7 / 42.9-47.7 / 50.2-52.4 / 58.1 / 69.0 ms (4, 8, 12, 16 rows the same);
+ * 0.6B-model-shaped 5 / 6 / 7 / 13 rows 33.6 / 34.4 / 35.8 / 53.5 -> 30.0 / 31.8 / 34.5 / 50.9. A full group keeps
+ * dot4_bf16_xg: built on these group passes, 8 rows measured 53.0 against 46.0 ms. */
+static inline __attribute__((always_inline)) void bf16_group_pass(const bf16_t *w0, long K, const bf16_t *xg, const int nt,
+                                                                  long c0, long c1, long kfull, __m512 keep[4][4], int g, int G) {
+    __m512 a[4][4];
+    const bf16_t *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+    const long ahead = PF_ROWS_AHEAD * K;
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < 4; r++) a[t][r] = c0 ? keep[t][r] : _mm512_setzero_ps();
+    for (long k = c0; k < c1; k += 32) {
+        __m512bh v0 = (__m512bh)_mm512_loadu_si512((const void *)(w0 + k));
+        __m512bh v1 = (__m512bh)_mm512_loadu_si512((const void *)(w1 + k));
+        __m512bh v2 = (__m512bh)_mm512_loadu_si512((const void *)(w2 + k));
+        __m512bh v3 = (__m512bh)_mm512_loadu_si512((const void *)(w3 + k));
+        for (int r = g; r < 4; r += G) _mm_prefetch((const char *)(w0 + ahead + r * K + k), _MM_HINT_T1);
+        if (g == 0) {
+            _mm_prefetch((const char *)(w0 + ROWS_L1_AHEAD + k), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w1 + ROWS_L1_AHEAD + k), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w2 + ROWS_L1_AHEAD + k), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w3 + ROWS_L1_AHEAD + k), _MM_HINT_T0);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(xg + t * K + k));
+            a[t][0] = _mm512_dpbf16_ps(a[t][0], v0, xv);
+            a[t][1] = _mm512_dpbf16_ps(a[t][1], v1, xv);
+            a[t][2] = _mm512_dpbf16_ps(a[t][2], v2, xv);
+            a[t][3] = _mm512_dpbf16_ps(a[t][3], v3, xv);
+        }
+    }
+    if (c1 == kfull && kfull < K) {
+        __mmask32 m = (__mmask32)((1ull << (K - kfull)) - 1);
+        __m512bh v0 = (__m512bh)_mm512_maskz_loadu_epi16(m, w0 + kfull);
+        __m512bh v1 = (__m512bh)_mm512_maskz_loadu_epi16(m, w1 + kfull);
+        __m512bh v2 = (__m512bh)_mm512_maskz_loadu_epi16(m, w2 + kfull);
+        __m512bh v3 = (__m512bh)_mm512_maskz_loadu_epi16(m, w3 + kfull);
+        for (int t = 0; t < nt; t++) {
+            __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, xg + t * K + kfull);
+            a[t][0] = _mm512_dpbf16_ps(a[t][0], v0, xv);
+            a[t][1] = _mm512_dpbf16_ps(a[t][1], v1, xv);
+            a[t][2] = _mm512_dpbf16_ps(a[t][2], v2, xv);
+            a[t][3] = _mm512_dpbf16_ps(a[t][3], v3, xv);
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < 4; r++) keep[t][r] = a[t][r];
+}
+
+static inline void dot4_bf16_xt(const bf16_t *w0, const bf16_t *x, long K, int T, float acc[4][4][4]) {
+    __m512 keep[4][4][4];
+    const int G = (T + 3) / 4;
+    const long kfull = K & ~31L;
+    for (long c0 = 0;; c0 += ROWS_KC_BF16) {
+        const long c1 = c0 + ROWS_KC_BF16 < kfull ? c0 + ROWS_KC_BF16 : kfull;
+        for (int g = 0; g < G; g++) {
+            const bf16_t *xg = x + (long)g * 4 * K;
+            switch (T - 4 * g) {
+            case 1: bf16_group_pass(w0, K, xg, 1, c0, c1, kfull, keep[g], g, G); break;
+            case 2: bf16_group_pass(w0, K, xg, 2, c0, c1, kfull, keep[g], g, G); break;
+            case 3: bf16_group_pass(w0, K, xg, 3, c0, c1, kfull, keep[g], g, G); break;
+            default: bf16_group_pass(w0, K, xg, 4, c0, c1, kfull, keep[g], g, G); break;
+            }
+        }
+        if (c1 == kfull) break;
+    }
+    for (int g = 0; g < G; g++)
+        for (int t = 0; t < 4 && 4 * g + t < T; t++)
+            for (int r = 0; r < 4; r++) acc[g][t][r] = _mm512_reduce_add_ps(keep[g][t][r]);
+}
+
 static inline void dot4_bf16_xg(const bf16_t *w0, const bf16_t *x, long K, int G, float acc[4][4][4]) {
     __m512 keep[4][4][4];
     const bf16_t *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
@@ -764,12 +840,13 @@ static inline long dot4_rows(const void *W, const void *x, long n0, long K, long
     if (bf) {
         const bf16_t *w = (const bf16_t *)W + n0 * K, *xb = (const bf16_t *)x;
         const int G = (int)(T / 4), rem = (int)(T % 4);
-        /* up to 7 rows: a weight row at a time against 4 rows of x streams faster than four rows interleaved */
-        if (G <= 1)
+        if (T < 5) {  /* up to 4 rows: a weight row at a time against them streams faster than the block */
             bf16_rows_xn(w, K, xb, G ? 4 : rem, 0, w + PF_ROWS_AHEAD * K, acc);
-        else
+        } else if (!rem) {
             dot4_bf16_xg(w, xb, K, G, acc);
-        if (G && rem) bf16_rows_xn(w, K, xb + (long)G * 4 * K, rem, G, w, acc);  /* the rows left over, weights in cache */
+        } else {  /* the rows past a multiple of 4 as a last, partial group of the block */
+            dot4_bf16_xt(w, xb, K, (int)T, acc);
+        }
         return T;
     }
 #endif
