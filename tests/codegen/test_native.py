@@ -929,6 +929,43 @@ def test_attention_rows_narrow_cache_equal_the_single_row_steps(kv):
     assert torch.equal(kvbuf, single)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype, kv", [(torch.float32, torch.float32), (torch.float32, torch.float16),
+                                       (torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16),
+                                       (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("Hq, Hkv, D, rows, window, sinks", [
+    (16, 8, 128, 160, 0, False),  # the 0.6B softmax-decoder shape: blocks of 16 positions and a tail, 128-wide V sums
+    (4, 1, 256, 96, 0, True),     # one KV head of 256 (Gemma-3-shaped), sinks
+    (6, 2, 64, 40, 24, True),     # a sliding window in a ring of 40 rows (positions past the rows): 64-wide V sums
+    (6, 3, 48, 50, 0, False),     # 48-wide heads: the per-position path
+])
+def test_attention_rows_equal_the_single_row_steps(threads, dtype, kv, Hq, Hkv, D, rows, window, sinks):
+    """The B-row step — a row per work unit, its positions outermost (every KV group of a block of positions, so the
+    cache is read a whole row at a time) — gives each row exactly the one-token step on its slot: five rows at
+    positions from 3 (under one block of 16) to the last row of the cache or, in a ring, far past it, on one thread
+    and on two; fp32 and bf16 activations over fp32 / f16 / bf16 caches; the same K / V rows written."""
+    lib = N.load()
+    n_slots = 6
+    kvbuf = r(n_slots, 2, rows, Hkv, D).to(kv)
+    single = kvbuf.clone()
+    starts = [3, 17, 45, 100, 150] if window else [3, 17, 33, min(70, rows - 2), rows - 1]
+    starts, slots = torch.tensor(starts), torch.tensor([4, 0, 2, 5, 1])
+    q, k, v = r(5, Hq, D, dtype=dtype), r(5, Hkv, D, dtype=dtype), r(5, Hkv, D, dtype=dtype)
+    snk = r(Hq, dtype=dtype) if sinks else None
+    try:
+        lib.vxc_set_threads(threads)
+        got = native(attention.attention_rows_native, q, k, v, kvbuf, starts, 0.09, window, snk, slots,
+                     expect="vxc_attention_step_rows")
+        for b in range(5):
+            s = int(slots[b])
+            one = attention.attention_native(q[b:b + 1], k[b:b + 1], v[b:b + 1], single[s, 0], single[s, 1],
+                                             int(starts[b]), 0.09, window, snk)
+            assert torch.equal(got[b:b + 1], one), b
+    finally:
+        lib.vxc_set_threads(max(1, torch.get_num_threads()))
+    assert torch.equal(kvbuf, single)
+
+
 def test_narrow_cache_on_the_scalar_build():
     """The build without AVX-512, AVX2 or F16C (the portable f16 conversion both ways): the stored rows are torch's
     rounding and the step is at the twin, as above. (The AVX2 build runs this whole file in CI's second pass.)"""

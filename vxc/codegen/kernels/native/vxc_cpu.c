@@ -1422,21 +1422,23 @@ static inline void att_prefetch(const void *base, long byte_off, long nbytes) {
 #if defined(__AVX512F__)
 /* acc[j][d0 .. d0 + 16 NV) = sum_i p_j[i] / den_j * V[i][d0 ..] for heads j0, j0 + 1 (those below nh) of a tile,
  * positions in order (each head's sum as axpy_row takes it), the 2 x NV accumulators in registers */
-static inline __attribute__((always_inline)) void att_wsum(float acc[][1024], const float *scratch, const float *den,
-                                                           const void *v_cache, long lo, long S, long rows, long Hkv,
-                                                           long g, long Dv, long h0, long j0, long nh, long d0, int NV,
-                                                           int kt) {
-    int two = j0 + 1 < nh;
-    const float *p0 = scratch + (h0 + j0) * rows, *p1 = two ? scratch + (h0 + j0 + 1) * rows : p0;
-    float n0 = den[j0], n1 = two ? den[j0 + 1] : 1.0f;
+static inline __attribute__((always_inline)) void att_wsum_range(float *acc0, float *acc1, const float *p0,
+                                                                 const float *p1, float n0, float n1, int two,
+                                                                 const void *v_cache, long lo, long i0, long i1, long S,
+                                                                 long rows, long Hkv, long g, long Dv, long d0, int NV,
+                                                                 int kt, int ahead) {
     __m512 A[2][8];
     /* as many bytes ahead whatever the cache type: 8 fp32 rows, 16 half rows (f16, Dv 128, 8 rows of 28 layers at
      * ~150 positions, interleaved A/B: 8 ahead 6.25 -> 16 ahead 5.74-5.87 ms; fp32 16 ahead was 6-10 % slower) */
     const long pfd = ATT_PF * 4 / kt_size(kt);
-    for (int k = 0; k < 8; k++) A[0][k] = A[1][k] = _mm512_setzero_ps();
-    for (long i = 0; i < S; i++) {
+    for (int k = 0; k < 8; k++) {
+        if (k >= NV) break;
+        A[0][k] = i0 ? _mm512_loadu_ps(acc0 + d0 + 16 * k) : _mm512_setzero_ps();
+        A[1][k] = i0 && two ? _mm512_loadu_ps(acc1 + d0 + 16 * k) : _mm512_setzero_ps();
+    }
+    for (long i = i0; i < i1; i++) {
         long vr = (((lo + i) % rows) * Hkv + g) * Dv + d0;
-        if (i + pfd < S) att_prefetch(v_cache, ((((lo + i + pfd) % rows) * Hkv + g) * Dv + d0) * kt_size(kt), 16 * kt_size(kt) * NV);
+        if (ahead && i + pfd < S) att_prefetch(v_cache, ((((lo + i + pfd) % rows) * Hkv + g) * Dv + d0) * kt_size(kt), 16 * kt_size(kt) * NV);
         __m512 w0 = _mm512_set1_ps(p0[i] / n0), w1 = _mm512_set1_ps(p1[i] / n1);
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
@@ -1447,9 +1449,19 @@ static inline __attribute__((always_inline)) void att_wsum(float acc[][1024], co
         }
     }
     for (int k = 0; k < NV; k++) {
-        _mm512_storeu_ps(acc[j0] + d0 + 16 * k, A[0][k]);
-        if (two) _mm512_storeu_ps(acc[j0 + 1] + d0 + 16 * k, A[1][k]);
+        _mm512_storeu_ps(acc0 + d0 + 16 * k, A[0][k]);
+        if (two) _mm512_storeu_ps(acc1 + d0 + 16 * k, A[1][k]);
     }
+}
+
+static inline __attribute__((always_inline)) void att_wsum(float acc[][1024], const float *scratch, const float *den,
+                                                           const void *v_cache, long lo, long S, long rows, long Hkv,
+                                                           long g, long Dv, long h0, long j0, long nh, long d0, int NV,
+                                                           int kt) {
+    int two = j0 + 1 < nh;
+    const float *p0 = scratch + (h0 + j0) * rows, *p1 = two ? scratch + (h0 + j0 + 1) * rows : p0;
+    att_wsum_range(acc[j0], two ? acc[j0 + 1] : acc[j0], p0, p1, den[j0], two ? den[j0 + 1] : 1.0f, two, v_cache, lo, 0,
+                   S, S, rows, Hkv, g, Dv, d0, NV, kt, 1);
 }
 #endif
 
@@ -1470,6 +1482,50 @@ static inline __attribute__((always_inline)) __m512 att_hsum16(const __m512 *v) 
     return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
 }
 
+/* the scaled scores of one head at 16 positions (rows kr[ATT_SIG(p)], fp32): 16 dots side by side, one transposing
+ * reduction */
+static inline __attribute__((always_inline)) __m512 att_dot16(const float *qh, const float *const *kr, long Dk, __m512 sc) {
+    __m512 a[16];
+    for (int p = 0; p < 16; p++) a[p] = _mm512_setzero_ps();
+    for (long d = 0; d < Dk; d += 16) {
+        __m512 qd = _mm512_loadu_ps(qh + d);
+#pragma GCC unroll 16
+        for (int p = 0; p < 16; p++) a[p] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(kr[p] + d), a[p]);
+    }
+    return _mm512_mul_ps(att_hsum16(a), sc);
+}
+
+/* the 16 rows of positions i .. i + 15 of KV group g as fp32 row pointers in kr[ATT_SIG(p)] (an f16 / bf16 cache's rows
+ * widened into Kf: exact), the block after fetched ahead when ``ahead`` */
+static inline __attribute__((always_inline)) void att_rows16(const void *k_cache, long lo, long i, long S, long rows,
+                                                             long Hkv, long g, long Dk, int kt, float *Kf,
+                                                             const float **kr, int ahead) {
+    long es = kt_size(kt);
+    for (int p = 0; p < 16; p++) {
+        long off = (((lo + i + p) % rows) * Hkv + g) * Dk;
+        if (ahead && i + 16 + p < S) att_prefetch(k_cache, (((lo + i + 16 + p) % rows) * Hkv + g) * Dk * es, Dk * es);
+        if (kt == 0) kr[ATT_SIG(p)] = (const float *)k_cache + off;
+        else {
+            float *dst = Kf + p * Dk;
+            for (long d = 0; d < Dk; d += 16) _mm512_storeu_ps(dst + d, ldk16(k_cache, off + d, kt));
+            kr[ATT_SIG(p)] = dst;
+        }
+    }
+}
+
+/* one head's scaled score at one position (row kr of the cache, kt): two accumulators a dot */
+static inline __attribute__((always_inline)) float att_dot1(const float *qh, const void *k_cache, long kr, long Dk, int kt,
+                                                            float scale) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    long d = 0;
+    for (; d + 32 <= Dk; d += 32) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qh + d), ldk16(k_cache, kr + d, kt), a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qh + d + 16), ldk16(k_cache, kr + d + 16, kt), a1);
+    }
+    if (d < Dk) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qh + d), ldk16(k_cache, kr + d, kt), a0);
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * scale;
+}
+
 /* The scores of a one-token step in blocks of 16 positions: for each head of the tile, 16 dot products side by side
  * (a q vector loaded once feeds 16 FMAs, one accumulator per position) and one transposing reduction, so a block
  * ends in one vector of 16 scores (scaled, stored, and folded into the head's running max in lanes). A bf16 / f16
@@ -1480,36 +1536,32 @@ static long att_scores16(float qv[][1024], long nh, const void *k_cache, long lo
     float Kf[16 * 1024]; /* Dk <= 1024 (checked by the caller) */
     const float *kr[16];
     __m512 mxv[ATT_TILE], sc = _mm512_set1_ps(scale);
-    long es = kt_size(kt), i = 0;
+    long i = 0;
     for (long j = 0; j < nh; j++) mxv[j] = _mm512_set1_ps(mx[j]);
     for (; i + 16 <= S; i += 16) {
-        for (int p = 0; p < 16; p++) {
-            long off = (((lo + i + p) % rows) * Hkv + g) * Dk;
-            if (i + 16 + p < S) att_prefetch(k_cache, (((lo + i + 16 + p) % rows) * Hkv + g) * Dk * es, Dk * es);
-            if (kt == 0) kr[ATT_SIG(p)] = (const float *)k_cache + off;
-            else {
-                float *dst = Kf + p * Dk;
-                for (long d = 0; d < Dk; d += 16) _mm512_storeu_ps(dst + d, ldk16(k_cache, off + d, kt));
-                kr[ATT_SIG(p)] = dst;
-            }
-        }
+        att_rows16(k_cache, lo, i, S, rows, Hkv, g, Dk, kt, Kf, kr, 1);
         for (long j = 0; j < nh; j++) {
-            __m512 a[16];
-            for (int p = 0; p < 16; p++) a[p] = _mm512_setzero_ps();
-            for (long d = 0; d < Dk; d += 16) {
-                __m512 qd = _mm512_loadu_ps(qv[j] + d);
-#pragma GCC unroll 16
-                for (int p = 0; p < 16; p++) a[p] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(kr[p] + d), a[p]);
-            }
-            __m512 s = _mm512_mul_ps(att_hsum16(a), sc);
-            _mm512_storeu_ps(scratch + j * rows + i, s);
-            mxv[j] = _mm512_max_ps(mxv[j], s);
+            __m512 sv = att_dot16(qv[j], kr, Dk, sc);
+            _mm512_storeu_ps(scratch + j * rows + i, sv);
+            mxv[j] = _mm512_max_ps(mxv[j], sv);
         }
     }
     for (long j = 0; j < nh; j++) mx[j] = _mm512_reduce_max_ps(mxv[j]);
     return i;
 }
 #endif
+
+/* p[i] = exp(p[i] - m) over a head's S scores; returns their sum (a sink's term added): one function for the
+ * one-token step and the B-row step, so that both sum in the same order */
+static __attribute__((noinline)) float att_softmax(float *p, long S, float m, const void *sinks, long h, int s_bf) {
+    float z = 0.0f;
+#pragma omp simd reduction(+ : z)
+    for (long i = 0; i < S; i++) {
+        p[i] = vexp(p[i] - m);
+        z += p[i];
+    }
+    return z + (sinks ? expf(ld(sinks, h, s_bf) - m) : 0.0f);
+}
 
 /* Each KV group's key and value rows are read once for all the query heads that share them (a tile of up to
  * ATT_TILE heads): at long contexts the step streams the cache, and reading it once per query head multiplied that
@@ -1537,14 +1589,7 @@ static void att_unit(const void *q, const void *k_cache, const void *v_cache, vo
             long kr = (((lo + i) % rows) * Hkv + g) * Dk;
             if (i + ATT_PF < S) att_prefetch(k_cache, (((lo + i + ATT_PF) % rows) * Hkv + g) * Dk * es, Dk * es);
             for (long j = 0; j < nh; j++) {
-                __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-                long d = 0;
-                for (; d + 32 <= Dk; d += 32) {
-                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d), ldk16(k_cache, kr + d, kt), a0);
-                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d + 16), ldk16(k_cache, kr + d + 16, kt), a1);
-                }
-                if (d < Dk) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qv[j] + d), ldk16(k_cache, kr + d, kt), a0);
-                float sc = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * scale;
+                float sc = att_dot1(qv[j], k_cache, kr, Dk, kt, scale);
                 scratch[(h0 + j) * rows + i] = sc;
                 if (sc > mx[j]) mx[j] = sc;
             }
@@ -1561,14 +1606,7 @@ static void att_unit(const void *q, const void *k_cache, const void *v_cache, vo
         }
     }
     for (long j = 0; j < nh; j++) {
-        float *p = scratch + (h0 + j) * rows;
-        float m = mx[j], z = 0.0f;
-#pragma omp simd reduction(+ : z)
-        for (long i = 0; i < S; i++) {
-            p[i] = vexp(p[i] - m);
-            z += p[i];
-        }
-        den[j] = z + (sinks ? expf(ld(sinks, h0 + j, s_bf) - m) : 0.0f);
+        den[j] = att_softmax(scratch + (h0 + j) * rows, S, mx[j], sinks, h0 + j, s_bf);
         for (long d = 0; d < Dv; d++) acc[j][d] = 0.0f;
     }
 #if defined(__AVX512F__)
@@ -1601,6 +1639,111 @@ static void att_tiles(long group, long Hkv, long threads, long *tiles_out, long 
     long tile = (group + tiles - 1) / tiles;
     *tiles_out = (group + tile - 1) / tile;
     *tile_out = tile;
+}
+
+#ifndef ATT_ROW_PF
+#define ATT_ROW_PF 1 /* blocks of 16 positions ahead whose whole rows (every KV group) the B-row step fetches */
+#endif
+
+/* One row of a B-row step (vxc_attention_step_rows) with its positions outermost: blocks of 16 positions, and in each
+ * block every KV group and every query head, so the cache is read a whole row at a time (every group's K, then every
+ * group's V: Hkv x D contiguous values a position) where att_unit's (group, tile) units read one group's 512 bytes
+ * of each 4 KiB row (the 0.6B softmax-decoder shape). Each head's arithmetic is att_unit's, step for step — the same
+ * dots (att_dot16 / att_dot1 / dotk_row), the same running max, att_softmax, and the weighted sums in position order
+ * (att_wsum_range continues a head's accumulators from one block to the next through memory: the same values) — so
+ * every row is bit for bit the one-token step on its slot. A plain reader of the same bytes with 2 threads, 8 rows
+ * at ~100 positions of 28 layers (Zen 4): 18-21 GB/s one group's slice at a time, 33-35 GB/s whole rows.
+ * qv, acc: Hq x Dk and Hq x Dv floats; mx, den: Hq. */
+static void att_row(const void *q, const void *k_cache, const void *v_cache, void *out, long lo, long S, float scale,
+                    long Hq, long Hkv, long Dk, long Dv, float *scratch, long rows, const void *sinks, int s_bf, int bf,
+                    int kt, float *qv, float *acc, float *mx, float *den) {
+    long es = kt_size(kt), group = Hq / Hkv, krow = Hkv * Dk * es, vrow = Hkv * Dv * es;
+    for (long h = 0; h < Hq; h++) {
+        for (long d = 0; d < Dk; d++) qv[h * Dk + d] = ld(q, h * Dk + d, bf);
+        mx[h] = sinks ? ld(sinks, h, s_bf) : -INFINITY;
+    }
+    long i = 0;
+#if defined(__AVX512F__)
+    int vec_k = !bf && Dk % 16 == 0, vec_v = !bf && Dv % 64 == 0;
+    if (vec_k) {
+        float Kf[16 * 1024]; /* Dk <= 1024 (checked by the caller) */
+        const float *kr[16];
+        __m512 sc = _mm512_set1_ps(scale), mxv[64]; /* Hq <= 64 (checked by the caller) */
+        for (long h = 0; h < Hq; h++) mxv[h] = _mm512_set1_ps(mx[h]);
+        for (; i + 16 <= S; i += 16) {
+            if (ATT_ROW_PF)
+                for (long p = 16 * ATT_ROW_PF; p < 16 * ATT_ROW_PF + 16 && i + p < S; p++)
+                    att_prefetch(k_cache, ((lo + i + p) % rows) * krow, krow);
+            for (long g = 0; g < Hkv; g++) {
+                att_rows16(k_cache, lo, i, S, rows, Hkv, g, Dk, kt, Kf, kr, 0);
+                for (long h = g * group; h < (g + 1) * group; h++) {
+                    __m512 sv = att_dot16(qv + h * Dk, kr, Dk, sc);
+                    _mm512_storeu_ps(scratch + h * rows + i, sv);
+                    mxv[h] = _mm512_max_ps(mxv[h], sv);
+                }
+            }
+        }
+        for (long h = 0; h < Hq; h++) mx[h] = _mm512_reduce_max_ps(mxv[h]);
+        for (; i < S; i++)
+            for (long g = 0; g < Hkv; g++) {
+                long kr1 = (((lo + i) % rows) * Hkv + g) * Dk;
+                for (long h = g * group; h < (g + 1) * group; h++) {
+                    float v = att_dot1(qv + h * Dk, k_cache, kr1, Dk, kt, scale);
+                    scratch[h * rows + i] = v;
+                    if (v > mx[h]) mx[h] = v;
+                }
+            }
+    } else
+#endif
+    for (; i < S; i++) {
+        if (i + ATT_PF < S) att_prefetch(k_cache, ((lo + i + ATT_PF) % rows) * krow, krow);
+        for (long g = 0; g < Hkv; g++) {
+            long off = (((lo + i) % rows) * Hkv + g) * Dk;
+            for (long h = g * group; h < (g + 1) * group; h++) {
+                float *p = scratch + h * rows;
+                p[i] = dotk_row(qv + h * Dk, k_cache, off, Dk, kt) * scale;
+                if (p[i] > mx[h]) mx[h] = p[i];
+            }
+        }
+    }
+    for (long h = 0; h < Hq; h++) {
+        den[h] = att_softmax(scratch + h * rows, S, mx[h], sinks, h, s_bf);
+        for (long d = 0; d < Dv; d++) acc[h * Dv + d] = 0.0f;
+    }
+#if defined(__AVX512F__)
+    if (vec_v) {
+        for (long i0 = 0; i0 < S; i0 += 16) {
+            long i1 = i0 + 16 < S ? i0 + 16 : S;
+            if (ATT_ROW_PF)
+                for (long p = 16 * ATT_ROW_PF; p < 16 * ATT_ROW_PF + 16 && i0 + p < S; p++)
+                    att_prefetch(v_cache, ((lo + i0 + p) % rows) * vrow, vrow);
+            for (long g = 0; g < Hkv; g++)
+                for (long j0 = 0; j0 < group; j0 += 2) {
+                    long h = g * group + j0;
+                    int two = j0 + 1 < group;
+                    const float *p0 = scratch + h * rows, *p1 = two ? p0 + rows : p0;
+                    float *a0 = acc + h * Dv, *a1 = two ? a0 + Dv : a0;
+                    for (long d0 = 0; d0 < Dv; d0 += (Dv % 128 == 0 ? 128 : 64)) {
+                        if (Dv % 128 == 0)
+                            att_wsum_range(a0, a1, p0, p1, den[h], two ? den[h + 1] : 1.0f, two, v_cache, lo, i0, i1, S,
+                                           rows, Hkv, g, Dv, d0, 8, kt, 0);
+                        else
+                            att_wsum_range(a0, a1, p0, p1, den[h], two ? den[h + 1] : 1.0f, two, v_cache, lo, i0, i1, S,
+                                           rows, Hkv, g, Dv, d0, 4, kt, 0);
+                    }
+                }
+        }
+    } else
+#endif
+    for (long i = 0; i < S; i++) {
+        if (i + ATT_PF < S) att_prefetch(v_cache, ((lo + i + ATT_PF) % rows) * vrow, vrow);
+        for (long g = 0; g < Hkv; g++) {
+            long off = (((lo + i) % rows) * Hkv + g) * Dv;
+            for (long h = g * group; h < (g + 1) * group; h++) axpyk_row(acc + h * Dv, scratch[h * rows + i] / den[h], v_cache, off, Dv, kt);
+        }
+    }
+    for (long h = 0; h < Hq; h++)
+        for (long d = 0; d < Dv; d++) st(out, h * Dv + d, acc[h * Dv + d], bf);
 }
 
 void vxc_attention_step(const void *q, const void *k, const void *v, void *k_cache, void *v_cache, void *out,
@@ -6027,9 +6170,26 @@ void vxc_attention_step_rows(const void *q, const void *k, const void *v, void *
         put_row(kc + v_bytes + row * Hkv * Dv * ks, (const char *)v + b * Hkv * Dv * es, Hkv * Dv, bf, kt);
         work += (starts[b] - lo + 1) * Hq * Dk;
     }
-    int par = work >= 32768;
+    int par = work >= 32768, nthr = omp_get_max_threads();
+    if (B >= 2 && B >= nthr && Hq <= 64) {
+        /* a row per work unit (att_row: the cache read a whole row at a time), the rows over the threads */
+#pragma omp parallel if (par)
+        {
+            float *buf = (float *)malloc((size_t)(Hq * (Dk + Dv) + 2 * Hq) * sizeof(float));
+#pragma omp for schedule(dynamic, 1)
+            for (long b = 0; b < B; b++) {
+                const char *kc = (const char *)kv + slots[b] * slot_bytes;
+                long lo = att_lo(starts[b], window);
+                att_row((const char *)q + b * Hq * Dk * es, kc, kc + v_bytes, (char *)out + b * Hq * Dv * es, lo,
+                        starts[b] - lo + 1, scale, Hq, Hkv, Dk, Dv, scratch + b * Hq * rows, rows, sinks, s_bf, bf, kt,
+                        buf, buf + Hq * Dk, buf + Hq * (Dk + Dv), buf + Hq * (Dk + Dv) + Hq);
+            }
+            free(buf);
+        }
+        return;
+    }
     long tiles, tile;
-    att_tiles(group, Hkv * B, par ? omp_get_max_threads() : 1, &tiles, &tile);
+    att_tiles(group, Hkv * B, par ? nthr : 1, &tiles, &tile);
     long units = Hkv * tiles;
 #pragma omp parallel for schedule(static) if (par)
     for (long w = 0; w < B * units; w++) {
