@@ -155,3 +155,33 @@ def test_scheduler_counts_decode_and_prefill_time(lab):
     assert all(r.finish_reason == "length" for r in reqs)
     assert st["decoded_rows"] == (5 - 1) + (3 - 1) + (4 - 1)
     assert 0 < st["decode_steps"] <= st["steps"] and st["decode_seconds"] > 0 and st["prefill_seconds"] > 0
+
+
+def test_prefill_graphs_are_built_on_first_use_at_the_bound_slot(lab):
+    """The prefill graphs are built when first used: a generating session never builds the all-logits one, and a
+    graph first built while another slot is bound prefills that slot — its state changes, slot 0's stays untouched —
+    with the logits the same prompt gives in slot 0 of a fresh engine."""
+    _, ir = lab.built("qwen3")
+    e = P.engine_for(ir, max_context=64, sequences=3)
+    fresh = P.engine_for(ir, max_context=64, sequences=3)
+    assert e._prefill_graphs == {}
+    before = {rid: t.clone() for rid, t in e.state.slots.items()}
+    e.bind_slot(2)
+    got = e.prefill_last_graph(torch.arange(3, 14), 0)
+    assert set(e._prefill_graphs) == {"prefill_last"}
+    want = fresh.prefill_last_graph(torch.arange(3, 14), 0)
+    assert torch.equal(got, want)
+    for rid, t in e.state.slots.items():
+        assert torch.equal(t[0], before[rid][0]) and torch.equal(t[1], before[rid][1]), rid
+        assert torch.equal(t[2], fresh.state.slots[rid][0]), rid
+    e.bind_slot(1)  # a graph built later follows the slot bound then
+    fresh.bind_slot(1)
+    assert torch.equal(e.prefill_graph(torch.arange(3, 14), 0), fresh.prefill_graph(torch.arange(3, 14), 0))
+    for rid, t in e.state.slots.items():
+        assert torch.equal(t[1], fresh.state.slots[rid][1]), rid
+    after = {rid: t.clone() for rid, t in e.state.slots.items()}
+    e.bind_slot(0)  # and the one built before is pointed at the slot bound now
+    other = P.engine_for(ir, max_context=64, sequences=1)
+    assert torch.equal(e.prefill_last_graph(torch.arange(4, 9), 0), other.prefill_last_graph(torch.arange(4, 9), 0))
+    for rid, t in e.state.slots.items():
+        assert torch.equal(t[1:], after[rid][1:]) and not torch.equal(t[0], after[rid][0]), rid

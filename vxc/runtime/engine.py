@@ -104,8 +104,9 @@ class Engine:
         self._batch_root = None
         self._batch_graph = None
         self.bound_slot = 0
-        self.prefill_graph = build_graph_module(self.lowered["prefill"], root)
-        self.prefill_last_graph = build_graph_module(self.lowered["prefill_last"], root)
+        # the prefill graphs are built on first use (``prefill_graph``, ``prefill_last_graph``): a generating session
+        # never runs the one that returns every position's logits (~1.3 MB of fx nodes and code for a 30-layer model)
+        self._prefill_graphs: dict[str, torch.nn.Module] = {}
         self.decode_graph = build_graph_module(self.lowered["decode"], root)
         self.decode_fn = torch.compile(self.decode_graph, dynamic=True) if compile_decode else self.decode_graph
         # the decode step reads its token from one static buffer, so a captured step can be replayed
@@ -155,17 +156,37 @@ class Engine:
         slots_t = torch.tensor(slots, dtype=torch.int64, device=self.device)
         return self.batch_graph(ids, list(positions), pos_t, list(slots), slots_t)
 
+    @property
+    def prefill_graph(self) -> torch.nn.Module:
+        """The prefill of T tokens returning every position's logits (built on first use)."""
+        return self._prefill("prefill")
+
+    @property
+    def prefill_last_graph(self) -> torch.nn.Module:
+        """The prefill of T tokens returning the last position's logits (built on first use)."""
+        return self._prefill("prefill_last")
+
+    def _prefill(self, variant: str) -> torch.nn.Module:
+        gm = self._prefill_graphs.get(variant)
+        if gm is None:
+            gm = self._prefill_graphs[variant] = build_graph_module(self.lowered[variant], self.root)
+            if self.bound_slot != 0:
+                self._point(gm, self.bound_slot)
+        return gm
+
+    def _point(self, gm: torch.nn.Module, slot: int) -> None:
+        for rid, v in self.state.slot(slot).items():
+            name = buffer_name(StateRef(*split_region_id(rid)))
+            if hasattr(gm, name):
+                setattr(gm, name, v)
+
     def bind_slot(self, slot: int) -> None:
         """Point the prefill graphs at the state of ``slot`` (the decode graph and its replay stay on slot 0:
         single-token work of other slots goes through :meth:`decode_batch`)."""
         if slot == self.bound_slot:
             return
-        views = self.state.slot(slot)
-        for gm in (self.prefill_graph, self.prefill_last_graph):
-            for rid, v in views.items():
-                name = buffer_name(StateRef(*split_region_id(rid)))
-                if hasattr(gm, name):
-                    setattr(gm, name, v)
+        for gm in self._prefill_graphs.values():
+            self._point(gm, slot)
         self.bound_slot = slot
 
     def full_threads(self) -> None:
