@@ -1030,3 +1030,48 @@ def test_attention_steps_blocks_of_16_through_a_ring(kv):
         assert [n for n, _ in rec.calls] == ["vxc_attention_step"] and rec.failed is None, (rec.calls, rec.failed)
         close(outs["native"], outs["torch"], torch.float32)
         assert torch.equal(caches["native"][0], caches["torch"][0]) and torch.equal(caches["native"][1], caches["torch"][1])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ssd_and_delta_rows_equal_the_single_row_steps(threads, dtype):
+    """The B-row SSD and delta-rule (gated delta, KDA) steps — one parallel region over every (row, head) pair — give
+    each row exactly its single-row step on its slot's state, and leave each slot's state as that step does; on one
+    thread and on two. Rows in a different order from their slots, one slot left alone."""
+    lib = N.load()
+    Bn, slots = 3, torch.tensor([2, 0, 3])
+    H, P_, G, Nn = 6, 16, 2, 32
+    A_log, D, dt_bias = r(H, scale=0.5), r(H), r(H, scale=0.5)
+    x, dt, Bm, Cm = r(Bn, H, P_, dtype=dtype), r(Bn, H, dtype=dtype), r(Bn, G, Nn, dtype=dtype), r(Bn, G, Nn, dtype=dtype)
+    states = r(4, H, P_, Nn)
+    Hk, Hv, Dk, Dv = 2, 4, 32, 48
+    q, k, v = r(Bn, Hk, Dk, dtype=dtype), r(Bn, Hk, Dk, dtype=dtype), r(Bn, Hv, Dv, dtype=dtype)
+    b = r(Bn, Hv, dtype=dtype)
+    a_g, a_k = r(Bn, Hv, dtype=dtype), r(Bn, Hv * Dk, dtype=dtype)
+    dA, dbias_g, dbias_k = r(Hv, scale=0.5), r(Hv, scale=0.5), r(Hv * Dk, scale=0.5)
+    dstates = {False: r(4, Hv, Dk, Dv, scale=0.1), True: r(4, Hv, Dk, Dv, scale=0.1)}
+    try:
+        lib.vxc_set_threads(threads)
+        st1 = states.clone()
+        got = native(ssd.ssd_step_rows_native, x, dt, A_log, Bm, Cm, D, dt_bias, 0.001, 0.1, states, slots,
+                     expect="vxc_ssd_step_rows")
+        for i in range(Bn):
+            s = int(slots[i])
+            one = native(ssd.ssd_step_native, x[i], dt[i], A_log, Bm[i], Cm[i], D, dt_bias, 0.001, 0.1, st1[s],
+                         expect="vxc_ssd_step")
+            assert torch.equal(got[i], one), i
+        assert torch.equal(states, st1)
+        for kda in (False, True):
+            a, dbias = (a_k, dbias_k) if kda else (a_g, dbias_g)
+            st = dstates[kda]
+            st1 = st.clone()
+            got = native(delta.delta_step_rows_native, kda, q, k, v, a, b, dA, dbias, st, 0.17, 1e-6, slots,
+                         expect="vxc_delta_step_rows")
+            for i in range(Bn):
+                s = int(slots[i])
+                one = native(delta.delta_step_native, kda, q[i], k[i], v[i], a[i], b[i], dA, dbias, st1[s], 0.17, 1e-6,
+                             expect="vxc_delta_step")
+                assert torch.equal(got[i], one), (kda, i)
+            assert torch.equal(st, st1), kda
+    finally:
+        lib.vxc_set_threads(max(1, torch.get_num_threads()))

@@ -1773,52 +1773,58 @@ void vxc_attention_step(const void *q, const void *k, const void *v, void *k_cac
  *   KDA (kda.kda_step_twin): a = f [Hv·Dk], dt_bias [Hv·Dk], A_log [Hv]; decay exp(g_i) per key channel,
  *     softplus spelled log(1 + e^x) as the reference does; q, k divided by sqrt(|x|^2 + eps).
  * Then beta = sigmoid(b); S *= decay; u = beta (v - Sᵀk); S += k uᵀ; o = Sᵀq. Dk, Dv <= 1024. */
+/* value head h of one token's delta step (vxc_delta_step) */
+static void delta_head(const void *q, const void *k, const void *v, const void *a, const void *b, const void *A_log,
+                       const void *dt_bias, float *state, void *o, long Hk, long Hv, long Dk, long Dv, float scale,
+                       float l2_eps, int kda, int bf, int w_bf, long h) {
+    long hk = h / (Hv / Hk);
+    float qn[1024], kn[1024], ks[1024], u[1024], out[1024], decay[1024];
+    load_row(q, hk * Dk, Dk, bf, qn);
+    load_row(k, hk * Dk, Dk, bf, kn);
+    float sq = 0.0f, sk = 0.0f;
+    for (long i = 0; i < Dk; i++) { sq += qn[i] * qn[i]; sk += kn[i] * kn[i]; }
+    if (kda) {
+        float dq = sqrtf(sq + l2_eps), dk = sqrtf(sk + l2_eps);
+        for (long i = 0; i < Dk; i++) { qn[i] = qn[i] / dq * scale; kn[i] = kn[i] / dk; }
+        float A = expf(ld(A_log, h, w_bf));
+        for (long i = 0; i < Dk; i++) {
+            float x = ld(a, h * Dk + i, bf) + ld(dt_bias, h * Dk + i, w_bf);
+            decay[i] = expf(-A * (x > 20.0f ? x : logf(1.0f + expf(x))));
+        }
+    } else {
+        float rq = scale / sqrtf(sq + l2_eps), rk = 1.0f / sqrtf(sk + l2_eps);
+        for (long i = 0; i < Dk; i++) { qn[i] *= rq; kn[i] *= rk; }
+        float g = -expf(ld(A_log, h, w_bf)) * softplus(ld(a, h, bf) + ld(dt_bias, h, w_bf));
+        float e = expf(g);
+        for (long i = 0; i < Dk; i++) decay[i] = e;
+    }
+    float beta = 1.0f / (1.0f + expf(-ld(b, h, bf)));
+    float *S = state + h * Dk * Dv;
+    for (long j = 0; j < Dv; j++) ks[j] = 0.0f;
+    for (long i = 0; i < Dk; i++) {
+        float *row = S + i * Dv, ki = kn[i], di = decay[i];
+        /* the first pass streams the head's state from memory: fetch the row 8 ahead (36 layers x 4 slots of
+         * qwen3-next-shaped state, 288 MB, Intel Xeon, 2 threads, interleaved A/B: 23.7 -> 19.6 ms) */
+        prefetch_bytes(row + 8 * Dv, Dv * 4);
+#pragma omp simd
+        for (long j = 0; j < Dv; j++) { row[j] *= di; ks[j] += row[j] * ki; }
+    }
+    load_row(v, h * Dv, Dv, bf, u);
+    for (long j = 0; j < Dv; j++) { u[j] = beta * (u[j] - ks[j]); out[j] = 0.0f; }
+    for (long i = 0; i < Dk; i++) {
+        float *row = S + i * Dv, ki = kn[i], qi = qn[i];
+#pragma omp simd
+        for (long j = 0; j < Dv; j++) { row[j] += ki * u[j]; out[j] += row[j] * qi; }
+    }
+    store_row(o, h * Dv, Dv, bf, out);
+}
+
 void vxc_delta_step(const void *q, const void *k, const void *v, const void *a, const void *b, const void *A_log,
                     const void *dt_bias, float *state, void *o, long Hk, long Hv, long Dk, long Dv, float scale,
                     float l2_eps, int kda, int bf, int w_bf) {
 #pragma omp parallel for schedule(static)
-    for (long h = 0; h < Hv; h++) {
-        long hk = h / (Hv / Hk);
-        float qn[1024], kn[1024], ks[1024], u[1024], out[1024], decay[1024];
-        load_row(q, hk * Dk, Dk, bf, qn);
-        load_row(k, hk * Dk, Dk, bf, kn);
-        float sq = 0.0f, sk = 0.0f;
-        for (long i = 0; i < Dk; i++) { sq += qn[i] * qn[i]; sk += kn[i] * kn[i]; }
-        if (kda) {
-            float dq = sqrtf(sq + l2_eps), dk = sqrtf(sk + l2_eps);
-            for (long i = 0; i < Dk; i++) { qn[i] = qn[i] / dq * scale; kn[i] = kn[i] / dk; }
-            float A = expf(ld(A_log, h, w_bf));
-            for (long i = 0; i < Dk; i++) {
-                float x = ld(a, h * Dk + i, bf) + ld(dt_bias, h * Dk + i, w_bf);
-                decay[i] = expf(-A * (x > 20.0f ? x : logf(1.0f + expf(x))));
-            }
-        } else {
-            float rq = scale / sqrtf(sq + l2_eps), rk = 1.0f / sqrtf(sk + l2_eps);
-            for (long i = 0; i < Dk; i++) { qn[i] *= rq; kn[i] *= rk; }
-            float g = -expf(ld(A_log, h, w_bf)) * softplus(ld(a, h, bf) + ld(dt_bias, h, w_bf));
-            float e = expf(g);
-            for (long i = 0; i < Dk; i++) decay[i] = e;
-        }
-        float beta = 1.0f / (1.0f + expf(-ld(b, h, bf)));
-        float *S = state + h * Dk * Dv;
-        for (long j = 0; j < Dv; j++) ks[j] = 0.0f;
-        for (long i = 0; i < Dk; i++) {
-            float *row = S + i * Dv, ki = kn[i], di = decay[i];
-            /* the first pass streams the head's state from memory: fetch the row 8 ahead (36 layers x 4 slots of
-             * qwen3-next-shaped state, 288 MB, Intel Xeon, 2 threads, interleaved A/B: 23.7 -> 19.6 ms) */
-            prefetch_bytes(row + 8 * Dv, Dv * 4);
-#pragma omp simd
-            for (long j = 0; j < Dv; j++) { row[j] *= di; ks[j] += row[j] * ki; }
-        }
-        load_row(v, h * Dv, Dv, bf, u);
-        for (long j = 0; j < Dv; j++) { u[j] = beta * (u[j] - ks[j]); out[j] = 0.0f; }
-        for (long i = 0; i < Dk; i++) {
-            float *row = S + i * Dv, ki = kn[i], qi = qn[i];
-#pragma omp simd
-            for (long j = 0; j < Dv; j++) { row[j] += ki * u[j]; out[j] += row[j] * qi; }
-        }
-        store_row(o, h * Dv, Dv, bf, out);
-    }
+    for (long h = 0; h < Hv; h++)
+        delta_head(q, k, v, a, b, A_log, dt_bias, state, o, Hk, Hv, Dk, Dv, scale, l2_eps, kda, bf, w_bf, h);
 }
 
 /* delta.sigmoid_gate_mul_twin: out = x * sigmoid(gate) over n values (both at the activation dtype). */
@@ -6150,11 +6156,17 @@ void vxc_conv1d_step_rows(const void *x, const void *weight, const void *bias, v
 void vxc_ssd_step_rows(const void *x, const void *dt, const void *A_log, const void *Bm, const void *Cm, const void *Dv,
                        const void *dt_bias, float dt_min, float dt_max, int clamp, float *state, void *out, long H, long P,
                        long G, long N, int bf, int w_bf, long B, const int64_t *slots) {
-    long es = bf ? 2 : 4;
-    for (long b = 0; b < B; b++)
-        vxc_ssd_step((const char *)x + b * H * P * es, (const char *)dt + b * H * es, A_log, (const char *)Bm + b * G * N * es,
-                     (const char *)Cm + b * G * N * es, Dv, dt_bias, dt_min, dt_max, clamp, state + slots[b] * H * P * N,
-                     (char *)out + b * H * P * es, H, P, G, N, bf, w_bf);
+    long es = bf ? 2 : 4, per_group = H / G;
+    /* one parallel region over every (row, head) pair, each pair vxc_ssd_step's head (the same arithmetic): a region
+     * per row had been 8 a call and 384 a step of 8 Mamba2-780m-shaped rows */
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < B * H; i++) {
+        long b = i / H, h = i % H;
+        ssd_head((const char *)x + b * H * P * es, (const char *)dt + b * H * es, (const char *)Bm + b * G * N * es,
+                 (const char *)Cm + b * G * N * es, ld(dt_bias, h, w_bf), expf(ld(A_log, h, w_bf)), ld(Dv, h, w_bf),
+                 dt_min, dt_max, clamp, state + slots[b] * H * P * N, (char *)out + b * H * P * es, 1, H, P, G, N, h,
+                 h / per_group, bf);
+    }
 }
 
 /* kv: the region's buffer [S, 2, rows, Hkv, D] (K rows then V rows per slot); starts[b]: row b's position */
@@ -6210,11 +6222,15 @@ void vxc_delta_step_rows(const void *q, const void *k, const void *v, const void
                          const void *dt_bias, float *state, void *o, long Hk, long Hv, long Dk, long Dv, float scale,
                          float l2_eps, int kda, int bf, int w_bf, long B, const int64_t *slots) {
     long es = bf ? 2 : 4, na = kda ? Hv * Dk : Hv;
-    for (long r = 0; r < B; r++)
-        vxc_delta_step((const char *)q + r * Hk * Dk * es, (const char *)k + r * Hk * Dk * es,
-                       (const char *)v + r * Hv * Dv * es, (const char *)a + r * na * es, (const char *)b + r * Hv * es,
-                       A_log, dt_bias, state + slots[r] * Hv * Dk * Dv, (char *)o + r * Hv * Dv * es, Hk, Hv, Dk, Dv,
-                       scale, l2_eps, kda, bf, w_bf);
+    /* one parallel region over every (row, value head) pair, each vxc_delta_step's head (a region per row before) */
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < B * Hv; i++) {
+        long r = i / Hv;
+        delta_head((const char *)q + r * Hk * Dk * es, (const char *)k + r * Hk * Dk * es,
+                   (const char *)v + r * Hv * Dv * es, (const char *)a + r * na * es, (const char *)b + r * Hv * es,
+                   A_log, dt_bias, state + slots[r] * Hv * Dk * Dv, (char *)o + r * Hv * Dv * es, Hk, Hv, Dk, Dv,
+                   scale, l2_eps, kda, bf, w_bf, i % Hv);
+    }
 }
 
 /* MLA for B rows: q [B, H, N + P], kv [B, R + P], cos / sin [B, P/2] (or NULL), cache: the region's buffer, slot
