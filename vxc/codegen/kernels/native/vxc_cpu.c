@@ -689,8 +689,10 @@ static inline void dot4_f32_xt(const float *w0, const float *x, long K, int T, f
  * weights in cache — up to 7 rows cost more than 8. Zen 4, 2 threads, 48 layers of Mamba2-780m-shaped in / out
  * projections from memory, interleaved in one process, best of 6: 5 / 6 / 7 / 9 / 13 rows 46.2-52.7 / 49.3-55.2 /
  * 51.3-56.7 / 61.4 / 76.8 -> 37.3-45.7 / 42.9-47.7 / 50.2-52.4 / 58.1 / 69.0 ms (4, 8, 12, 16 rows the same);
- * 0.6B-model-shaped 5 / 6 / 7 / 13 rows 33.6 / 34.4 / 35.8 / 53.5 -> 30.0 / 31.8 / 34.5 / 50.9. A full group keeps
- * dot4_bf16_xg: built on these group passes, 8 rows measured 53.0 against 46.0 ms. */
+ * 0.6B-model-shaped 5 / 6 / 7 / 13 rows 33.6 / 34.4 / 35.8 / 53.5 -> 30.0 / 31.8 / 34.5 / 50.9. Full groups keep
+ * dot4_bf16_xg's own loop, the same steps as this pass: built on these passes through the switch, 8 rows measured
+ * 53.0 against 46.0 ms; calling this pass with 4 rows and no switch, 3-7 % slower at 8 rows in four interleaved
+ * runs (Mamba2-780m shape 54.0 / 57.5 / 63.7 against 50.6 / 55.3 / 61.6 ms, 0.6B-model shape 45.2 against 44.0). */
 static inline __attribute__((always_inline)) void bf16_group_pass(const bf16_t *w0, long K, const bf16_t *xg, const int nt,
                                                                   long c0, long c1, long kfull, __m512 keep[4][4], int g, int G) {
     __m512 a[4][4];
