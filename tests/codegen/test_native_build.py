@@ -1,0 +1,101 @@
+"""How the native library is built (``native._build``), with a stand-in compiler that logs each invocation, takes a
+while, and copies the library this process already loaded to the output (so a built library loads and passes the ABI
+check without compiling anything here):
+
+- processes needing the same library at once (the test suite's workers) compile it once: the others wait for it;
+- on more than one CPU GCC code-generates in parallel (``-flto=N``), and a toolchain refusing LTO gets the plain
+  command, still a working library.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from vxc.codegen.kernels import native as N
+
+pytestmark = pytest.mark.native
+
+LOAD = "from vxc.codegen.kernels import native as N; assert N.available(), N.status(); print(N.status())"
+
+
+def _fake_cc(tmp: Path, lib: str, refuse_lto: bool) -> Path:
+    cc = tmp / "fake-cc"
+    cc.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import os, shutil, sys, time
+        args = sys.argv[1:]
+        if args == ["--version"]:
+            print("gcc (stand-in) 12.2.0"); sys.exit(0)
+        with open({str(tmp / "log")!r}, "a") as f:
+            f.write(" ".join(args) + "\\n")
+        if {refuse_lto!r} and any(a.startswith("-flto") for a in args):
+            print("lto1: fatal error: no LTO plugin", file=sys.stderr); sys.exit(1)
+        time.sleep(1.5)
+        shutil.copyfile({lib!r}, args[args.index("-o") + 1])
+        """))
+    cc.chmod(0o755)
+    return cc
+
+
+def _env(tmp: Path, cc: Path) -> dict:
+    root = Path(__file__).resolve().parents[2]
+    return dict(os.environ, CC=str(cc), VXC_CACHE_DIR=str(tmp / "cache"), PYTHONPATH=str(root), VXC_NATIVE="1")
+
+
+def _run(env: dict, cpus: str, n: int) -> list[subprocess.CompletedProcess]:
+    # taskset pins the process's CPUs (what the job count reads); without it, the CPUs this test runs on
+    pre = ["taskset", "-c", cpus] if cpus and _has_taskset() else []
+    ps = [subprocess.Popen([*pre, sys.executable, "-c", LOAD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True) for _ in range(n)]
+    return [subprocess.CompletedProcess(p.args, p.wait(timeout=120), p.stdout.read(), p.stderr.read()) for p in ps]
+
+
+def _has_taskset() -> bool:
+    return subprocess.run(["sh", "-c", "command -v taskset"], capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def lib() -> str:
+    assert N.available(), N.status()
+    return N.load()._name
+
+
+def test_concurrent_loads_compile_once_in_parallel(tmp_path, lib):
+    if len(os.sched_getaffinity(0)) < 2 or not _has_taskset():
+        pytest.skip("needs two CPUs and taskset")
+    cc = _fake_cc(tmp_path, lib, refuse_lto=False)
+    done = _run(_env(tmp_path, cc), "0,1", 3)
+    for r in done:
+        assert r.returncode == 0 and r.stdout.startswith("loaded"), r.stderr
+    log = (tmp_path / "log").read_text().splitlines()
+    assert len(log) == 1, log  # three processes at once, one compile
+    assert "-flto=2" in log[0].split() and "-O3" in log[0].split(), log
+    built = list((tmp_path / "cache").glob("vxc_cpu-*.so"))
+    assert len(built) == 1 and not list((tmp_path / "cache").glob("tmp*"))
+    # a later process finds it built
+    assert _run(_env(tmp_path, cc), "0,1", 1)[0].returncode == 0
+    assert len((tmp_path / "log").read_text().splitlines()) == 1
+
+
+def test_one_cpu_compiles_without_lto_and_a_refused_lto_falls_back(tmp_path, lib):
+    if not _has_taskset():
+        pytest.skip("needs taskset")
+    cc = _fake_cc(tmp_path, lib, refuse_lto=False)
+    assert _run(_env(tmp_path, cc), "0", 1)[0].returncode == 0
+    (one,) = (tmp_path / "log").read_text().splitlines()
+    assert not any(a.startswith("-flto") for a in one.split()), one
+    if len(os.sched_getaffinity(0)) < 2:
+        return
+    (tmp_path / "log").unlink()
+    cc = _fake_cc(tmp_path, lib, refuse_lto=True)
+    env = _env(tmp_path, cc)
+    env["VXC_CACHE_DIR"] = str(tmp_path / "cache2")
+    r = _run(env, "0,1", 1)[0]
+    assert r.returncode == 0 and r.stdout.startswith("loaded"), r.stderr
+    tried = (tmp_path / "log").read_text().splitlines()
+    assert len(tried) == 2 and "-flto=2" in tried[0].split(), tried
+    assert not any(a.startswith("-flto") for a in tried[1].split()), tried
