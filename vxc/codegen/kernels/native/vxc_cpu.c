@@ -2593,14 +2593,12 @@ static inline __attribute__((always_inline)) void iq_chunk(int enc, const uint8_
         break;
     }
     default: { /* IQ1_M: d is the caller's (read from the scale words) */
-        uint32_t qh = iq_u32(b + 32 + 4 * c); /* one nibble per entry */
-        __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)qh), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-                                       _mm256_set1_epi32(15));
+        uint32_t qh = iq_u32(b + 32 + 4 * c); /* one nibble per entry: 3 index bits, the delta's sign */
         uint32_t idx[8];
         for (int k = 0; k < 8; k++) idx[k] = b[8 * c + k] | ((qh >> (4 * k)) & 7) << 8;
         __m512i g = iq_e8x8(IQT + IQT_IQ1S, idx);
-        __mmask8 n8 = _mm256_test_epi32_mask(nib, _mm256_set1_epi32(8)); /* entries whose delta is negative */
-        __mmask64 neg = _cvtu64_mask64(_pdep_u64((uint64_t)n8, 0x0101010101010101ull) * 0xFF);
+        /* the entries whose delta is negative, on the scalar pipes (pext, pdep) */
+        __mmask64 neg = _cvtu64_mask64(_pdep_u64(_pext_u32(qh, 0x88888888u), 0x0101010101010101ull) * 0xFF);
         __m512i g2 = _mm512_add_epi8(g, g), g4 = _mm512_add_epi8(g2, g2);
         __m512i v = _mm512_add_epi8(_mm512_add_epi8(g4, g4), _mm512_mask_blend_epi8(neg, _mm512_set1_epi8(1), _mm512_set1_epi8(-1)));
         *mags = _mm512_abs_epi8(v);
@@ -2622,6 +2620,23 @@ static inline float iq_d(int enc, const uint8_t *b) {
     uint8_t hb[2];
     memcpy(hb, &h, 2);
     return h2f(hb);
+}
+
+/* iq1_m super-block b's 16 scales, lane l (2 s_l + 1) d / 8 for its values 16 l .. 16 l + 15 — the values (and the
+ * roundings) iq_chunk forms a chunk's four of one by one. The integer row kernel takes a chunk's lanes from these by
+ * one permute: the vector pipes are that kernel's bound, and iq_chunk's per-chunk scales cost ~16 of their operations.
+ * The 137 iq1_m matrices of the 0.6B-model-shaped IQ1_M file (75 MB), 2 threads, from memory, interleaved in one
+ * process with the previous build, two runs: one row of x 24.7 / 26.0 -> 22.5 / 22.5 ms, 8 rows 45.4 / 41.0 -> 42.0 /
+ * 38.1 ms, the same bits (iq1_s, its chunk's two scales two broadcasts, measured level or slower this way: as it was;
+ * x's int8 values offset by 9 against an unsigned 8 g + 10 table, in place of the sign mask: level at one row, slower
+ * at 8, its offsets pushing x's rows out of L1). */
+static inline __attribute__((always_inline)) __m512 iq1m_scales(const uint8_t *b, float d) {
+    __m512i w = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                         _mm512_cvtepu16_epi32(_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(const void *)(b + 48)))));
+    __m512i s3 = _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9)),
+                                  _mm512_set1_epi32(7));
+    __m512 k = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(s3, s3), _mm512_set1_epi32(1)));
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(d), k), _mm512_set1_ps(0.125f));
 }
 
 static const int32_t IQ_QUARTER[4][16] = {{0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3},
@@ -3583,11 +3598,14 @@ static inline __attribute__((always_inline)) void iq_a8_row(int enc, int NB, con
     for (long sb = 0; sb < cols / 256; sb++) {
         const uint8_t *b = row + sb * Q_TSIZE[enc];
         float d = iq_d(enc, b);
+        /* iq1_m: the super-block's 16 scales at once (iq1m_scales), each chunk's lanes picking theirs */
+        const __m512 sbs = enc == IQ1_M ? iq1m_scales(b, d) : _mm512_setzero_ps();
         for (int c = 0; c < 4; c++) {
             __m512i mags;
             __mmask64 sgn;
             __m512 ws;
             iq_chunk(enc, b, d, c, &mags, &sgn, &ws);
+            if (enc == IQ1_M) ws = _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_set1_epi32(4 * c), _mm512_loadu_si512((const void *)IQ_LANES4)), sbs);
             long at = 256 * sb + 64 * c;
             for (int j = 0; j < nb; j++) {
                 const int8_t *xq = q + (b0 + j) * cols + at;
