@@ -54,6 +54,11 @@ def _run(env: dict, cpus: str, n: int) -> list[subprocess.CompletedProcess]:
     return [subprocess.CompletedProcess(p.args, p.wait(timeout=120), p.stdout.read(), p.stderr.read()) for p in ps]
 
 
+def _cpus(n: int) -> str:
+    """The first n CPUs this process may run on, as taskset lists them."""
+    return ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:n])
+
+
 def _has_taskset() -> bool:
     return subprocess.run(["sh", "-c", "command -v taskset"], capture_output=True).returncode == 0
 
@@ -68,7 +73,7 @@ def test_concurrent_loads_compile_once_in_parallel(tmp_path, lib):
     if len(os.sched_getaffinity(0)) < 2 or not _has_taskset():
         pytest.skip("needs two CPUs and taskset")
     cc = _fake_cc(tmp_path, lib, refuse_lto=False)
-    done = _run(_env(tmp_path, cc), "0,1", 3)
+    done = _run(_env(tmp_path, cc), _cpus(2), 3)
     for r in done:
         assert r.returncode == 0 and r.stdout.startswith("loaded"), r.stderr
     log = (tmp_path / "log").read_text().splitlines()
@@ -77,7 +82,7 @@ def test_concurrent_loads_compile_once_in_parallel(tmp_path, lib):
     built = list((tmp_path / "cache").glob("vxc_cpu-*.so"))
     assert len(built) == 1 and not list((tmp_path / "cache").glob("tmp*"))
     # a later process finds it built
-    assert _run(_env(tmp_path, cc), "0,1", 1)[0].returncode == 0
+    assert _run(_env(tmp_path, cc), _cpus(2), 1)[0].returncode == 0
     assert len((tmp_path / "log").read_text().splitlines()) == 1
 
 
@@ -85,7 +90,7 @@ def test_one_cpu_compiles_without_lto_and_a_refused_lto_falls_back(tmp_path, lib
     if not _has_taskset():
         pytest.skip("needs taskset")
     cc = _fake_cc(tmp_path, lib, refuse_lto=False)
-    assert _run(_env(tmp_path, cc), "0", 1)[0].returncode == 0
+    assert _run(_env(tmp_path, cc), _cpus(1), 1)[0].returncode == 0
     (one,) = (tmp_path / "log").read_text().splitlines()
     assert not any(a.startswith("-flto") for a in one.split()), one
     if len(os.sched_getaffinity(0)) < 2:
@@ -94,7 +99,7 @@ def test_one_cpu_compiles_without_lto_and_a_refused_lto_falls_back(tmp_path, lib
     cc = _fake_cc(tmp_path, lib, refuse_lto=True)
     env = _env(tmp_path, cc)
     env["VXC_CACHE_DIR"] = str(tmp_path / "cache2")
-    r = _run(env, "0,1", 1)[0]
+    r = _run(env, _cpus(2), 1)[0]
     assert r.returncode == 0 and r.stdout.startswith("loaded"), r.stderr
     tried = (tmp_path / "log").read_text().splitlines()
     assert len(tried) == 2 and "-flto=2" in tried[0].split(), tried
