@@ -1,10 +1,12 @@
-"""How the native library is built (``native._build``), with a stand-in compiler that logs each invocation, takes a
+"""How the native library is built (``vxc.native_build``), with a stand-in compiler that logs each invocation, takes a
 while, and copies the library this process already loaded to the output (so a built library loads and passes the ABI
 check without compiling anything here):
 
 - processes needing the same library at once (the test suite's workers) compile it once: the others wait for it;
 - on more than one CPU GCC code-generates in parallel (``-flto=N``), and a toolchain refusing LTO gets the plain
-  command, still a working library.
+  command, still a working library;
+- ``python -m vxc.native_build`` builds it ahead of first use without torch (CI runs it while pip installs), into
+  the cache entry a later load finds.
 """
 
 import os
@@ -104,3 +106,23 @@ def test_one_cpu_compiles_without_lto_and_a_refused_lto_falls_back(tmp_path, lib
     tried = (tmp_path / "log").read_text().splitlines()
     assert len(tried) == 2 and "-flto=2" in tried[0].split(), tried
     assert not any(a.startswith("-flto") for a in tried[1].split()), tried
+
+
+def test_prebuild_without_torch_is_what_a_load_finds(tmp_path, lib):
+    cc = _fake_cc(tmp_path, lib, refuse_lto=False)
+    env = _env(tmp_path, cc)
+    (tmp_path / "no-torch").mkdir()
+    (tmp_path / "no-torch" / "torch.py").write_text("raise ImportError('the prebuild must not import torch')\n")
+    pre = dict(env, PYTHONPATH=f"{tmp_path / 'no-torch'}{os.pathsep}{env['PYTHONPATH']}")
+    r = subprocess.run([sys.executable, "-m", "vxc.native_build"], env=pre, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    built = Path(r.stdout.strip())
+    assert built.exists() and built.parent == tmp_path / "cache", r.stdout
+    assert len((tmp_path / "log").read_text().splitlines()) == 1
+    r = _run(env, _cpus(len(os.sched_getaffinity(0))), 1)[0]  # a load in a process with torch: no second compile
+    assert r.returncode == 0 and r.stdout.startswith("loaded"), r.stderr
+    assert len((tmp_path / "log").read_text().splitlines()) == 1
+    # no compiler: a non-zero exit, saying so
+    r = subprocess.run([sys.executable, "-m", "vxc.native_build"], env=dict(pre, CC=str(tmp_path / "missing-cc")),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and r.stderr.strip(), (r.returncode, r.stderr)

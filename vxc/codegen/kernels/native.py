@@ -7,7 +7,8 @@ the torch twins spend most of that time in per-op dispatch and in temporaries (a
 writes its [H, P, N] state four times). The native implementations run each such op in one pass, and the
 GEMVs with AVX-512 (BF16 dot products for bf16 weights) over OpenMP threads shared with torch's own pool.
 
-The library is compiled at first use with the host C compiler into a cache directory (``VXC_CACHE_DIR``,
+The library is compiled at first use (``vxc.native_build``, which ``python -m vxc.native_build`` runs ahead) with
+the host C compiler into a cache directory (``VXC_CACHE_DIR``,
 else ``$XDG_CACHE_HOME/vxc``, else ``~/.cache/vxc``) keyed by the source, flags, compiler and CPU;
 ``VXC_NATIVE=0`` turns it off, ``VXC_NATIVE_CFLAGS`` adds compiler flags (e.g. ``-mno-avx512f``). GCC code-generates
 it in parallel on every CPU the process may use, and processes wanting the same library at once build it once.
@@ -17,22 +18,15 @@ source defines, checked against the loaded library's ``vxc_abi_version()``.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import hashlib
 import os
 import re
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).parent / "native" / "vxc_cpu.c"
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *os.environ.get("VXC_NATIVE_CFLAGS", "").split()]
+from ...native_build import FLAGS, SOURCE, _build, _compiler, _cpu_key  # noqa: F401 (the build, without torch)
 MAX_HEAD_DIM = 1024  # the attention / delta / MLA steps keep a few head rows on the stack
 
 # ctypes argument types for the bindings' signatures
@@ -66,22 +60,6 @@ def _bind(lib: ctypes.CDLL, symbol: str) -> None:
     fn.argtypes, fn.restype = SIGNATURES[symbol], None
 
 
-def _cache_dir() -> Path:
-    from ...cache import cache_dir
-
-    return cache_dir()
-
-
-def _cpu_key() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""
-
-
 def amx_bf16() -> bool:
     """Whether the CPU advertises AMX bf16 tiles (torch's oneDNN half-precision kernels run on them; a choice
     between a native fp32-widening form and torch's bf16 one reads this)."""
@@ -92,81 +70,6 @@ def amx_bf16() -> bool:
 
 
 _AMX: Optional[bool] = None
-
-
-def _compiler() -> Optional[str]:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def _jobs() -> int:
-    """CPUs this process may run on (the parallel code generation's job count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def _command(cc: str, version: list[str], src: Path, out: str) -> list[str]:
-    """The compile command. With GCC on more than one CPU the source is compiled as link-time-optimised partitions
-    code-generated in parallel (``-flto=N``): the single-threaded -O3 build took 69 s on the 2-CPU Zen 4 VM, this
-    one 42 s (the front end and the inlining decisions stay serial, ~7 s), with the same kernel speeds and
-    results (the bf16 and packed q4_0 GEMVs of 28 0.6B-model-shaped layers at 1 and 8 rows, interleaved in one
-    process: within 1 %, bit-equal). Without ``make`` GCC runs the partitions one after another, as before."""
-    lto = [f"-flto={_jobs()}"] if _jobs() > 1 and any("GCC" in v or "gcc" in v for v in version) else []
-    return [cc, *FLAGS, *lto, str(src), "-o", out, "-lm"]
-
-
-@contextlib.contextmanager
-def _build_lock(path: Path):
-    """Held while one process builds ``path``: two processes needing the same library at once (the test suite's
-    workers) build it once, the second waiting for the first's, rather than each compiling it in full."""
-    try:
-        import fcntl
-    except ImportError:  # (no POSIX locks: each process builds, the atomic rename keeps the result whole)
-        yield
-        return
-    with open(str(path) + ".lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _build(cc: str) -> Path:
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha256(
-        "\0".join([SOURCE.read_text(), " ".join(_command(cc, version, SOURCE, "")), cc, *version, _cpu_key()]).encode()
-    ).hexdigest()[:16]
-    out = _cache_dir() / f"vxc_cpu-{key}.so"
-    if out.exists():
-        return out
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if not os.access(out.parent, os.W_OK):
-            raise PermissionError(str(out.parent))
-    except OSError:  # an unwritable cache (read-only home): a per-user temporary directory
-        out = Path(tempfile.gettempdir()) / f"vxc-{os.getuid()}" / out.name
-        if out.exists():
-            return out
-        out.parent.mkdir(parents=True, exist_ok=True)
-    with _build_lock(out):
-        if out.exists():  # built by the process that held the lock before
-            return out
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-        try:
-            cmd = _command(cc, version, SOURCE, tmp)
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode and any(a.startswith("-flto") for a in cmd):  # a toolchain without LTO: the plain build
-                r = subprocess.run([a for a in cmd if not a.startswith("-flto")], capture_output=True, text=True)
-            if r.returncode:
-                raise RuntimeError(f"{cc} failed: {r.stderr.strip()[-800:]}")
-            os.replace(tmp, out)  # atomic: concurrent builders never see a partial library
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    return out
 
 
 _ON_LOAD: list = []  # set-up run on the library once loaded (tables handed to it): a failure leaves it unloaded
