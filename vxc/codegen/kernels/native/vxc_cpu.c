@@ -2414,6 +2414,9 @@ static const uint8_t IQ2_MAG[3] = {8, 25, 43};
 /* a code byte's four 2-bit codes to magnitudes by vpermb, which reads the low 6 bits: IQ2_UNPACK[q][i] is the magnitude
  * of code q of i (bits 2q; the fourth code after a shift by 2, through [2]) */
 static uint8_t IQ2_UNPACK[3][64] __attribute__((aligned(64)));
+/* the iq1 grid (values -1, 0, 1) as the unsigned bytes 8 (g + 1) = 0, 8, 16: iq1_m's integer row kernel's operand
+ * (iq1m_a8_row) */
+static uint8_t IQ1S8[2048 * 8] __attribute__((aligned(64)));
 
 static int iq2_codes(const int8_t *grid, long n, uint8_t *codes) {
     for (long e = 0; e < n; e++)
@@ -2437,6 +2440,9 @@ int vxc_set_iq_tables(const int8_t *t, long n) {
     uint8_t c2xxs[512], c2xs[1024], c2s[2048]; /* checked whole before anything held changes */
     if (iq2_codes(t + IQT_IQ2XXS, 256, c2xxs) || iq2_codes(t + IQT_IQ2XS, 512, c2xs) || iq2_codes(t + IQT_IQ2S, 1024, c2s))
         return -2; /* not ggml's iq2 grids (values 8, 25, 43) */
+    for (int i = 0; i < 2048 * 8; i++)
+        if (t[IQT_IQ1S + i] < -1 || t[IQT_IQ1S + i] > 1) return -2; /* not ggml's iq1s grid */
+    for (int i = 0; i < 2048 * 8; i++) IQ1S8[i] = (uint8_t)(8 * (t[IQT_IQ1S + i] + 1));
     memcpy(IQC2XXS, c2xxs, sizeof c2xxs);
     memcpy(IQC2XS, c2xs, sizeof c2xs);
     memcpy(IQC2S, c2s, sizeof c2s);
@@ -3620,6 +3626,45 @@ static inline __attribute__((always_inline)) void iq_a8_row(int enc, int NB, con
     for (int j = 0; j < nb; j++) out[j] = _mm512_reduce_add_ps(acc[j]);
 }
 
+/* iq1_m against rows b0 .. b0 + nb of x without the sign mask: a lane's integer is iq_a8_row's (the weights w = 8 g +
+ * e, g in {-1, 0, 1} the grid entry, e = +-1 the delta's sign, times x's int8 values, summed per four), formed as the
+ * difference of two vpdpbusd: 8 (g + 1) (the grid entry itself as unsigned bytes, IQ1S8) and 8 - e (7 or 9) times x,
+ * where iq_a8_row forms |8 g + e| and its sign mask and negates x by it. The same integers, so the same bits. The 137
+ * iq1_m matrices of the 0.6B-model-shaped IQ1_M file, 2 threads, interleaved in one process: one 3072 x 1024 matrix
+ * from cache 0.163 -> 0.148 ms, all from memory 30.2 -> 27.5 ms at one row of x (a slow phase), 8 rows level. Not
+ * taken for iq1_s, where it measured slower (0.171 -> 0.177 ms; 8 rows 0.348 -> 0.369): its second vpdpbusd a row
+ * lands on the multiply pipes that its scales' conversions use too; with -7 S / -9 S per lane precomputed and
+ * loaded instead (one vpdpbusd) both formats were slower, 8 rows by 60 % (two more 64-byte loads a row). Nor was
+ * iq1_s by sub-block lanes (each vector entry j of the super-block's 8 sub-blocks, x laid out alike, so a super-block
+ * takes one convert, multiply and add a row where this takes four): about half the vector operations, and level
+ * (one row 0.176 -> 0.185 ms, 0.220 -> 0.221; 8 rows level): the entries' loads and inserts bound both formats. */
+static inline __attribute__((always_inline)) void iq1m_a8_row(int NB, const uint8_t *row, long cols, const int8_t *q,
+                                                              const float *dl, long b0, int nb, float *out) {
+    __m512 acc[IQ_NB];
+    for (int j = 0; j < NB; j++) acc[j] = _mm512_setzero_ps();
+    const __m512i zero = _mm512_setzero_si512();
+    for (long sb = 0; sb < cols / 256; sb++) {
+        const uint8_t *b = row + sb * Q_TSIZE[IQ1_M];
+        const __m512 sbs = iq1m_scales(b, iq_d(IQ1_M, b));
+        for (int c = 0; c < 4; c++) {
+            uint32_t idx[8], qh = iq_u32(b + 32 + 4 * c); /* a nibble an entry: 3 index bits, the delta's sign */
+            for (int k = 0; k < 8; k++) idx[k] = b[8 * c + k] | ((qh >> (4 * k)) & 7) << 8;
+            const __mmask64 neg = _cvtu64_mask64(_pdep_u64(_pext_u32(qh, 0x88888888u), 0x0101010101010101ull) * 0xFF);
+            const __m512 ws = _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_set1_epi32(4 * c), _mm512_loadu_si512((const void *)IQ_LANES4)), sbs);
+            const __m512i g8 = iq_e8x8((const int8_t *)IQ1S8, idx);
+            const __m512i kb = _mm512_mask_blend_epi8(neg, _mm512_set1_epi8(7), _mm512_set1_epi8(9));
+            long at = 256 * sb + 64 * c;
+            for (int j = 0; j < nb; j++) {
+                __m512i xv = _mm512_loadu_si512((const void *)(q + (b0 + j) * cols + at));
+                __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, g8, xv), _mm512_dpbusd_epi32(zero, kb, xv));
+                __m512 sc = _mm512_mul_ps(ws, _mm512_loadu_ps(dl + (b0 + j) * (cols / 4) + at / 4));
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc[j]);
+            }
+        }
+    }
+    for (int j = 0; j < nb; j++) out[j] = _mm512_reduce_add_ps(acc[j]);
+}
+
 #if defined(__AVX512VBMI__)
 #define IQ_PLANAR 1
 /* The grid formats but iq1 (their 2048-entry grid: by plane, 0.16 -> 0.20 ms, not kept), one to IQ_NB rows of x, by
@@ -4337,6 +4382,11 @@ static void iq_gemm_a8(int enc, const uint8_t *W, const int8_t *q, const float *
  * encoding; by byte plane (qp, dl16) where planar */
 static inline __attribute__((always_inline)) void iq_a8_pass(int enc, int planar, const uint8_t *row, long cols, const int8_t *q, const float *dl, const int8_t *qp,
                        const float *dl16, long b0, int nb, float *out) {
+    if (enc == IQ1_M) {
+        if (nb <= 4) iq1m_a8_row(4, row, cols, q, dl, b0, nb, out);
+        else iq1m_a8_row(IQ_NB, row, cols, q, dl, b0, nb, out);
+        return;
+    }
 #if defined(IQ_PLANAR)
     if (planar && iq_planar8(enc)) {
 #define IQ2_PROW(E)                                                                                                      \
