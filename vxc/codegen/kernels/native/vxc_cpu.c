@@ -2665,13 +2665,24 @@ static inline __attribute__((always_inline)) __m512 iq_byte_f(__m512i w, int k) 
     return _mm512_cvtepi32_ps(_mm512_srai_epi32(k == 3 ? w : _mm512_slli_epi32(w, 24 - 8 * k), 24));
 }
 
+/* quarter q of w: the extract's immediate spelled out per case, so a build below -O3 (VXC_NATIVE_CFLAGS=-O2, where
+ * the loop over q is not unrolled) still compiles; at -O3 the switch folds away */
+static inline __attribute__((always_inline)) __m128i iq_quarter(__m512i w, int q) {
+    switch (q) {
+    case 0: return _mm512_castsi512_si128(w);
+    case 1: return _mm512_extracti32x4_epi32(w, 1);
+    case 2: return _mm512_extracti32x4_epi32(w, 2);
+    default: return _mm512_extracti32x4_epi32(w, 3);
+    }
+}
+
 static inline __attribute__((always_inline)) void iq_block_enc(int enc, const uint8_t *b, float *o) {
     float d = iq_d(enc, b);
     for (int c = 0; c < 4; c++) {
         __m512 ws;
         __m512i w = iq_signed_chunk(enc, b, d, c, &ws);
         for (int q = 0; q < 4; q++) {
-            __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(w, q)));
+            __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(iq_quarter(w, q)));
             __m512 sc = _mm512_permutexvar_ps(_mm512_loadu_si512((const void *)IQ_QUARTER[q]), ws);
             _mm512_storeu_ps(o + 64 * c + 16 * q, _mm512_mul_ps(sc, f));
         }
