@@ -229,6 +229,7 @@ class _Clock:
 
     def __init__(self):
         self.t, self.threads, self.loaded = 0.0, 2, False
+        self.at = {1: 0, 2: 0}  # steps run at each thread count
 
     def __call__(self) -> float:
         return self.t
@@ -240,6 +241,7 @@ class _Clock:
         # quiet: 2 threads 1.0, 1 thread 1.8; one busy process beside: 2 threads 10 (barriers wait for a
         # descheduled thread), 1 thread 2.0
         self.t += {(2, False): 1.0, (1, False): 1.8, (2, True): 10.0, (1, True): 2.0}[self.threads, self.loaded]
+        self.at[self.threads] += 1
 
 
 def test_thread_governor_follows_the_load(monkeypatch):
@@ -258,6 +260,8 @@ def test_thread_governor_follows_the_load(monkeypatch):
 
     quiet = steps(600)
     assert g.n == 2 and g.switches == 0 and 600 <= quiet <= 600 * 1.02  # failed probes back off: < 2 % cost
+    # probes at steps 64, 64 + 128 and 64 + 128 + 256 (the interval doubling): each ends at its first slow step
+    assert g.probes == 3 and clock.at[1] == 3, (g.probes, clock.at)
     clock.loaded = True
     steps(12)
     assert g.n == 1 and g.switches == 1  # load noticed within a few steps
