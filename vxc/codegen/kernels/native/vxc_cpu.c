@@ -3648,7 +3648,10 @@ static inline __attribute__((always_inline)) void iq_a8_row(int enc, int NB, con
  * loaded instead (one vpdpbusd) both formats were slower, 8 rows by 60 % (two more 64-byte loads a row). Nor was
  * iq1_s by sub-block lanes (each vector entry j of the super-block's 8 sub-blocks, x laid out alike, so a super-block
  * takes one convert, multiply and add a row where this takes four): about half the vector operations, and level
- * (one row 0.176 -> 0.185 ms, 0.220 -> 0.221; 8 rows level): the entries' loads and inserts bound both formats. */
+ * (one row 0.176 -> 0.185 ms, 0.220 -> 0.221; 8 rows level): the entries' loads and inserts bound both formats. Nor
+ * the entries as 2-bit codes (16 bits an entry) joined four to a 64-bit word on the scalar pipes, widened a word a
+ * lane and spread to bytes by vpmultishiftqb, |8 g + e| and its sign by one byte shuffle: slower for both (iq1_s one
+ * row 0.268 -> 0.341 ms, iq1_m 0.224 -> 0.258; 8 rows level or slower), the scalar side now the longer. */
 static inline __attribute__((always_inline)) void iq1m_a8_row(int NB, const uint8_t *row, long cols, const int8_t *q,
                                                               const float *dl, long b0, int nb, float *out) {
     __m512 acc[IQ_NB];
