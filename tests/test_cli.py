@@ -200,6 +200,12 @@ def _model_dir_is_a_file(tmp, good, sharded):
     return p
 
 
+def _not_gguf_either(tmp, good, sharded):
+    p = tmp / "model.gguf"  # named like one, but a zip archive's bytes
+    p.write_bytes(b"PK\x03\x04" + bytes(60))
+    return p
+
+
 BAD = {
     "missing-dir": (_missing_dir, "does not exist"),
     "no-config": (_no_config, "no config.json"),
@@ -218,6 +224,8 @@ BAD = {
     "index-absent-tensor": (_index_names_absent_tensor, "no shard holds"),
     "unknown-family": (_unknown_family, "unknown model_type 'rwkv7'; supported: "),
     "dir-is-a-file": (_model_dir_is_a_file, "is not a directory"),
+    # a file that is not GGUF either (a GGUF file is lowered as a whole model): both inputs named, and its first bytes
+    "not-gguf-either": (_not_gguf_either, "nor a GGUF file (one starts with the bytes b'GGUF'; this file starts b'PK\\x03\\x04')"),
 }
 
 

@@ -58,7 +58,16 @@ def read_config(model_dir: Path) -> tuple[dict[str, Any], str]:
     if not model_dir.exists():
         raise FrontendError(f"model directory {model_dir} does not exist")
     if not model_dir.is_dir():
-        raise FrontendError(f"{model_dir} is not a directory")
+        try:
+            with open(model_dir, "rb") as f:
+                head = f.read(4)
+        except OSError:
+            head = None
+        if head is None:
+            raise FrontendError(f"{model_dir} is not a directory")
+        # a file: the one other input vxc lowers is a GGUF file, known by its magic (registry: is_gguf)
+        raise FrontendError(f"{model_dir} is not a directory (a model directory: config.json and safetensors) nor a "
+                            f"GGUF file (one starts with the bytes b'GGUF'; this file starts {head!r})")
     path = model_dir / "config.json"
     if not path.is_file():
         raise FrontendError(f"{model_dir}: no config.json")
