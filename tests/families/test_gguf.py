@@ -150,6 +150,17 @@ def test_unknown_architecture_and_tensor_types_are_refused(tmp_path, vxc_sub):
     assert not (tmp_path / "x.vxir").exists()
 
 
+def test_a_gguf_cut_inside_its_header_is_refused_as_such(lowered, tmp_path, vxc_sub):
+    src = (lowered["llama"] / "m.gguf").read_bytes()
+    cut = tmp_path / "head.gguf"
+    cut.write_bytes(src[:200])  # the magic, the counts and part of the metadata
+    r = vxc_sub("lower", cut, "-o", tmp_path / "x.vxir")
+    assert r.exit_code != 0 and "Traceback" not in r.stderr
+    assert "head.gguf: not a readable GGUF file: it has GGUF's magic, but its header is cut short or corrupt (200 bytes)" \
+        in r.stderr, r.stderr
+    assert not (tmp_path / "x.vxir").exists()
+
+
 def test_a_truncated_or_changed_gguf_is_refused(lowered, tmp_path, vxc_sub):
     src = lowered["llama"] / "m.gguf"
     cut = tmp_path / "cut.gguf"

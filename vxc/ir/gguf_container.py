@@ -334,7 +334,9 @@ def parse(path: Path, rel: str | None = None, with_metadata: bool = True) -> Con
     except OSError as e:
         raise GGUFError(f"{rel}: cannot read: {e.strerror}") from None
     except Exception as e:  # the gguf package raises ValueError / struct.error / numpy errors on a corrupt file
-        raise GGUFError(f"{rel}: not a readable GGUF file ({type(e).__name__}: {str(e)[:200]})") from None
+        why = (f"it has GGUF's magic, but its header is cut short or corrupt ({size} bytes)" if is_gguf(path)
+               else "no GGUF magic")
+        raise GGUFError(f"{rel}: not a readable GGUF file: {why} ({type(e).__name__}: {str(e)[:200]})") from None
     data_start = int(reader.data_offset)
     if not 0 < data_start <= size:
         raise GGUFError(f"{rel}: data region starts at byte {data_start}, past the end of the file ({size} bytes)")
