@@ -3651,7 +3651,9 @@ static inline __attribute__((always_inline)) void iq_a8_row(int enc, int NB, con
  * (one row 0.176 -> 0.185 ms, 0.220 -> 0.221; 8 rows level): the entries' loads and inserts bound both formats. Nor
  * the entries as 2-bit codes (16 bits an entry) joined four to a 64-bit word on the scalar pipes, widened a word a
  * lane and spread to bytes by vpmultishiftqb, |8 g + e| and its sign by one byte shuffle: slower for both (iq1_s one
- * row 0.268 -> 0.341 ms, iq1_m 0.224 -> 0.258; 8 rows level or slower), the scalar side now the longer. */
+ * row 0.268 -> 0.341 ms, iq1_m 0.224 -> 0.258; 8 rows level or slower), the scalar side now the longer. A function
+ * of its own rather than enc == IQ1_M branches in iq_a8_row (whose row loop this repeats): folded in, the same bits
+ * but 4-6 % slower at one row from cache in three interleaved runs (0.142 / 0.151 / 0.147 -> 0.149 / 0.156 / 0.156 ms). */
 static inline __attribute__((always_inline)) void iq1m_a8_row(int NB, const uint8_t *row, long cols, const int8_t *q,
                                                               const float *dl, long b0, int nb, float *out) {
     __m512 acc[IQ_NB];
