@@ -301,6 +301,8 @@ def exec_(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
     tp: int = typer.Option(1, "--tp", min=1, max=1024, help="tensor parallel over N ranks: spawned here (gloo on "
                                                              "loopback), or the ranks of torchrun"),
+    profile: bool = typer.Option(False, "--profile", help="time the replayed decode steps kernel by kernel and print "
+                                 "where a step goes, by op, native kernel and weight encoding (--json: a \"decode_profile\" object)"),
 ):
     """Execute a lowered model: teacher-forced prefill of the prompt, then generation until an EOS token, a --stop
     string, --max-new-tokens or a full context."""
@@ -316,7 +318,7 @@ def exec_(
                         model_dir=model_dir, logits_out=logits_out, save_state=save_state, resume_state=resume_state,
                         kernels=kernels, compile_decode=compile_decode, as_json=as_json, kernel_report=kernel_report,
                         ignore_eos=ignore_eos, stop=list(stop), chat=chat, system=system, tp=tp, prefill_chunk=prefill_chunk,
-                        kv_dtype=kv_dtype, json_schema=json_schema)
+                        kv_dtype=kv_dtype, json_schema=json_schema, profile=profile)
 
     _guard(go, as_json)
 
@@ -425,12 +427,13 @@ def demo(
     ctx = _guard(lambda: lower_to_file(mdir, ir))
     print(f"== lowered → {ir} ({len(ctx.module.layers)} layers, {len(ctx.module.operands)} operands)")
     describe(ir, as_json=False, context=None, dot=None, sequences=1, tp=1, kv_dtype=None)
-    print("== exec --prompt 'The state of ' --temperature 0.9 --top-k 40 --seed 0 (random weights: the text is noise)")
+    print("== exec --prompt 'The state of ' --temperature 0.9 --top-k 40 --seed 0 --profile (random weights: the text is "
+          "noise; --profile: where a decode step goes)")
     exec_(ir, prompt="The state of ", tokens=None, max_new_tokens=max_new_tokens, temperature=0.9, top_p=1.0, top_k=40, seed=0,
           dtype="fp32", device="cpu", max_context=256, model_dir=None, logits_out=None, save_state=None, resume_state=None,
           kernels="auto", kernel_report=False, compile_decode=False, as_json=False, ignore_eos=False, stop=[], chat=False,
           prefill_chunk=None, kv_dtype=None, json_schema=None,
-          system=None, tp=1)
+          system=None, tp=1, profile=True)
 
 
 def main() -> None:

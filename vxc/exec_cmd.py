@@ -226,7 +226,7 @@ def context_full_note(lm: Loaded) -> str:
 def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p, top_k, seed, dtype, device, max_context,
              model_dir, logits_out, save_state, resume_state, kernels, compile_decode, as_json,
              kernel_report=False, ignore_eos=False, stop=(), chat=False, system=None, tp=1, rank=None,
-             prefill_chunk=None, kv_dtype=None, json_schema=None) -> None:
+             prefill_chunk=None, kv_dtype=None, json_schema=None, profile=False) -> None:
     from .codegen import kernels as K
     from .runtime.sampling import Sampler
 
@@ -238,7 +238,7 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
                   model_dir=model_dir, logits_out=logits_out, save_state=save_state, resume_state=resume_state,
                   kernels=kernels, compile_decode=compile_decode, as_json=as_json, kernel_report=kernel_report,
                   ignore_eos=ignore_eos, stop=stop, chat=chat, system=system, tp=tp, prefill_chunk=prefill_chunk,
-                  kv_dtype=kv_dtype, json_schema=json_schema)
+                  kv_dtype=kv_dtype, json_schema=json_schema, profile=profile)
         check_tp(model, model_dir, tp)  # a model that does not split is refused before any rank starts
         backend = TP.backend_for(device)
         if TP.under_torchrun():
@@ -287,6 +287,8 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
                     tp=tp, rank=rank, prefill_chunk=prefill_chunk, kv_dtype=kv_dtype)
     for w in lm.warnings:
         note(w)
+    if profile:
+        lm.engine.start_profile()
     tok, session = lm.tok, lm.session
     if tok is None and not as_json:
         note(f"note: no tokenizer.json in {lm.model_dir}: input and output are token ids only")
@@ -362,6 +364,8 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
     }
     if turn.text is not None:
         result["generated_text"] = turn.text
+    if profile:
+        result["decode_profile"] = lm.engine.decode_profile()
     if as_json:
         print(json.dumps(result))
         return
@@ -370,6 +374,10 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
         note(context_full_note(lm))
     if kernel_report:
         note(K.format_report(result["kernels"]))
+    if profile:
+        from .runtime.replay import format_profile
+
+        note(format_profile(result["decode_profile"], result["decode_replay"]))
     p = result["prefill_tokens_per_s"]
     d = result["decode_tokens_per_s"]
     note(f"prefill {len(ids)} tokens: {p:.1f} tok/s · decode {n_decode} tokens: " + (f"{d:.1f} tok/s" if d else "n/a")

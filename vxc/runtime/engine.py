@@ -114,6 +114,11 @@ class Engine:
         use_replay = replay and self.device.type == "cpu" and not compile_decode
         self.replay = DecodeReplay(self.decode_graph, self.decode_ids) if use_replay else None
         self.batch_replays: dict[int, BatchReplay] = {}  # batched steps, by their number of rows (with self.replay)
+        # each weight buffer's encoding (or dtype), by address: the labels of a replayed step's profile
+        self.weight_kinds = _weight_kinds(self.lowered.values(), root, operands)
+        self.profiling = False
+        if self.replay is not None:
+            self.replay.weights = self.weight_kinds
         emb = self.plan.nodes["embedding"]["op"].attrs
         self.vocab, self.padded_vocab = emb["vocab"], emb["padded_vocab"]
 
@@ -150,6 +155,9 @@ class Engine:
             r = self.batch_replays.get(B)
             if r is None:
                 r = self.batch_replays[B] = BatchReplay(lambda *a: self.batch_graph(*a), B)
+                r.weights = self.weight_kinds
+                if self.profiling:
+                    r.start_profile()
             return r([int(t) for t in tokens], [int(p) for p in positions], [int(s) for s in slots], fresh)
         ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
@@ -211,6 +219,26 @@ class Engine:
         """What the replayed steps' thread governor settled on (None: not replaying, or not governed)."""
         g = self.replay.governor if self.replay is not None else None
         return g.report() if g is not None else None
+
+    def start_profile(self) -> None:
+        """Time the replayed decode steps (single and batched) call by call from now on (``decode_profile``)."""
+        self.profiling = True
+        for r in [self.replay, *self.batch_replays.values()]:
+            if r is not None:
+                r.start_profile()
+
+    def decode_profile(self) -> dict | None:
+        """The single-sequence replayed steps' profile (``StepProfile.summary``; None: none was taken), and under
+        ``"batched"`` each batched replay's, by its number of rows."""
+        if self.replay is None or self.replay.profile is None:
+            out = None
+        else:
+            out = self.replay.profile.summary()
+        batched = {B: r.profile.summary() for B, r in sorted(self.batch_replays.items()) if r.profile is not None}
+        if batched:
+            out = dict(out or {"steps": 0})
+            out["batched"] = batched
+        return out
 
     def replay_status(self) -> str:
         if self.replay is None:
@@ -307,6 +335,26 @@ def _packed_products(lowered) -> set[str]:
         for c in lw.calls:
             if c.kernel in _PACKED_FORMS and "int8_block32" in c.args:
                 out.update(a.sym for a in c.args if isinstance(a, Weight) and a.encoded)
+    return out
+
+
+def _weight_kinds(lowered, root: torch.nn.Module, operands) -> dict[int, str]:
+    """Each weight buffer's address -> its encoding (with the activation precision its products take, when
+    declared) or its dtype: what a replayed step's profile names the weight a kernel read by."""
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+    out: dict[int, str] = {}
+    for lw in lowered:
+        for ref in _refs(lw):
+            if not isinstance(ref, Weight):
+                continue
+            buf = getattr(root, buffer_name(ref), None)
+            if buf is None or buf.data_ptr() in out:
+                continue
+            o = operands.get(ref.sym)
+            if ref.encoded and o is not None and o.encoding:
+                out[buf.data_ptr()] = o.encoding + (f" ({o.activations} x)" if o.activations else "")
+            else:
+                out[buf.data_ptr()] = names.get(buf.dtype, str(buf.dtype).replace("torch.", ""))
     return out
 
 

@@ -48,6 +48,7 @@ from ..codegen.kernels import native
 CAPTURES = 3
 
 _RUN_PROGRAM = native.declare("vxc_run_program", native.P, native.L, native.L)
+_RUN_PROGRAM_TIMED = native.declare("vxc_run_program_timed", native.P, native.L, native.L, native.P)
 _INT_ARGS = (native.P, native.L, native.I)  # the argument types vxc_run_program passes as integers
 _FLOAT_ARGS = (native.F,)
 
@@ -85,9 +86,14 @@ class _CSegment:
                 struct.pack_into("<q", self.buf, at + off_slope + 8 * k, slope)
         self.ptr = ctypes.addressof(self.buf)
         self.fn = getattr(lib, _RUN_PROGRAM)
+        self.timed_fn = getattr(lib, _RUN_PROGRAM_TIMED)
 
     def __call__(self, pos: int) -> None:
         self.fn(self.ptr, self.n, pos)
+
+    def timed(self, pos: int, ns: int) -> None:
+        """Run the calls, adding each one's wall time in ns to the int64 array at address ``ns``."""
+        self.timed_fn(self.ptr, self.n, pos, ns)
 
 
 def _segments(program: list[tuple]) -> Optional[list]:
@@ -127,18 +133,86 @@ def _segments(program: list[tuple]) -> Optional[list]:
     return out
 
 
-def _run_segments(segments: list, pos: int) -> None:
-    """Run a program's segments (or the program itself, its calls one by one) at position ``pos``."""
+def _run_segments(segments: list, pos: int, ns=None) -> None:
+    """Run a program's segments (or the program itself, its calls one by one) at position ``pos``; with ``ns`` (a
+    ctypes int64 array, one element per call of the program) each call's wall time in ns is added to its element."""
+    at, base = 0, (ctypes.addressof(ns) if ns is not None else 0)
     for seg in segments:
         if isinstance(seg, _CSegment):
-            seg(pos)
-        else:
-            fn, args, moving = seg
-            if moving:
-                args = list(args)
-                for i, base, slope in moving:
-                    args[i] = base + slope * pos
+            if ns is None:
+                seg(pos)
+            else:
+                seg.timed(pos, base + 8 * at)
+            at += seg.n
+            continue
+        fn, args, moving = seg
+        if moving:
+            args = list(args)
+            for i, b, slope in moving:
+                args[i] = b + slope * pos
+        if ns is None:
             fn(*args)
+        else:
+            t0 = time.perf_counter_ns()
+            fn(*args)
+            ns[at] += time.perf_counter_ns() - t0
+        at += 1
+
+
+def _kernel_name(fn) -> str:
+    return getattr(fn, "__name__", None) or getattr(fn, "__qualname__", None) or repr(fn)
+
+
+class StepProfile:
+    """Where replayed decode steps spend their time: each native call's wall time (``vxc_run_program_timed``: one
+    clock read a call), summed over the steps run while profiling, grouped by the vxc op that made the call, the
+    native kernel and the encoding (or dtype) of the weight it read. A step's wall time beyond its calls' is the
+    replay loop's own (and, on a step the thread governor probes, nothing else: it runs the same calls)."""
+
+    def __init__(self, program: list, labels: list[tuple[str, str]]):
+        self.kernels = [_kernel_name(c[0]) for c in program]
+        self.labels = labels if len(labels) == len(program) else [("", "")] * len(program)
+        self.ns = (ctypes.c_int64 * max(1, len(program)))()
+        self.steps = 0
+        self.wall_ns = 0
+
+    def run(self, calls: Callable) -> None:
+        """Run one step, ``calls(ns)``, timing it and (through ``ns``) each of its calls."""
+        t0 = time.perf_counter_ns()
+        calls(self.ns)
+        self.wall_ns += time.perf_counter_ns() - t0
+        self.steps += 1
+
+    def summary(self) -> dict:
+        """The profile as plain data: steps, ms a step (wall, in the calls, the rest) and one row per (op, kernel,
+        weights) with its calls a step, ms a step and share of the step's wall time, slowest first."""
+        n = max(self.steps, 1)
+        groups: dict[tuple[str, str, str], list[int]] = {}
+        for i, (kernel, (op, weights)) in enumerate(zip(self.kernels, self.labels)):
+            g = groups.setdefault((op or "-", kernel, weights or "-"), [0, 0])
+            g[0] += 1
+            g[1] += self.ns[i]
+        wall = self.wall_ns / n / 1e6
+        calls_ms = sum(g[1] for g in groups.values()) / n / 1e6
+        rows = [{"op": op, "kernel": kernel, "weights": w, "calls": c, "ms": t / n / 1e6,
+                 "share": (t / n / 1e6) / wall if wall > 0 else 0.0}
+                for (op, kernel, w), (c, t) in groups.items()]
+        rows.sort(key=lambda r: -r["ms"])
+        return {"steps": self.steps, "calls": len(self.kernels), "step_ms": wall, "calls_ms": calls_ms,
+                "other_ms": wall - calls_ms, "rows": rows}
+
+
+def format_profile(p: Optional[dict], why: str = "") -> str:
+    """``summary()`` as the table ``vxc exec --profile`` prints (or why there is none)."""
+    if not p or not p["steps"]:
+        return "decode profile: no replayed step ran" + (f" ({why})" if why else "")
+    lines = [f"decode profile: {p['steps']} replayed steps of {p['calls']} native calls, {p['step_ms']:.3f} ms a step "
+             f"({p['calls_ms']:.3f} ms in the calls, {p['other_ms']:.3f} ms the replay loop's own)",
+             f"{'ms/step':>9} {'share':>6} {'calls':>6}  op / kernel / weights"]
+    for r in p["rows"]:
+        lines.append(f"{r['ms']:9.3f} {100 * r['share']:5.1f}% {r['calls']:6d}  {r['op']} / {r['kernel']} / {r['weights']}")
+    return "\n".join(lines)
+
 
 # graph-level aten ops a capturable step may run besides vxc kernels: views (no data is computed)
 _VIEW_OPS = {
@@ -151,9 +225,10 @@ class _Guard(TorchDispatchMode):
     """Watches the graph-level ops of a captured step: views pass, each native-capable vxc op must have
     recorded a native call, anything else refuses the capture."""
 
-    def __init__(self, rec: native.Recorder):
+    def __init__(self, rec: native.Recorder, weights: Optional[dict[int, str]] = None):
         super().__init__()
         self.rec = rec
+        self.weights = weights or {}  # data_ptr -> the weight's encoding or dtype (the profile's labels)
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -165,7 +240,12 @@ class _Guard(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         ns, name = func.namespace, func._opname
         before = len(self.rec.calls)
-        out = func(*args, **(kwargs or {}))
+        if ns == "vxc":
+            self.rec.label = (name, self._weights(args))
+        try:
+            out = func(*args, **(kwargs or {}))
+        finally:
+            self.rec.label = ("", "")
         if ns == "vxc":
             if name not in kernels.NATIVE_OPS:
                 self.rec.failed = self.rec.failed or f"vxc::{name} has no native form"
@@ -174,6 +254,14 @@ class _Guard(TorchDispatchMode):
         elif name not in _VIEW_OPS:
             self.rec.failed = self.rec.failed or f"graph-level op {ns}::{name} is not a view"
         return out
+
+    def _weights(self, args) -> str:
+        """The encoding (or dtype) of the first weight among an op's arguments ('' if it reads none)."""
+        for a in args:
+            for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                if isinstance(t, Tensor) and t.data_ptr() in self.weights:
+                    return self.weights[t.data_ptr()]
+        return ""
 
 
 class ThreadGovernor:
@@ -301,6 +389,10 @@ class DecodeReplay:
         self.refused: Optional[str] = None if native.available() else native.status()
         self.out: Optional[Tensor] = None
         self.governor: Optional[ThreadGovernor] = None
+        self.weights: dict[int, str] = {}  # data_ptr -> encoding or dtype of each weight (the profile's labels)
+        self.labels: list[tuple[str, str]] = []  # each program call's (vxc op, weights)
+        self.profiling = False  # profile replayed steps (``profile``) once the program is built
+        self.profile: Optional[StepProfile] = None
         threads_mode()  # a bad VXC_THREADS is refused before the first step, not after the captures
 
     @property
@@ -316,7 +408,7 @@ class DecodeReplay:
         if self.refused is not None:
             return self.graph(self.ids, pos)
         rec = native.Recorder(self.pool)
-        with native.recording(rec), _Guard(rec):
+        with native.recording(rec), _Guard(rec, self.weights):
             out = self.graph(self.ids, pos)
         if rec.failed:
             self._refuse(rec.failed)
@@ -324,6 +416,7 @@ class DecodeReplay:
             self._refuse("the step's output is not the same buffer on every captured step")
         else:
             self.captures.append((pos, rec.calls, out))
+            self.labels = rec.labels
             if len(self.captures) == CAPTURES:
                 self._build()
         return out.clone()
@@ -358,6 +451,14 @@ class DecodeReplay:
         self.program, self.out, self.captures = program, out, []
         self.segments = _segments(program)
         self.governor = governor()
+        if self.profiling:
+            self.profile = StepProfile(program, self.labels)
+
+    def start_profile(self) -> None:
+        """Time every replayed step from now on, call by call (``profile.summary()``); the values are unchanged."""
+        self.profiling = True
+        if self.program is not None and self.profile is None:
+            self.profile = StepProfile(self.program, self.labels)
 
     def _run(self, pos: int) -> None:
         if self.governor is None:
@@ -365,7 +466,10 @@ class DecodeReplay:
         self.governor.step(lambda: self._calls(pos))
 
     def _calls(self, pos: int) -> None:
-        _run_segments(self.segments if self.segments is not None else self.program, pos)
+        program = self.segments if self.segments is not None else self.program
+        if self.profile is None:
+            return _run_segments(program, pos)
+        self.profile.run(lambda ns: _run_segments(program, pos, ns))
 
 
 
@@ -387,6 +491,10 @@ class BatchReplay:
         self.out: Optional[Tensor] = None
         self.governor: Optional[ThreadGovernor] = None
         self.steps = 0  # replayed steps
+        self.weights: dict[int, str] = {}  # as DecodeReplay's
+        self.labels: list[tuple[str, str]] = []
+        self.profiling = False
+        self.profile: Optional[StepProfile] = None
 
     @property
     def ready(self) -> bool:
@@ -411,7 +519,7 @@ class BatchReplay:
         if self.refused is not None:
             return self.graph(*args)
         rec = native.Recorder(self.pool)
-        with native.recording(rec), _Guard(rec):
+        with native.recording(rec), _Guard(rec, self.weights):
             out = self.graph(*args)
         if rec.failed:
             self._refuse(rec.failed)
@@ -419,6 +527,7 @@ class BatchReplay:
             self._refuse("the step's output is not the same buffer on every captured step")
         else:
             self.captures.append((rec.calls, out))
+            self.labels = rec.labels
             if len(self.captures) == self.CAPTURES:
                 self._build()
         return out.clone()
@@ -444,8 +553,19 @@ class BatchReplay:
         self.program, self.out, self.captures = program, self.captures[0][1], []
         self.segments = _segments([(fn, conv, []) for fn, conv in program])
         self.governor = governor()
+        if self.profiling:
+            self.profile = StepProfile(program, self.labels)
+
+    def start_profile(self) -> None:
+        """As :meth:`DecodeReplay.start_profile`."""
+        self.profiling = True
+        if self.program is not None and self.profile is None:
+            self.profile = StepProfile(self.program, self.labels)
 
     def _calls(self) -> None:
+        if self.profile is not None:
+            program = self.segments if self.segments is not None else [(fn, a, []) for fn, a in self.program]
+            return self.profile.run(lambda ns: _run_segments(program, 0, ns))
         if self.segments is not None:
             return _run_segments(self.segments, 0)
         for fn, args in self.program:

@@ -146,6 +146,8 @@ def status() -> str:
 class Recorder:
     def __init__(self, pool: list[Tensor] | None = None):
         self.calls: list[tuple[str, tuple]] = []
+        self.labels: list[tuple[str, str]] = []  # each call's (vxc op, weight encoding) as the capture saw it
+        self.label: tuple[str, str] = ("", "")  # the op being dispatched (set by the replay's dispatch guard)
         self.pool: list[Tensor] = [] if pool is None else pool
         self.next = 0
         self.failed: Optional[str] = None
@@ -193,6 +195,7 @@ def call(symbol: str, *args) -> None:
     getattr(_lib, symbol)(*args)
     if _rec is not None:
         _rec.calls.append((symbol, args))
+        _rec.labels.append(_rec.label)
 
 
 def call_py(fn, *args: int) -> None:
@@ -202,6 +205,7 @@ def call_py(fn, *args: int) -> None:
     fn(*args)
     if _rec is not None:
         _rec.calls.append((fn, args))
+        _rec.labels.append(_rec.label)
 
 
 def tensor_at(address: int, numel: int, dtype: torch.dtype) -> Tensor:
