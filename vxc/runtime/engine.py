@@ -353,6 +353,9 @@ def _weight_kinds(lowered, root: torch.nn.Module, operands) -> dict[int, str]:
             o = operands.get(ref.sym)
             if ref.encoded and o is not None and o.encoding:
                 out[buf.data_ptr()] = o.encoding + (f" ({o.activations} x)" if o.activations else "")
+                pk = quant._PACKED.get(buf)  # the packed copy made at load, which the int8_block32 products read
+                if pk is not None:
+                    out[pk.data_ptr()] = o.encoding + (f" ({o.activations} x, packed)" if o.activations else " (packed)")
             else:
                 out[buf.data_ptr()] = names.get(buf.dtype, str(buf.dtype).replace("torch.", ""))
     return out

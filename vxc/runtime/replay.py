@@ -159,6 +159,15 @@ def _run_segments(segments: list, pos: int, ns=None) -> None:
         at += 1
 
 
+def _call_weights(args, weights: dict[int, str]) -> str:
+    """The encoding (or dtype) of the first weight buffer a native call's arguments point at ('' if none)."""
+    for a in args:
+        v = a.value if isinstance(a, ctypes._SimpleCData) else a
+        if isinstance(v, int) and v in weights:
+            return weights[v]
+    return ""
+
+
 def _kernel_name(fn) -> str:
     return getattr(fn, "__name__", None) or getattr(fn, "__qualname__", None) or repr(fn)
 
@@ -169,9 +178,12 @@ class StepProfile:
     native kernel and the encoding (or dtype) of the weight it read. A step's wall time beyond its calls' is the
     replay loop's own (and, on a step the thread governor probes, nothing else: it runs the same calls)."""
 
-    def __init__(self, program: list, labels: list[tuple[str, str]]):
+    def __init__(self, program: list, labels: list[tuple[str, str]], weights: Optional[dict[int, str]] = None):
         self.kernels = [_kernel_name(c[0]) for c in program]
-        self.labels = labels if len(labels) == len(program) else [("", "")] * len(program)
+        labels = labels if len(labels) == len(program) else [("", "")] * len(program)
+        # a call that reads a weight is named by that weight (a fused op's calls read different ones: the gate / up
+        # and the down projection of a SwiGLU FFN); others by the first weight among their op's arguments
+        self.labels = [(op, _call_weights(c[1], weights or {}) or w) for c, (op, w) in zip(program, labels)]
         self.ns = (ctypes.c_int64 * max(1, len(program)))()
         self.steps = 0
         self.wall_ns = 0
@@ -452,13 +464,13 @@ class DecodeReplay:
         self.segments = _segments(program)
         self.governor = governor()
         if self.profiling:
-            self.profile = StepProfile(program, self.labels)
+            self.profile = StepProfile(program, self.labels, self.weights)
 
     def start_profile(self) -> None:
         """Time every replayed step from now on, call by call (``profile.summary()``); the values are unchanged."""
         self.profiling = True
         if self.program is not None and self.profile is None:
-            self.profile = StepProfile(self.program, self.labels)
+            self.profile = StepProfile(self.program, self.labels, self.weights)
 
     def _run(self, pos: int) -> None:
         if self.governor is None:
@@ -554,13 +566,13 @@ class BatchReplay:
         self.segments = _segments([(fn, conv, []) for fn, conv in program])
         self.governor = governor()
         if self.profiling:
-            self.profile = StepProfile(program, self.labels)
+            self.profile = StepProfile(program, self.labels, self.weights)
 
     def start_profile(self) -> None:
         """As :meth:`DecodeReplay.start_profile`."""
         self.profiling = True
         if self.program is not None and self.profile is None:
-            self.profile = StepProfile(self.program, self.labels)
+            self.profile = StepProfile(self.program, self.labels, self.weights)
 
     def _calls(self) -> None:
         if self.profile is not None:
