@@ -418,7 +418,8 @@ def test_grid_int8_gemm_at_the_floor(name, nblk):
     weight rows expanded once into signed int8 values against x transposed in tiles of 16 rows: the same exact
     integer sums per scale group as the one-row kernel, summed in floats per group rather than per four-value lane.
     At 37 weight rows (two whole 16-row tiles and a partial one) and 19 rows of x (a whole x tile and a padded
-    one): at the floor of the twin and the fp64 oracle, and so is each row run alone (the row kernel). Three
+    one): at the floor of the twin and the fp64 oracle, and so is each row run alone (the row kernel), and rows 3 or 7
+    at a time (its instances for up to 4 and up to 8 rows). Three
     super-blocks a row too: the iq2 grids' byte-plane expansion (VBMI builds) takes them in pairs, the last alone."""
     assert N.available(), N.status()
     if not quant._grid_a8():
@@ -432,6 +433,10 @@ def test_grid_int8_gemm_at_the_floor(name, nblk):
     R.assert_kernel_at_floor(quant.qgemv_native(name, blocks, x, "int8_block32"), twin, want, f"{name} int8 gemm")
     rows = torch.cat([quant.qgemv_native(name, blocks, x[i:i + 1].contiguous(), "int8_block32") for i in range(19)])
     R.assert_kernel_at_floor(rows, twin, want, f"{name} int8 rows alone")
+    # a few rows of x at once (a batched decode step): the row kernels' instances for up to 4 rows and up to 8
+    for n in (3, 7):
+        some = torch.cat([quant.qgemv_native(name, blocks, x[i:i + n].contiguous(), "int8_block32") for i in range(0, 19, n)])
+        R.assert_kernel_at_floor(some, twin, want, f"{name} int8 rows {n} at a time")
 
 
 @pytest.mark.native
