@@ -365,6 +365,7 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
     if turn.text is not None:
         result["generated_text"] = turn.text
     if profile:
+        result["prefill_profile"] = lm.engine.prefill_profile.summary()
         result["decode_profile"] = lm.engine.decode_profile()
     if as_json:
         print(json.dumps(result))
@@ -375,8 +376,10 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
     if kernel_report:
         note(K.format_report(result["kernels"]))
     if profile:
+        from .runtime.prefill_profile import format_prefill
         from .runtime.replay import format_profile
 
+        note(format_prefill(result["prefill_profile"]))
         note(format_profile(result["decode_profile"], result["decode_replay"]))
     p = result["prefill_tokens_per_s"]
     d = result["decode_tokens_per_s"]

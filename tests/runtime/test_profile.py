@@ -166,3 +166,53 @@ def test_exec_profile_says_when_no_step_was_replayed(quantised, cli):
     assert "decode profile: no replayed step ran (capturing)" in r.output
     j = cli("exec", quantised, "--tokens", "1,2,3", "--max-new-tokens", "2", "--ignore-eos", "--profile", "--json")
     assert read_json_line(j.stdout)["decode_profile"] is None
+
+
+@pytest.mark.parametrize("name", ["qwen3", "mamba2attn-native"])
+@pytest.mark.native
+def test_the_prefill_profile_times_each_op_of_each_chunk(lab, name):
+    """A prefill of 20 tokens in chunks of 8 (three graph runs): each vxc op of the prefill graph is timed once a run
+    (the counts read off the fx graph), and the logits are those of an unprofiled prefill, bit for bit."""
+    from vxc.runtime.session import Session
+
+    f = P.FAMILIES[name]
+    _, ir = lab.built(name)
+    ids = P.prompt_ids(f)[:20]
+    got = {}
+    for profiled in (False, True):
+        e = P.engine_for(ir, max_context=64, prefill_chunk=8)
+        if profiled:
+            e.start_profile()
+        got[profiled] = (e, Session(e).prefill(ids))
+    e, logits = got[True]
+    assert torch.equal(logits, got[False][1])
+    assert got[False][0].prefill_profile is None
+    p = e.prefill_profile.summary()
+    assert (p["runs"], p["tokens"]) == (3, 20)
+    gm = e._prefill_graphs["prefill"]
+    want: dict[str, int] = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and getattr(n.target, "namespace", None) == "vxc":
+            op = n.target._overloadpacket._qualified_op_name.split("::")[1]
+            want[op] = want.get(op, 0) + 3
+    calls: dict[str, int] = {}
+    for r in p["rows"]:
+        calls[r["op"]] = calls.get(r["op"], 0) + r["calls"]
+    assert calls == want
+    assert 0 < p["ops_ms"] <= p["ms"] and all(r["ms"] > 0 for r in p["rows"])
+    assert {r["weights"] for r in p["rows"]} <= {"-", "fp32"}
+
+
+@pytest.mark.native
+def test_exec_profile_covers_the_prefill(quantised, cli):
+    r = cli("exec", quantised, "--tokens", ",".join(str(i) for i in range(1, 40)), "--max-new-tokens", "2",
+            "--ignore-eos", "--profile", "--prefill-chunk", "16", "--json")
+    assert r.exit_code == 0, r.output
+    p = read_json_line(r.stdout)["prefill_profile"]
+    assert (p["runs"], p["tokens"]) == (3, 39)  # chunks of 16, 16 and 7
+    qlinear = {row["weights"]: row["calls"] for row in p["rows"] if row["op"] == "qlinear"}
+    # q, k, o of both layers and layer 0's v are q4_k; layer 1's v and the head q6_k (the head on each chunk's last
+    # position): every chunk once
+    assert qlinear == {"q4_k": 7 * 3, "q6_k": 2 * 3}, p["rows"]
+    text = cli("exec", quantised, "--tokens", "1,2,3,4,5", "--max-new-tokens", "2", "--ignore-eos", "--profile")
+    assert "prefill profile: 5 tokens in 1 chunk, " in text.output

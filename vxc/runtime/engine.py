@@ -117,6 +117,7 @@ class Engine:
         # each weight buffer's encoding (or dtype), by address: the labels of a replayed step's profile
         self.weight_kinds = _weight_kinds(self.lowered.values(), root, operands)
         self.profiling = False
+        self.prefill_profile = None  # a PrefillProfile while profiling (start_profile)
         if self.replay is not None:
             self.replay.weights = self.weight_kinds
         emb = self.plan.nodes["embedding"]["op"].attrs
@@ -180,6 +181,10 @@ class Engine:
             gm = self._prefill_graphs[variant] = build_graph_module(self.lowered[variant], self.root)
             if self.bound_slot != 0:
                 self._point(gm, self.bound_slot)
+        if self.prefill_profile is not None:
+            from .prefill_profile import ProfiledGraph
+
+            return ProfiledGraph(gm, self.prefill_profile)
         return gm
 
     def _point(self, gm: torch.nn.Module, slot: int) -> None:
@@ -221,8 +226,13 @@ class Engine:
         return g.report() if g is not None else None
 
     def start_profile(self) -> None:
-        """Time the replayed decode steps (single and batched) call by call from now on (``decode_profile``)."""
+        """Time the replayed decode steps (single and batched) call by call from now on (``decode_profile``), and the
+        prefill graphs op by op (``prefill_profile.summary()``)."""
+        from .prefill_profile import PrefillProfile
+
         self.profiling = True
+        if self.prefill_profile is None:
+            self.prefill_profile = PrefillProfile(self.weight_kinds)
         for r in [self.replay, *self.batch_replays.values()]:
             if r is not None:
                 r.start_profile()

@@ -268,12 +268,16 @@ class _Guard(TorchDispatchMode):
         return out
 
     def _weights(self, args) -> str:
-        """The encoding (or dtype) of the first weight among an op's arguments ('' if it reads none)."""
-        for a in args:
-            for t in (a if isinstance(a, (list, tuple)) else (a,)):
-                if isinstance(t, Tensor) and t.data_ptr() in self.weights:
-                    return self.weights[t.data_ptr()]
-        return ""
+        return arg_weights(args, self.weights)
+
+
+def arg_weights(args, weights: dict[int, str]) -> str:
+    """The encoding (or dtype) of the first weight among an op's arguments ('' if it reads none)."""
+    for a in args:
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(t, Tensor) and t.data_ptr() in weights:
+                return weights[t.data_ptr()]
+    return ""
 
 
 class ThreadGovernor:
