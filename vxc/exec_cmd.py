@@ -380,11 +380,23 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
         from .runtime.replay import format_profile
 
         note(format_prefill(result["prefill_profile"]))
-        note(format_profile(result["decode_profile"], result["decode_replay"]))
+        note(format_profile(result["decode_profile"], _no_replay_reason(result["decode_replay"])))
     p = result["prefill_tokens_per_s"]
     d = result["decode_tokens_per_s"]
     note(f"prefill {len(ids)} tokens: {p:.1f} tok/s · decode {n_decode} tokens: " + (f"{d:.1f} tok/s" if d else "n/a")
          + f" · ended by {turn.finish_reason} · load {lm.load_s:.2f} s + warm-up {lm.warmup_s:.2f} s · position {session.pos}")
+
+
+def _no_replay_reason(status: str) -> str:
+    """Why a decode profile may be empty, in the user's terms (the replay's status otherwise)."""
+    from .codegen import kernels as K
+    from .runtime.replay import CAPTURES
+
+    if K.get_backend() not in ("auto", "native"):
+        return f"--kernels {K.get_backend()}: the decode steps run their graph, and only native replays are profiled"
+    if status == "capturing":
+        return f"the first {CAPTURES} decode steps are captured, not replayed"
+    return status
 
 
 def check_tp(model: Path, model_dir, tp: int) -> None:

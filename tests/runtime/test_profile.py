@@ -163,7 +163,19 @@ def test_exec_profile_names_the_encodings(quantised, cli):
 def test_exec_profile_says_when_no_step_was_replayed(quantised, cli):
     r = cli("exec", quantised, "--tokens", "1,2,3", "--max-new-tokens", "2", "--ignore-eos", "--profile")
     assert r.exit_code == 0, r.output
-    assert "decode profile: no replayed step ran (capturing)" in r.output
+    assert "decode profile: no replayed step ran (the first 3 decode steps are captured, not replayed)" in r.output
+    from vxc.codegen import kernels as K
+
+    before = K.get_backend()
+    try:  # (in-process: --kernels sets the process's backend, which later tests must not inherit)
+        t = cli("exec", quantised, "--tokens", "1,2,3", "--max-new-tokens", "6", "--ignore-eos", "--profile", "--kernels",
+                "torch")
+    finally:
+        K.set_backend(before)
+    assert t.exit_code == 0, t.output
+    assert ("decode profile: no replayed step ran (--kernels torch: the decode steps run their graph, and only native "
+            "replays are profiled)") in t.output
+    assert "prefill profile: 3 tokens in 1 chunk" in t.output  # (the prefill graph's ops, whichever kernels)
     j = cli("exec", quantised, "--tokens", "1,2,3", "--max-new-tokens", "2", "--ignore-eos", "--profile", "--json")
     assert read_json_line(j.stdout)["decode_profile"] is None
 
