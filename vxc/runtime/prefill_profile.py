@@ -14,7 +14,7 @@ from typing import Optional
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .replay import arg_weights
+from .replay import arg_weights, profile_table
 
 
 class PrefillProfile(TorchDispatchMode):
@@ -80,9 +80,6 @@ def format_prefill(p: Optional[dict]) -> str:
     """``summary()`` as the table ``vxc exec --profile`` prints."""
     if not p or not p["runs"]:
         return "prefill profile: no prefill graph ran (a one-token prompt runs the decode step)"
-    lines = [f"prefill profile: {p['tokens']} tokens in {p['runs']} chunk{'s' if p['runs'] != 1 else ''}, {p['ms']:.3f} ms "
-             f"({p['ops_ms']:.3f} ms in the vxc ops, {p['other_ms']:.3f} ms outside them)",
-             f"{'ms':>9} {'share':>6} {'calls':>6}  op / weights"]
-    for r in p["rows"]:
-        lines.append(f"{r['ms']:9.3f} {100 * r['share']:5.1f}% {r['calls']:6d}  {r['op']} / {r['weights']}")
-    return "\n".join(lines)
+    head = (f"prefill profile: {p['tokens']} tokens in {p['runs']} chunk{'s' if p['runs'] != 1 else ''}, {p['ms']:.3f} ms "
+            f"({p['ops_ms']:.3f} ms in the vxc ops, {p['other_ms']:.3f} ms outside them)")
+    return profile_table(head, "ms", p["rows"], ("op", "weights"))

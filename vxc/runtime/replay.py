@@ -218,11 +218,16 @@ def format_profile(p: Optional[dict], why: str = "") -> str:
     """``summary()`` as the table ``vxc exec --profile`` prints (or why there is none)."""
     if not p or not p["steps"]:
         return "decode profile: no replayed step ran" + (f" ({why})" if why else "")
-    lines = [f"decode profile: {p['steps']} replayed steps of {p['calls']} native calls, {p['step_ms']:.3f} ms a step "
-             f"({p['calls_ms']:.3f} ms in the calls, {p['other_ms']:.3f} ms the replay loop's own)",
-             f"{'ms/step':>9} {'share':>6} {'calls':>6}  op / kernel / weights"]
-    for r in p["rows"]:
-        lines.append(f"{r['ms']:9.3f} {100 * r['share']:5.1f}% {r['calls']:6d}  {r['op']} / {r['kernel']} / {r['weights']}")
+    head = (f"decode profile: {p['steps']} replayed steps of {p['calls']} native calls, {p['step_ms']:.3f} ms a step "
+            f"({p['calls_ms']:.3f} ms in the calls, {p['other_ms']:.3f} ms the replay loop's own)")
+    return profile_table(head, "ms/step", p["rows"], ("op", "kernel", "weights"))
+
+
+def profile_table(head: str, unit: str, rows: list[dict], names: tuple[str, ...]) -> str:
+    """A profile's lines: ``head``, then ms, share and calls of each row, named by its ``names`` fields."""
+    lines = [head, f"{unit:>9} {'share':>6} {'calls':>6}  " + " / ".join(names)]
+    for r in rows:
+        lines.append(f"{r['ms']:9.3f} {100 * r['share']:5.1f}% {r['calls']:6d}  " + " / ".join(str(r[n]) for n in names))
     return "\n".join(lines)
 
 
@@ -395,7 +400,21 @@ def governor() -> Optional[ThreadGovernor]:
     return ThreadGovernor(_set_threads, full)
 
 
-class DecodeReplay:
+class _Profiled:
+    """What a replay (single or batched) needs to be profiled: ``program``, ``labels``, ``weights``, ``profiling``,
+    ``profile``."""
+
+    def start_profile(self) -> None:
+        """Time every replayed step from now on, call by call (``profile.summary()``); the values are unchanged."""
+        self.profiling = True
+        self._profile_built()
+
+    def _profile_built(self) -> None:
+        if self.profiling and self.program is not None and self.profile is None:
+            self.profile = StepProfile(self.program, self.labels, self.weights)
+
+
+class DecodeReplay(_Profiled):
     def __init__(self, graph: Callable[[Tensor, int], Tensor], ids: Tensor):
         self.graph, self.ids = graph, ids
         self.pool: list[Tensor] = []
@@ -467,14 +486,7 @@ class DecodeReplay:
         self.program, self.out, self.captures = program, out, []
         self.segments = _segments(program)
         self.governor = governor()
-        if self.profiling:
-            self.profile = StepProfile(program, self.labels, self.weights)
-
-    def start_profile(self) -> None:
-        """Time every replayed step from now on, call by call (``profile.summary()``); the values are unchanged."""
-        self.profiling = True
-        if self.program is not None and self.profile is None:
-            self.profile = StepProfile(self.program, self.labels, self.weights)
+        self._profile_built()
 
     def _run(self, pos: int) -> None:
         if self.governor is None:
@@ -489,7 +501,7 @@ class DecodeReplay:
 
 
 
-class BatchReplay:
+class BatchReplay(_Profiled):
     """The batched decode step of ``B`` sequences captured as its native calls and replayed (see the module
     docstring). ``graph(ids, positions, positions_t, slots, slots_t)`` is the engine's batched step."""
 
@@ -569,14 +581,7 @@ class BatchReplay:
         self.program, self.out, self.captures = program, self.captures[0][1], []
         self.segments = _segments([(fn, conv, []) for fn, conv in program])
         self.governor = governor()
-        if self.profiling:
-            self.profile = StepProfile(program, self.labels, self.weights)
-
-    def start_profile(self) -> None:
-        """As :meth:`DecodeReplay.start_profile`."""
-        self.profiling = True
-        if self.program is not None and self.profile is None:
-            self.profile = StepProfile(self.program, self.labels, self.weights)
+        self._profile_built()
 
     def _calls(self) -> None:
         if self.profile is not None:
