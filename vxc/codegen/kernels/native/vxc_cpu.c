@@ -3670,6 +3670,20 @@ static inline __attribute__((always_inline)) void iq_a8_row(int enc, int NB, con
     for (int j = 0; j < nb; j++) out[j] = _mm512_reduce_add_ps(acc[j]);
 }
 
+/* the rows of x of an iq1 chunk (64 values at ``at``): each lane's integer 8 (g + 1) x - (8 - e) x (g8, kb: iq1m_a8_row
+ * below), scaled by the lane's weight scale times x's block scale into acc[j] */
+static inline __attribute__((always_inline)) void iq1_a8_rows(__m512i g8, __m512i kb, __m512 ws, const int8_t *q,
+                                                              const float *dl, long cols, long at, long b0, int nb,
+                                                              __m512 *acc) {
+    const __m512i zero = _mm512_setzero_si512();
+    for (int j = 0; j < nb; j++) {
+        __m512i xv = _mm512_loadu_si512((const void *)(q + (b0 + j) * cols + at));
+        __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, g8, xv), _mm512_dpbusd_epi32(zero, kb, xv));
+        __m512 sc = _mm512_mul_ps(ws, _mm512_loadu_ps(dl + (b0 + j) * (cols / 4) + at / 4));
+        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc[j]);
+    }
+}
+
 /* iq1_s: a super-block's 32 grid indices (8 bits from qs, 3 from qh[s] >> 3 (e % 4) for entry e of sub-block s)
  * formed in one vector and stored, so the row kernel's entry loads read each index with one load instead of four
  * scalar operations */
@@ -3713,7 +3727,6 @@ static inline __attribute__((always_inline)) void iq1s_a8_row(int NB, const uint
                                                               const float *dl, long b0, int nb, float *out) {
     __m512 acc[IQ_NB];
     for (int j = 0; j < NB; j++) acc[j] = _mm512_setzero_ps();
-    const __m512i zero = _mm512_setzero_si512();
     uint16_t idx[32] __attribute__((aligned(64)));
     for (long sb = 0; sb < cols / 256; sb++) {
         const uint8_t *b = row + sb * Q_TSIZE[IQ1_S];
@@ -3728,13 +3741,7 @@ static inline __attribute__((always_inline)) void iq1s_a8_row(int NB, const uint
             const __m512 ws = _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_set1_epi32(2 * c), _mm512_loadu_si512((const void *)IQ1_HALF8)), sbs);
             const __m512i g8 = iq_e8x8_16((const int8_t *)IQ1S8, idx + 8 * c);
             const __m512i kb = _mm512_mask_blend_epi8(_cvtu64_mask64(IQ1_NEG2[(sg >> (2 * c)) & 3]), _mm512_set1_epi8(7), _mm512_set1_epi8(9));
-            long at = 256 * sb + 64 * c;
-            for (int j = 0; j < nb; j++) {
-                __m512i xv = _mm512_loadu_si512((const void *)(q + (b0 + j) * cols + at));
-                __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, g8, xv), _mm512_dpbusd_epi32(zero, kb, xv));
-                __m512 sc = _mm512_mul_ps(ws, _mm512_loadu_ps(dl + (b0 + j) * (cols / 4) + at / 4));
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc[j]);
-            }
+            iq1_a8_rows(g8, kb, ws, q, dl, cols, 256 * sb + 64 * c, b0, nb, acc);
         }
     }
     for (int j = 0; j < nb; j++) out[j] = _mm512_reduce_add_ps(acc[j]);
@@ -3761,7 +3768,6 @@ static inline __attribute__((always_inline)) void iq1m_a8_row(int NB, const uint
                                                               const float *dl, long b0, int nb, float *out) {
     __m512 acc[IQ_NB];
     for (int j = 0; j < NB; j++) acc[j] = _mm512_setzero_ps();
-    const __m512i zero = _mm512_setzero_si512();
     for (long sb = 0; sb < cols / 256; sb++) {
         const uint8_t *b = row + sb * Q_TSIZE[IQ1_M];
         const __m512 sbs = iq1m_scales(b, iq_d(IQ1_M, b));
@@ -3772,13 +3778,7 @@ static inline __attribute__((always_inline)) void iq1m_a8_row(int NB, const uint
             const __m512 ws = _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_set1_epi32(4 * c), _mm512_loadu_si512((const void *)IQ_LANES4)), sbs);
             const __m512i g8 = iq_e8x8((const int8_t *)IQ1S8, idx);
             const __m512i kb = _mm512_mask_blend_epi8(neg, _mm512_set1_epi8(7), _mm512_set1_epi8(9));
-            long at = 256 * sb + 64 * c;
-            for (int j = 0; j < nb; j++) {
-                __m512i xv = _mm512_loadu_si512((const void *)(q + (b0 + j) * cols + at));
-                __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, g8, xv), _mm512_dpbusd_epi32(zero, kb, xv));
-                __m512 sc = _mm512_mul_ps(ws, _mm512_loadu_ps(dl + (b0 + j) * (cols / 4) + at / 4));
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc[j]);
-            }
+            iq1_a8_rows(g8, kb, ws, q, dl, cols, 256 * sb + 64 * c, b0, nb, acc);
         }
     }
     for (int j = 0; j < nb; j++) out[j] = _mm512_reduce_add_ps(acc[j]);
