@@ -83,6 +83,9 @@ def test_demo_end_to_end(demo):
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("The state of "))
     assert len(line) > len("The state of ")
     assert "tok/s" in r.stderr
+    # the demo runs exec --profile: both tables, the decode one naming the replay's kernels
+    assert "prefill profile: " in r.stderr and "decode profile: " in r.stderr
+    assert " / vxc_gemv / fp32" in r.stderr
 
 
 def test_prompt_with_tokenizer_streams_text(demo, vxc_inproc):
