@@ -6198,24 +6198,36 @@ static inline __attribute__((always_inline)) void p_rows(int enc, const uint8_t 
     }
 }
 
-/* p_rows of any packed encoding (one instance per encoding) */
+/* p_rows of any packed encoding, one function per encoding. Kept apart, the compiler's per-function passes stay
+ * small and its link-time partitions compile in parallel: all fourteen inlined into p_rows_any made one 0.5 MB
+ * function, and the library's build (-flto=2 on the 2-CPU Zen 4 VM) took 78 s, against 36 s so (no code changes) */
+#define P_ROWS_INST(E)                                                                                          \
+    static __attribute__((noinline)) void p_rows_##E(const uint8_t *P, const a8_x *X, float *yt, long ys,      \
+                                                     long rows, long cols, long B, long t, long TB) {          \
+        p_rows(E, P, X, yt, ys, rows, cols, B, t, TB);                                                          \
+    }
+P_ROWS_INST(Q8_0) P_ROWS_INST(Q4_0) P_ROWS_INST(Q4_1) P_ROWS_INST(Q5_0) P_ROWS_INST(Q6_K) P_ROWS_INST(Q5_K)
+P_ROWS_INST(Q5_1) P_ROWS_INST(Q2_K) P_ROWS_INST(Q3_K) P_ROWS_INST(IQ4_NL) P_ROWS_INST(IQ4_XS) P_ROWS_INST(TQ1_0)
+P_ROWS_INST(TQ2_0) P_ROWS_INST(Q4_K)
+#undef P_ROWS_INST
+
 static void p_rows_any(int enc, const uint8_t *P, const a8_x *X, float *yt, long ys, long rows, long cols, long B,
                        long t, long TB) {
     switch (enc) {
-    case Q8_0: p_rows(Q8_0, P, X, yt, ys, rows, cols, B, t, TB); break;
-    case Q4_0: p_rows(Q4_0, P, X, yt, ys, rows, cols, B, t, TB); break;
-    case Q4_1: p_rows(Q4_1, P, X, yt, ys, rows, cols, B, t, TB); break;
-    case Q5_0: p_rows(Q5_0, P, X, yt, ys, rows, cols, B, t, TB); break;
-    case Q6_K: p_rows(Q6_K, P, X, yt, ys, rows, cols, B, t, TB); break;
-    case Q5_K: p_rows(Q5_K, P, X, yt, ys, rows, cols, B, t, TB); break;
-    case Q5_1: p_rows(Q5_1, P, X, yt, ys, rows, cols, B, t, TB); break;
-    case Q2_K: p_rows(Q2_K, P, X, yt, ys, rows, cols, B, t, TB); break;
-    case Q3_K: p_rows(Q3_K, P, X, yt, ys, rows, cols, B, t, TB); break;
-    case IQ4_NL: p_rows(IQ4_NL, P, X, yt, ys, rows, cols, B, t, TB); break;
-    case IQ4_XS: p_rows(IQ4_XS, P, X, yt, ys, rows, cols, B, t, TB); break;
-    case TQ1_0: p_rows(TQ1_0, P, X, yt, ys, rows, cols, B, t, TB); break;
-    case TQ2_0: p_rows(TQ2_0, P, X, yt, ys, rows, cols, B, t, TB); break;
-    default: p_rows(Q4_K, P, X, yt, ys, rows, cols, B, t, TB); break;
+    case Q8_0: p_rows_Q8_0(P, X, yt, ys, rows, cols, B, t, TB); break;
+    case Q4_0: p_rows_Q4_0(P, X, yt, ys, rows, cols, B, t, TB); break;
+    case Q4_1: p_rows_Q4_1(P, X, yt, ys, rows, cols, B, t, TB); break;
+    case Q5_0: p_rows_Q5_0(P, X, yt, ys, rows, cols, B, t, TB); break;
+    case Q6_K: p_rows_Q6_K(P, X, yt, ys, rows, cols, B, t, TB); break;
+    case Q5_K: p_rows_Q5_K(P, X, yt, ys, rows, cols, B, t, TB); break;
+    case Q5_1: p_rows_Q5_1(P, X, yt, ys, rows, cols, B, t, TB); break;
+    case Q2_K: p_rows_Q2_K(P, X, yt, ys, rows, cols, B, t, TB); break;
+    case Q3_K: p_rows_Q3_K(P, X, yt, ys, rows, cols, B, t, TB); break;
+    case IQ4_NL: p_rows_IQ4_NL(P, X, yt, ys, rows, cols, B, t, TB); break;
+    case IQ4_XS: p_rows_IQ4_XS(P, X, yt, ys, rows, cols, B, t, TB); break;
+    case TQ1_0: p_rows_TQ1_0(P, X, yt, ys, rows, cols, B, t, TB); break;
+    case TQ2_0: p_rows_TQ2_0(P, X, yt, ys, rows, cols, B, t, TB); break;
+    default: p_rows_Q4_K(P, X, yt, ys, rows, cols, B, t, TB); break;
     }
 }
 #endif
