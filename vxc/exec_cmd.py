@@ -360,6 +360,7 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
         "kernels": K.report(),  # the backend, the native library's status, every fallback to a torch twin
         "decode_replay": lm.engine.replay_status(),
         "decode_threads": lm.engine.thread_report(),  # the thread governor's count for replayed steps
+        "compute_threads": _compute_threads(),
         "packed_weight_bytes": _packed_bytes(),  # the 16-row packed copies int8_block32 products read (AVX-512)
     }
     if turn.text is not None:
@@ -440,6 +441,16 @@ def _exec_rank(rank: int, kw: dict) -> None:
         sys.exit(1)
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def _compute_threads() -> dict:
+    """The thread counts this process computes with: torch's, and the native library's parallel regions' (a
+    tensor-parallel rank on a shared machine takes its share: ``tp.local_rank_threads``)."""
+    import torch
+
+    from .codegen.kernels import native
+
+    return {"torch": torch.get_num_threads(), "native": native.max_threads() if native.available() else None}
 
 
 def _packed_bytes() -> int:

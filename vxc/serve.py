@@ -108,8 +108,11 @@ class EngineWorker:
                 self._cv.notify()
 
     def _run(self) -> None:
+        from .codegen.kernels import native
+
         sch = self.scheduler
         self.stepped_in = threading.current_thread().name
+        native.apply_thread_limit()  # (a tensor-parallel rank 0's share of the CPUs, in the thread that steps)
         while True:
             with self._cv:
                 # submit appends under the scheduler's lock before it notifies under this condition, so a request

@@ -7,6 +7,7 @@ alone and sized as ``describe --tp`` says; refusals by attribute and by operator
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -199,14 +200,55 @@ def test_refuses_encoded_cuts_off_blocks(mini, tmp_path, vxc_inproc):
         for i in range(CFG["num_hidden_layers"])]
 
 
-def test_exec_cli_tp2(mini, tp1, vxc_proc):
+def test_exec_cli_tp2(mini, tp1):
+    """``vxc exec --tp 2`` spawns its ranks; without OMP_NUM_THREADS each takes half the CPUs (at least one)."""
+    from tests.runtime.conftest import child_env, run_python
+
     root, mdir, ir = mini
     ids = ",".join(map(str, S.prompt()))
-    r = vxc_proc("exec", str(ir), "--tokens", ids, "--max-new-tokens", str(S.N_GREEDY), "--ignore-eos",
-                 "--max-context", "64", "--json", "--tp", "2", timeout=240)
+    env = {k: v for k, v in child_env().items() if k != "OMP_NUM_THREADS"}
+    r = run_python(["-m", "vxc.cli", "exec", str(ir), "--tokens", ids, "--max-new-tokens", str(S.N_GREEDY),
+                    "--ignore-eos", "--max-context", "64", "--json", "--tp", "2"], timeout=240, env=env)
     assert r.exit_code == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)  # rank 0 alone prints: one JSON object
     assert out["generated_ids"] == tp1["greedy"]
+    half = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert out["compute_threads"] == {"torch": half, "native": half}
+
+
+def test_local_rank_threads(monkeypatch):
+    from vxc.runtime.tp import local_rank_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6})
+    assert [local_rank_threads(n) for n in (1, 2, 3, 4, 8)] == [7, 3, 2, 1, 1]
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")  # the user's count stands
+    assert local_rank_threads(2) is None
+
+
+def test_rank_zero_thread_limit_reaches_the_stepping_thread():
+    """A rank 0 that serves (``start_followers``) limits its own threads; OpenMP keeps the count per thread, so the
+    engine's thread applies it (``apply_thread_limit``) — without that a new thread starts from every CPU."""
+    from tests.runtime.conftest import child_env, run_python
+
+    code = """
+import threading, torch
+from vxc.codegen.kernels import native
+lib = native.load()
+native.limit_threads(1)
+seen = {}
+def step():
+    seen["before"] = lib.vxc_max_threads()
+    native.apply_thread_limit()
+    seen["after"] = lib.vxc_max_threads()
+t = threading.Thread(target=step); t.start(); t.join()
+print(torch.get_num_threads(), lib.vxc_max_threads(), native.max_threads(), seen["before"], seen["after"])
+"""
+    env = {k: v for k, v in child_env().items() if k != "OMP_NUM_THREADS"}
+    r = run_python(["-c", code], env=env, timeout=120)
+    assert r.exit_code == 0, r.stderr[-2000:]
+    cpus = len(os.sched_getaffinity(0))
+    assert r.stdout.split() == ["1", "1", "1", str(cpus), "1"]
 
 
 def test_exec_under_torchrun(mini, tp1):

@@ -104,6 +104,8 @@ def load() -> Optional[ctypes.CDLL]:
             _bind(lib, symbol)
         for fn in _ON_LOAD:
             fn(lib)
+        if _limit:
+            lib.vxc_set_threads(_limit)
     except Exception as e:  # a broken toolchain leaves the torch twins in charge, and says so
         _why_not = f"native kernels unavailable: {e}"
         return None
@@ -115,14 +117,37 @@ _SET_THREADS = declare("vxc_set_threads", I)
 
 
 def max_threads() -> int:
-    """The thread count the library's parallel regions start from (OMP_NUM_THREADS, else the CPUs available);
-    like ``vxc_abi_version``, a query returning int, not a kernel (``SIGNATURES`` holds the void kernels)."""
+    """The thread count the library's parallel regions start from (OMP_NUM_THREADS, else the CPUs available; at
+    most ``limit_threads``' count); like ``vxc_abi_version``, a query returning int, not a kernel (``SIGNATURES``
+    holds the void kernels)."""
     lib = load()
     if lib is None:
         return 1
     fn = lib.vxc_max_threads
     fn.argtypes, fn.restype = [], ctypes.c_int
-    return int(fn())
+    n = int(fn())
+    return min(n, _limit) if _limit else n
+
+
+_limit: Optional[int] = None  # limit_threads' count (None: none)
+
+
+def limit_threads(n: int) -> None:
+    """At most ``n`` threads in this process's parallel regions from now on (a tensor-parallel rank sharing the
+    machine with its neighbours): torch's, and the library's in the calling thread (OpenMP keeps the count per
+    thread: a thread that steps an engine later calls :func:`apply_thread_limit`)."""
+    global _limit
+    import torch
+
+    _limit = max(1, int(n))
+    torch.set_num_threads(_limit)
+    apply_thread_limit()
+
+
+def apply_thread_limit() -> None:
+    """Bring the calling thread's parallel regions under ``limit_threads``' count (nothing without one)."""
+    if _limit and _lib is not None:
+        _lib.vxc_set_threads(_limit)
 
 
 def available() -> bool:
