@@ -50,9 +50,10 @@ def _jobs() -> int:
 def _command(cc: str, version: list[str], src: Path, out: str) -> list[str]:
     """The compile command. With GCC on more than one CPU the source is compiled as link-time-optimised partitions
     code-generated in parallel (``-flto=N``): the single-threaded -O3 build took 69 s on the 2-CPU Zen 4 VM, this
-    one 42 s (the front end and the inlining decisions stay serial, ~7 s), with the same kernel speeds and
-    results (the bf16 and packed q4_0 GEMVs of 28 0.6B-model-shaped layers at 1 and 8 rows, interleaved in one
-    process: within 1 %, bit-equal). Without ``make`` GCC runs the partitions one after another, as before."""
+    one 42 s (the front end and the inlining decisions stay serial, ~7 s; since the packed tiles' kernels are a
+    function per encoding, 2026-12-08: 65-69 s and 36 s), with the same kernel speeds and results (the bf16 and
+    packed q4_0 GEMVs of 28 0.6B-model-shaped layers at 1 and 8 rows, interleaved in one process: within 1 %,
+    bit-equal). Without ``make`` GCC runs the partitions one after another, as before."""
     lto = [f"-flto={_jobs()}"] if _jobs() > 1 and any("GCC" in v or "gcc" in v for v in version) else []
     return [cc, *FLAGS, *lto, str(src), "-o", out, "-lm"]
 
@@ -96,6 +97,9 @@ def _build(cc: str) -> Path:
             return out
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
+        # a first run waits here (~40 s on 2 CPUs): say so, rather than sit silent
+        print(f"vxc: compiling the native CPU kernels for this machine (once; kept in {out.parent}) ...",
+              file=sys.stderr, flush=True)
         try:
             cmd = _command(cc, version, SOURCE, tmp)
             r = subprocess.run(cmd, capture_output=True, text=True)
