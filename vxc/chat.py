@@ -139,9 +139,12 @@ def run_chat(*, model: Path, system, max_new_tokens, temperature, top_p, top_k, 
             return run_chat(**kw, input_stream=input_stream, rank=0)
         followers = TP.start_followers(_chat_follower, tp, kw, backend=backend)
         try:
-            return run_chat(**kw, input_stream=input_stream, rank=0)
-        finally:
-            followers.join(timeout=60)
+            out = run_chat(**kw, input_stream=input_stream, rank=0)
+        except BaseException:
+            followers.abort()  # (rank 0's own error is the one to report)
+            raise
+        TP.join_followers(followers)
+        return out
     rank = rank or 0
     lm = load_model(model=model, dtype=dtype, device=device, max_context=max_context, model_dir=model_dir,
                     kernels=kernels, compile_decode=compile_decode, need_tokenizer="vxc chat", ignore_eos=ignore_eos,

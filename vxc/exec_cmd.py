@@ -247,8 +247,8 @@ def run_exec(*, model: Path, prompt, tokens, max_new_tokens, temperature, top_p,
 
         try:
             TP.spawn(_exec_rank, tp, kw, backend=backend)
-        except mp.ProcessExitedException as e:
-            raise SystemExit(e.exit_code) from None
+        except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
+            raise TP.rank_failure(e) from None  # (a rank's error in one line, not its traceback)
         return
     rank = rank or 0
 

@@ -1116,9 +1116,12 @@ def run_serve(*, model, host: str, port: int, sequences: int, dtype: str, device
             followers = TP.start_followers(_follower, tp, kw, backend=backend)
     try:
         _serve(kw, host, port, sequences, chunk, max_queue, prefix_cache_bytes, tp, api_key)
-    finally:
+    except BaseException:
         if followers is not None:
-            followers.join(timeout=60)
+            followers.abort()  # (rank 0's own error is the one to report)
+        raise
+    if followers is not None:
+        TP.join_followers(followers)
 
 
 def _serve(kw: dict, host: str, port: int, sequences: int, chunk: int, max_queue: int, prefix_cache_bytes: int,

@@ -216,6 +216,20 @@ def test_exec_cli_tp2(mini, tp1):
     assert out["compute_threads"] == {"torch": half, "native": half}
 
 
+@pytest.mark.parametrize("command", ["exec", "serve", "chat"])
+def test_a_ranks_error_is_one_line(mini, vxc_proc, command):
+    """An error on the ranks (here: a prompt for a model without a tokenizer) reads as the CLI's one-line error with
+    a non-zero exit — not a follower's traceback, and (serve, chat: rank 0 is this process) without waiting for
+    followers at a barrier they never reach."""
+    root, mdir, ir = mini
+    assert not (mdir / "tokenizer.json").exists()
+    args = {"exec": ["--prompt", "hi"], "serve": ["--port", "0"], "chat": []}[command]
+    r = vxc_proc(command, str(ir), *args, "--tp", "2", timeout=240)
+    assert r.exit_code == 1, r.output[-3000:]
+    assert "tokenizer.json" in r.stderr and "error: " in r.stderr, r.stderr[-3000:]
+    assert "Traceback" not in r.output and "monitoredBarrier" not in r.output, r.output[-3000:]
+
+
 def test_local_rank_threads(monkeypatch):
     from vxc.runtime.tp import local_rank_threads
 

@@ -149,6 +149,32 @@ def spawn(fn: Callable, n: int, *args: Any, backend: str = "gloo") -> None:
         mp.spawn(_entry, args=(n, str(Path(d) / "store"), backend, fn, args), nprocs=n, join=True)
 
 
+def rank_failure(e: BaseException):
+    """A rank's failure as the CLI reports an error: a VxcError naming the rank and what it raised (the last lines of
+    its traceback: the exception and its message), not the traceback (``torch.multiprocessing``'s
+    ProcessRaisedException carries it as text); a rank that exited keeps its exit status (None: not a rank's
+    failure)."""
+    import re
+
+    import torch.multiprocessing as mp
+
+    from ..ir.diagnostics import VxcError
+
+    if isinstance(e, mp.ProcessExitedException):
+        return SystemExit(e.exit_code or 1)
+    if not isinstance(e, mp.ProcessRaisedException):
+        return None
+    lines = e.msg.rstrip().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        m = re.match(r"^([A-Za-z_][\w.]*): (.*)$", lines[i])
+        if m:
+            kind = m.group(1).rsplit(".", 1)[-1]
+            text = " ".join([m.group(2), *(x.strip() for x in lines[i + 1:])]).strip()
+            what = text if kind == "VxcError" else f"{kind}: {text}"
+            return VxcError(f"rank {e.error_index}: {what}")
+    return VxcError(f"rank {e.error_index} failed: {lines[-1] if lines else 'no message'}")
+
+
 def _follower_entry(i: int, n: int, store: str, backend: str, fn: Callable, args: tuple) -> None:
     _entry(i + 1, n, store, backend, fn, args)
 
@@ -158,6 +184,27 @@ class Followers:
 
     def __init__(self, context, store_dir):
         self.context, self.store_dir = context, store_dir
+
+    def abort(self, grace: float = 10.0) -> None:
+        """Rank 0 failed: leave the group at once (no meeting: the followers' collectives then fail and they exit),
+        wait ``grace`` seconds for them, terminate any left; their own failures are not raised (rank 0's error is
+        the one reported)."""
+        import time
+
+        import torch.distributed as dist
+
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            end = time.monotonic() + grace
+            for p in self.context.processes:
+                p.join(max(0.0, end - time.monotonic()))
+            for p in self.context.processes:
+                if p.is_alive():
+                    p.terminate()
+                    p.join(5)
+        finally:
+            self.store_dir.cleanup()
 
     def join(self, timeout: float | None = None) -> None:
         import torch.distributed as dist
@@ -173,6 +220,18 @@ class Followers:
             if dist.is_initialized():
                 dist.destroy_process_group()
             self.store_dir.cleanup()
+
+
+def join_followers(followers: Followers, timeout: float = 60) -> None:
+    """Wait for the followers once rank 0 has finished; a follower's failure raised as :func:`rank_failure` words
+    it."""
+    try:
+        followers.join(timeout)
+    except Exception as e:
+        err = rank_failure(e)
+        if err is None:
+            raise
+        raise err from None
 
 
 def start_followers(fn: Callable, n: int, *args: Any, backend: str = "gloo") -> Followers:
