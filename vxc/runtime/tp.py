@@ -143,10 +143,19 @@ def spawn(fn: Callable, n: int, *args: Any, backend: str = "gloo") -> None:
     """Run ``fn(rank, *args)`` on ``n`` local ranks joined in one group (gloo; NCCL with ``backend="nccl"``, one
     GPU per rank); returns when all have finished (a rank that fails stops the others: ``torch.multiprocessing``'s
     ProcessExitedException / ProcessRaisedException)."""
+    import logging
+
     import torch.multiprocessing as mp
 
-    with tempfile.TemporaryDirectory(prefix="vxc-tp-") as d, _child_threads(local_rank_threads(n)):
-        mp.spawn(_entry, args=(n, str(Path(d) / "store"), backend, fn, args), nprocs=n, join=True)
+    # (when a rank fails, torch stops the others with a warning per process: the failure itself is what is reported)
+    quiet = logging.getLogger("torch.multiprocessing.spawn")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with tempfile.TemporaryDirectory(prefix="vxc-tp-") as d, _child_threads(local_rank_threads(n)):
+            mp.spawn(_entry, args=(n, str(Path(d) / "store"), backend, fn, args), nprocs=n, join=True)
+    finally:
+        quiet.setLevel(level)
 
 
 def rank_failure(e: BaseException):
