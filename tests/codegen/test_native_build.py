@@ -130,3 +130,14 @@ def test_prebuild_without_torch_is_what_a_load_finds(tmp_path, lib):
     r = subprocess.run([sys.executable, "-m", "vxc.native_build"], env=dict(pre, CC=str(tmp_path / "missing-cc")),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and r.stderr.strip(), (r.returncode, r.stderr)
+
+
+def test_gcc_is_recognised_by_its_version_text():
+    """The parallel (-flto=N) build is for GCC: Debian's ``cc`` names itself ``cc`` on its first line and GCC only
+    in its copyright line; clang is neither."""
+    from vxc.native_build import _is_gcc
+
+    assert _is_gcc(["cc (Debian 12.2.0-14+deb12u1) 12.2.0", "Copyright (C) 2022 Free Software Foundation, Inc."])
+    assert _is_gcc(["gcc (GCC) 13.2.1 20231011 (Red Hat 13.2.1-4)", "Copyright (C) 2023 Free Software Foundation, Inc."])
+    assert not _is_gcc(["Debian clang version 14.0.6", "Target: x86_64-pc-linux-gnu"])
+    assert not _is_gcc([])

@@ -6206,29 +6206,21 @@ static inline __attribute__((always_inline)) void p_rows(int enc, const uint8_t 
                                                      long rows, long cols, long B, long t, long TB) {          \
         p_rows(E, P, X, yt, ys, rows, cols, B, t, TB);                                                          \
     }
-P_ROWS_INST(Q8_0) P_ROWS_INST(Q4_0) P_ROWS_INST(Q4_1) P_ROWS_INST(Q5_0) P_ROWS_INST(Q6_K) P_ROWS_INST(Q5_K)
-P_ROWS_INST(Q5_1) P_ROWS_INST(Q2_K) P_ROWS_INST(Q3_K) P_ROWS_INST(IQ4_NL) P_ROWS_INST(IQ4_XS) P_ROWS_INST(TQ1_0)
-P_ROWS_INST(TQ2_0) P_ROWS_INST(Q4_K)
+/* the packed encodings (vxc_qpack_tile_bytes), each its function, picked by a switch (a table of function pointers
+ * put them back in one link-time partition: 80 s) */
+#define P_ROWS_ENCODINGS(F) F(Q8_0) F(Q4_0) F(Q4_1) F(Q5_0) F(Q6_K) F(Q5_K) F(Q5_1) F(Q2_K) F(Q3_K) F(IQ4_NL) \
+    F(IQ4_XS) F(TQ1_0) F(TQ2_0) F(Q4_K)
+P_ROWS_ENCODINGS(P_ROWS_INST)
 #undef P_ROWS_INST
 
 static void p_rows_any(int enc, const uint8_t *P, const a8_x *X, float *yt, long ys, long rows, long cols, long B,
                        long t, long TB) {
     switch (enc) {
-    case Q8_0: p_rows_Q8_0(P, X, yt, ys, rows, cols, B, t, TB); break;
-    case Q4_0: p_rows_Q4_0(P, X, yt, ys, rows, cols, B, t, TB); break;
-    case Q4_1: p_rows_Q4_1(P, X, yt, ys, rows, cols, B, t, TB); break;
-    case Q5_0: p_rows_Q5_0(P, X, yt, ys, rows, cols, B, t, TB); break;
-    case Q6_K: p_rows_Q6_K(P, X, yt, ys, rows, cols, B, t, TB); break;
-    case Q5_K: p_rows_Q5_K(P, X, yt, ys, rows, cols, B, t, TB); break;
-    case Q5_1: p_rows_Q5_1(P, X, yt, ys, rows, cols, B, t, TB); break;
-    case Q2_K: p_rows_Q2_K(P, X, yt, ys, rows, cols, B, t, TB); break;
-    case Q3_K: p_rows_Q3_K(P, X, yt, ys, rows, cols, B, t, TB); break;
-    case IQ4_NL: p_rows_IQ4_NL(P, X, yt, ys, rows, cols, B, t, TB); break;
-    case IQ4_XS: p_rows_IQ4_XS(P, X, yt, ys, rows, cols, B, t, TB); break;
-    case TQ1_0: p_rows_TQ1_0(P, X, yt, ys, rows, cols, B, t, TB); break;
-    case TQ2_0: p_rows_TQ2_0(P, X, yt, ys, rows, cols, B, t, TB); break;
-    default: p_rows_Q4_K(P, X, yt, ys, rows, cols, B, t, TB); break;
+#define P_ROWS_CASE(E) case E: p_rows_##E(P, X, yt, ys, rows, cols, B, t, TB); return;
+        P_ROWS_ENCODINGS(P_ROWS_CASE)
+#undef P_ROWS_CASE
     }
+    p_rows_Q4_K(P, X, yt, ys, rows, cols, B, t, TB);
 }
 #endif
 
