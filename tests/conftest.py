@@ -15,10 +15,21 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
+import torch
 
-from tests import builders
+# Without a GPU, Triton runs only under its interpreter, which ``@triton.jit`` chooses as it decorates, i.e. when
+# triton is first imported (tests/codegen/test_kernels.py's docstring). Set here, before anything imports triton,
+# every test process can run the Triton cases in place; otherwise each Triton case (or each file's batch of them)
+# re-ran itself in a fresh pytest process, its module's fixtures rebuilt there: the Triton-heavy files took 219 s
+# instead of 139 s on the 2-CPU VM (2026-12-08). torch's own import does not import triton; a CUDA machine keeps
+# its compiled kernels.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode  # noqa: E402
+
+from tests import builders  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "golden"
